@@ -1,0 +1,274 @@
+//! Kernel configurations and rendering of `templates/` into self-contained NVRTC sources.
+//!
+//! A [`GemmConfig`] is the typed description of one kernel variant (tile shape, warp layout,
+//! stages, split-K, swap-AB). Its family module (`sm90`, `sm120`) checks resource and divisibility
+//! constraints and writes a tiny instantiation unit; this module inlines the `#include "..."` lines of
+//! that unit against the embedded template tree, so the result compiles with an NVRTC that has no
+//! headers at all, and hashes it.
+
+pub mod source;
+
+use crate::problem::{AType, GemmProblem};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+pub use source::{template_tree_hash, KernelSource, TEMPLATE_FILES};
+
+/// GPU architectures we compile for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Arch {
+    /// Hopper (H100/H200) with arch-specific features (wgmma, setmaxnreg).
+    Sm90a,
+    /// Blackwell GeForce/workstation (RTX 5090, RTX PRO 6000): block-scaled FP4 mma.sync.
+    Sm120a,
+}
+
+impl Arch {
+    /// The NVRTC `--gpu-architecture` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arch::Sm90a => "sm_90a",
+            Arch::Sm120a => "sm_120a",
+        }
+    }
+
+    /// Compute capability (major, minor) the architecture runs on.
+    pub fn compute_capability(self) -> (u32, u32) {
+        match self {
+            Arch::Sm90a => (9, 0),
+            Arch::Sm120a => (12, 0),
+        }
+    }
+
+    /// The arch-specific target for a device of this compute capability, if we have a family for it.
+    pub fn for_compute_capability(major: u32, minor: u32) -> Option<Arch> {
+        match (major, minor) {
+            (9, 0) => Some(Arch::Sm90a),
+            (12, 0) => Some(Arch::Sm120a),
+            _ => None,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Arch> {
+        match s {
+            "sm_90a" | "sm90a" | "sm_90" | "sm90" => Some(Arch::Sm90a),
+            "sm_120a" | "sm120a" | "sm_120" | "sm120" => Some(Arch::Sm120a),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A kernel family: one template tree and its instantiation rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Family {
+    /// SM80/SM90: exact dequantization of NVFP4 to bf16 in registers, bf16 tensor-core MMA.
+    Sm90,
+    /// SM120: native block-scaled `mma.sync ... kind::mxf4nvf4` (W4A4 only).
+    Sm120,
+}
+
+impl Family {
+    pub fn arch(self) -> Arch {
+        match self {
+            Family::Sm90 => Arch::Sm90a,
+            Family::Sm120 => Arch::Sm120a,
+        }
+    }
+
+    pub fn for_arch(arch: Arch) -> Family {
+        match arch {
+            Arch::Sm90a => Family::Sm90,
+            Arch::Sm120a => Family::Sm120,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Sm90 => "sm90",
+            Family::Sm120 => "sm120",
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One kernel variant. The same vocabulary serves every family, so one dispatch-table format and
+/// one launch path serve them all; each family decides which values are legal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GemmConfig {
+    pub family: Family,
+    pub a_type: AType,
+    /// Tokens (rows of A and Y) per CTA.
+    pub block_m: u32,
+    /// Weight rows (columns of Y) per CTA.
+    pub block_n: u32,
+    /// K elements per pipeline stage.
+    pub block_k: u32,
+    /// Warp layout inside the CTA: warps along M, along N and along K (in-CTA split-K).
+    pub warps_m: u32,
+    pub warps_n: u32,
+    pub warps_k: u32,
+    /// cp.async pipeline depth (shared-memory stages).
+    pub stages: u32,
+    /// CTAs along K; partial sums are reduced deterministically by the last CTA of each tile.
+    pub split_k: u32,
+    /// Weights on the MMA's 16-row side and tokens on its 8-wide side (Y^T = W * A^T).
+    pub swap_ab: bool,
+}
+
+/// Why a configuration cannot run a problem (or cannot exist at all).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{config}: {reason}")]
+pub struct ConstraintError {
+    pub config: String,
+    pub reason: String,
+}
+
+impl GemmConfig {
+    /// Stable, human-readable identity; also the suffix of the kernel's symbol name.
+    pub fn name(&self) -> String {
+        format!(
+            "{}_{}_m{}n{}k{}_w{}x{}x{}_s{}_sk{}{}",
+            self.family,
+            self.a_type,
+            self.block_m,
+            self.block_n,
+            self.block_k,
+            self.warps_m,
+            self.warps_n,
+            self.warps_k,
+            self.stages,
+            self.split_k,
+            if self.swap_ab { "_swap" } else { "" }
+        )
+    }
+
+    /// The `extern "C"` symbol of the rendered kernel.
+    pub fn kernel_name(&self) -> String {
+        format!("fp4tune_{}", self.name())
+    }
+
+    pub fn threads(&self) -> u32 {
+        32 * self.warps_m * self.warps_n * self.warps_k
+    }
+
+    pub(crate) fn violation(&self, reason: impl Into<String>) -> ConstraintError {
+        ConstraintError { config: self.name(), reason: reason.into() }
+    }
+}
+
+impl fmt::Display for GemmConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem_bytes: u32,
+}
+
+impl GemmConfig {
+    /// Grid: (N tiles, M tiles, split_k); one CTA of `threads()` threads each.
+    pub fn launch_dims(&self, p: &GemmProblem) -> LaunchDims {
+        LaunchDims {
+            grid: (p.n.div_ceil(self.block_n), p.m.div_ceil(self.block_m), self.split_k),
+            block: (self.threads(), 1, 1),
+            smem_bytes: self.smem_bytes(),
+        }
+    }
+
+    /// f32 elements of split-K workspace a launch on `p` needs (0 without split-K).
+    pub fn workspace_floats(&self, p: &GemmProblem) -> usize {
+        if self.split_k > 1 {
+            self.split_k as usize * p.m as usize * p.n as usize
+        } else {
+            0
+        }
+    }
+
+    /// u32 tile semaphores a launch on `p` needs (0 without split-K); must start zeroed, and the
+    /// kernel leaves them zeroed.
+    pub fn counter_words(&self, p: &GemmProblem) -> usize {
+        if self.split_k > 1 {
+            (p.n.div_ceil(self.block_n) * p.m.div_ceil(self.block_m)) as usize
+        } else {
+            0
+        }
+    }
+}
+
+pub mod sm120;
+pub mod sm90;
+
+impl GemmConfig {
+    /// Dynamic shared memory of one CTA, in bytes.
+    pub fn smem_bytes(&self) -> u32 {
+        match self.family {
+            Family::Sm90 => sm90::smem_bytes(self),
+            Family::Sm120 => sm120::smem_bytes(self),
+        }
+    }
+
+    /// Constraints of the configuration alone (tile divisibility, threads, shared memory).
+    pub fn check(&self) -> Result<(), ConstraintError> {
+        match self.family {
+            Family::Sm90 => sm90::check(self),
+            Family::Sm120 => sm120::check(self),
+        }
+    }
+
+    /// Constraints of running this configuration on `p` (config constraints included).
+    pub fn check_problem(&self, p: &GemmProblem) -> Result<(), ConstraintError> {
+        self.check()?;
+        if p.a_type != self.a_type {
+            return Err(
+                self.violation(format!("built for {}, problem is {}", self.a_type, p.a_type))
+            );
+        }
+        if p.m == 0 || p.n == 0 || p.k == 0 {
+            return Err(self.violation(format!("empty problem {p}")));
+        }
+        match self.family {
+            Family::Sm90 => sm90::check_problem(self, p),
+            Family::Sm120 => sm120::check_problem(self, p),
+        }
+    }
+
+    /// Render the configuration into a self-contained NVRTC source.
+    pub fn render(&self) -> Result<KernelSource, ConstraintError> {
+        self.check()?;
+        let unit = match self.family {
+            Family::Sm90 => sm90::instantiation(self),
+            Family::Sm120 => sm120::instantiation(self),
+        };
+        KernelSource::from_unit(self.kernel_name(), self.family.arch(), &unit)
+            .map_err(|e| self.violation(e))
+    }
+}
+
+/// Every configuration of a family's search space for one activation type.
+pub fn search_space(family: Family, a_type: AType) -> Vec<GemmConfig> {
+    match family {
+        Family::Sm90 => sm90::search_space(a_type),
+        Family::Sm120 => sm120::search_space(a_type),
+    }
+}
+
+/// Template-source hash of a family (its own folder plus `common/`).
+pub fn family_template_hash(family: Family) -> String {
+    template_tree_hash(&["common/", &format!("{}/", family.as_str())])
+}

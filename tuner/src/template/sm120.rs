@@ -1,0 +1,35 @@
+//! The SM120 family: native block-scaled FP4 mma.sync (placeholder).
+
+use super::{ConstraintError, GemmConfig};
+use crate::problem::{AType, GemmProblem};
+
+pub fn smem_bytes(_c: &GemmConfig) -> u32 {
+    0
+}
+pub fn check(_c: &GemmConfig) -> Result<(), ConstraintError> {
+    Ok(())
+}
+pub fn check_problem(_c: &GemmConfig, _p: &GemmProblem) -> Result<(), ConstraintError> {
+    Ok(())
+}
+pub fn instantiation(c: &GemmConfig) -> String {
+    format!(
+        "#include \"common/params.cuh\"\nextern \"C\" __global__ void {}(const fp4tune::GemmParams p) {{ if (p.y) p.y[threadIdx.x] = 0; }}\n",
+        c.kernel_name()
+    )
+}
+pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
+    vec![GemmConfig {
+        family: super::Family::Sm120,
+        a_type,
+        block_m: 16,
+        block_n: 64,
+        block_k: 128,
+        warps_m: 1,
+        warps_n: 4,
+        warps_k: 1,
+        stages: 4,
+        split_k: 1,
+        swap_ab: true,
+    }]
+}
