@@ -1,6 +1,7 @@
 //! fp4tune: autotuning of NVFP4 block-scaled GEMM kernels (library half; the CLI lives in main.rs).
 
 pub mod error;
+pub mod format;
 pub mod problem;
 pub mod template;
 
