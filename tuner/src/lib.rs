@@ -1,6 +1,8 @@
 //! fp4tune: autotuning of NVFP4 block-scaled GEMM kernels (library half; the CLI lives in main.rs).
 
+pub mod compile;
 pub mod error;
+pub mod gpu;
 pub mod problem;
 pub mod template;
 
