@@ -2,5 +2,11 @@
 //!
 //! Everything above this layer sees safe types and typed errors.
 
+pub mod blas;
+pub mod device;
 pub mod loader;
 pub mod nvrtc;
+pub mod params;
+
+pub use device::{DeviceBuf, DeviceInfo, Gpu, GpuError, Graph, Kernel};
+pub use params::GemmParams;
