@@ -2,6 +2,7 @@
 
 pub mod error;
 pub mod problem;
+pub mod shapes;
 pub mod template;
 
 pub use error::{Error, Result};
