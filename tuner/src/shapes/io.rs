@@ -41,6 +41,11 @@ impl ShapeFile {
         ShapeFile::from_ron_str(&text, &path.display().to_string())
     }
 
+    /// Loads the shape file at `path` and returns its set called `name`.
+    pub fn load_set(path: &Path, name: &str) -> Result<ShapeSet, ShapeError> {
+        ShapeFile::load(path)?.into_set(name, &path.display().to_string())
+    }
+
     /// Checks every rule of the schema: version, non-empty and uniquely named sets and shapes,
     /// valid parallelism and routing, N and K > 0, K a multiple of 16, counts > 0, token buckets
     /// non-empty, > 0 and strictly increasing.
@@ -368,6 +373,11 @@ mod tests {
         let path = dir.path().join("tiny.ron");
         std::fs::write(&path, small_file().to_ron_string()).unwrap();
         assert_eq!(ShapeFile::load(&path).unwrap(), small_file());
+
+        assert_eq!(ShapeFile::load_set(&path, "tp2").unwrap(), small_file().sets[0]);
+        let err = ShapeFile::load_set(&path, "tp4").unwrap_err();
+        assert!(matches!(err, ShapeError::UnknownSet { .. }), "{err:?}");
+        assert!(err.to_string().contains("tiny.ron"), "{err}");
 
         let missing = dir.path().join("missing.ron");
         let err = ShapeFile::load(&missing).unwrap_err();
