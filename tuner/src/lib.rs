@@ -4,6 +4,7 @@ pub mod compile;
 pub mod error;
 pub mod gpu;
 pub mod problem;
+pub mod shapes;
 pub mod template;
 
 pub use error::{Error, Result};
