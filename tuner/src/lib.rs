@@ -8,5 +8,6 @@ pub mod gpu;
 pub mod problem;
 pub mod shapes;
 pub mod template;
+pub mod tune;
 
 pub use error::{Error, Result};
