@@ -146,18 +146,22 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Open for appending (creating the file and its folder). If the file ends in a torn line,
-    /// a newline is written first so the next record starts cleanly.
+    /// Open for appending (creating the file and its folder). A torn last line (left by a
+    /// killed writer) is cut off first, so the next record starts cleanly.
     pub fn open(path: &Path) -> Result<Self, LogError> {
         let io = |source| LogError::Io { path: path.to_path_buf(), source };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
-        let torn = std::fs::read(path).map(|b| !b.is_empty() && !b.ends_with(b"\n")).unwrap_or(false);
-        let mut file =
-            std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
-        if torn {
-            file.write_all(b"\n").map_err(io)?;
+        let keep = match std::fs::read(path) {
+            Ok(b) if !b.is_empty() && !b.ends_with(b"\n") => {
+                Some(b.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1) as u64)
+            }
+            _ => None,
+        };
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+        if let Some(len) = keep {
+            file.set_len(len).map_err(io)?;
         }
         Ok(Self { path: path.to_path_buf(), file })
     }
