@@ -78,6 +78,25 @@ __device__ __forceinline__ float f16_hi_to_f32(uint32_t h2) {
     return f;
 }
 
+// Thread-block cluster barrier (all threads of every CTA of the cluster), release/acquire.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// mapa.shared::cluster: the address of the same shared variable in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+    uint32_t d;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(addr), "r"(rank));
+    return d;
+}
+
+// ld.shared::cluster.f32 (distributed shared memory).
+__device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, accumulate in place.
 // A fragment (16x16, row-major), lane (g = lane / 4, t = lane % 4):
 //   a0 = (row g,   cols 2t, 2t+1)   a1 = (row g+8, cols 2t, 2t+1)

@@ -65,7 +65,12 @@ struct Sm90Config {
     static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
     // In-CTA split-K: warps wk > 0 park their accumulators here after the main loop.
     static constexpr int RED_BYTES = (WARPS_K - 1) * WARPS_MN * 32 * ACC * 4;
-    static constexpr int SMEM_BYTES = cmax(cmax(PIPE_BYTES, RED_BYTES), 16);
+    // Split-K over CTAs: SPLIT_K <= 8 reduces through distributed shared memory of a thread-block
+    // cluster (1, 1, SPLIT_K): each CTA parks its partial tile here, rank 0 sums them in order.
+    // Larger SPLIT_K goes through the global workspace and tile counters.
+    static constexpr bool CLUSTER_SPLIT = SPLIT_K > 1 && SPLIT_K <= 8;
+    static constexpr int CLUSTER_RED_BYTES = CLUSTER_SPLIT ? WARPS_MN * 32 * ACC * 4 : 0;
+    static constexpr int SMEM_BYTES = cmax(cmax(cmax(PIPE_BYTES, RED_BYTES), CLUSTER_RED_BYTES), 16);
 
     // ---- limits (sm90.rs `check` enforces the same before anything is compiled)
     static_assert(THREADS >= 32 && THREADS <= 1024, "threads per CTA must be 32..1024");

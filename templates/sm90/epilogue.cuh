@@ -86,6 +86,38 @@ __device__ __forceinline__ void epilogue(const GemmParams& p, uint8_t* smem, flo
                 *reinterpret_cast<uint32_t*>(p.y + static_cast<size_t>(m) * N + n) = v;
             }
         });
+    } else if constexpr (Cfg::CLUSTER_SPLIT) {
+        // ---- split-K inside a (1, 1, SPLIT_K) cluster: partials stay on chip. Every CTA parks its
+        // tile in its own shared memory; rank 0 (blockIdx.z == 0) adds ranks 0..SPLIT_K-1 in order
+        // through DSMEM (deterministic), the second cluster barrier keeps the others resident until then.
+        __syncthreads();  // every warp is done with the pipeline / in-CTA reduction buffers
+        float* park = reinterpret_cast<float*>(smem);
+        if (wk == 0) {
+#pragma unroll
+            for (int e = 0; e < ACC; ++e) park[(wmn * ACC + e) * 32 + lane] = flat[e];
+        }
+        ptx::cluster_sync();
+        if (blockIdx.z == 0 && wk == 0) {
+            const uint32_t base = ptx::smem_addr(park) + (wmn * ACC * 32 + lane) * 4;
+#pragma unroll
+            for (int e = 0; e < ACC; ++e) flat[e] = 0.0f;
+#pragma unroll 1
+            for (int r = 0; r < Cfg::SPLIT_K; ++r) {
+                const uint32_t remote = ptx::mapa_shared(base, r);
+#pragma unroll
+                for (int e = 0; e < ACC; ++e) flat[e] += ptx::ld_shared_cluster_f32(remote + e * 32 * 4);
+            }
+        }
+        ptx::cluster_sync();
+        if (blockIdx.z != 0 || wk != 0) return;
+        for_each_output<Cfg>(m0, n0, p0, q0, lane, M, N, [&](int i, int q, int e, int m, int n) {
+            if constexpr (Cfg::SWAP_AB) {
+                p.y[static_cast<size_t>(m) * N + n] = float_to_bf16_bits(acc[i][q][e] * out_scale);
+            } else {
+                const uint32_t v = ptx::cvt_bf16x2_f32(acc[i][q][e + 1] * out_scale, acc[i][q][e] * out_scale);
+                *reinterpret_cast<uint32_t*>(p.y + static_cast<size_t>(m) * N + n) = v;
+            }
+        });
     } else {
         // ---- split-K across CTAs: partial tile -> workspace[split][M][N]; the last CTA of the tile
         // (by an atomic ticket) sums splits 0..SPLIT_K-1 in order: the result is deterministic.

@@ -4,9 +4,12 @@
 // Launch contract (GemmConfig::launch_dims in Rust):
 //   grid  = (ceil(N / BLOCK_N), ceil(M / BLOCK_M), SPLIT_K), block = (THREADS, 1, 1)
 //   dynamic shared memory = Cfg::SMEM_BYTES (set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-//   when above 48 KiB). SPLIT_K > 1: p.workspace holds SPLIT_K * M * N floats (no initialization
-//   needed) and p.counters one u32 per output tile, index m_tile * ceil(N / BLOCK_N) + n_tile, zero
-//   before the launch; the kernel leaves them zero. Launches that share counters must not overlap.
+//   when above 48 KiB).
+//   1 < SPLIT_K <= 8: the kernel carries __cluster_dims__(1, 1, SPLIT_K) (a plain cuLaunchKernel
+//   works); workspace and counters are not used.
+//   SPLIT_K > 8: p.workspace holds SPLIT_K * M * N floats (no initialization needed) and p.counters
+//   one u32 per output tile, index m_tile * ceil(N / BLOCK_N) + n_tile, zero before the launch; the
+//   kernel leaves them zero. Launches that share counters must not overlap.
 #pragma once
 #include "common/params.cuh"
 #include "common/ptx.cuh"

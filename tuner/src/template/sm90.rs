@@ -84,7 +84,18 @@ pub fn smem_bytes(c: &GemmConfig) -> u32 {
     let d = Derived::of(c);
     let pipe = c.stages * stage_bytes(c);
     let red = c.warps_k.saturating_sub(1) * c.warps_m * c.warps_n * 32 * d.acc * 4;
-    pipe.max(red).max(16)
+    let cluster_red = if cluster_split(c) { c.warps_m * c.warps_n * 32 * d.acc * 4 } else { 0 };
+    pipe.max(red).max(cluster_red).max(16)
+}
+
+/// Largest split_k reduced inside a thread-block cluster (portable cluster size).
+pub const MAX_CLUSTER_SPLIT: u32 = 8;
+
+/// Whether split-K is reduced through distributed shared memory of a (1, 1, split_k) cluster
+/// (`Sm90Config::CLUSTER_SPLIT`): no workspace, no counters. Larger split_k use the global
+/// workspace and tile counters.
+pub fn cluster_split(c: &GemmConfig) -> bool {
+    c.split_k > 1 && c.split_k <= MAX_CLUSTER_SPLIT
 }
 
 /// Constraints of the configuration alone; the template's static_asserts are the same.
@@ -190,7 +201,7 @@ pub fn instantiation(c: &GemmConfig) -> String {
          using Cfg = fp4tune::sm90::Sm90Config<{bm}, {bn}, {bk}, {wm}, {wn}, {wk}, {st}, {sk}, {swap}, {fp4}>;\n\
          static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (template/sm90.rs smem_bytes) and templates/sm90/config.cuh disagree on shared memory\");\n\
          static_assert(Cfg::THREADS == {threads}, \"Rust and templates/sm90/config.cuh disagree on threads\");\n\
-         extern \"C\" __global__ void __launch_bounds__({threads}) {kernel}(const fp4tune::GemmParams p) {{\n\
+         extern \"C\" __global__ void __launch_bounds__({threads}){cluster} {kernel}(const fp4tune::GemmParams p) {{\n\
          \x20   fp4tune::sm90::gemm<Cfg>(p);\n\
          }}\n",
         name = c.name(),
@@ -205,6 +216,11 @@ pub fn instantiation(c: &GemmConfig) -> String {
         swap = c.swap_ab,
         fp4 = c.a_type == AType::Nvfp4,
         kernel = c.kernel_name(),
+        cluster = if cluster_split(c) {
+            format!(" __cluster_dims__(1, 1, {})", c.split_k)
+        } else {
+            String::new()
+        },
     )
 }
 
@@ -242,7 +258,7 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
                     for warps_m in warp_counts {
                         for warps_n in warp_counts {
                             for warps_k in [1u32, 2, 4] {
-                                for stages in [2u32, 3, 4, 5, 6] {
+                                for stages in [2u32, 3, 4, 6, 8] {
                                     for split_k in [1u32, 2, 3, 4, 6, 8, 12, 16] {
                                         let c = GemmConfig {
                                             family: Family::Sm90,
@@ -281,23 +297,35 @@ fn keep(c: &GemmConfig) -> bool {
     let warps = c.warps_m * c.warps_n * c.warps_k;
     let in_flight = c.stages * c.block_k;
     let mmas_per_step = d.p_tiles * d.q_tiles;
+    // Weight bytes in flight per CTA: small-M kernels are bound by bytes in flight, so tiles with
+    // few weight rows get deeper pipelines (up to 2048 k), larger ones 256..512 k.
+    let w_bytes_in_flight = c.block_n * in_flight / 2;
     let common = (2..=8).contains(&warps)
-        // 256, 384 or 512 k in flight.
-        && [256, 384, 512].contains(&in_flight);
+        && (256..=2048).contains(&in_flight)
+        && (in_flight <= 512 || w_bytes_in_flight <= 32 * 1024);
     if c.swap_ab {
         // Small M: one warp row of tokens (two at block_m 64), 16..64 weights per warp, in-CTA
         // split-K for deep K slices, split-K over CTAs for few output tiles.
         common
+            && c.block_k >= 128
+            && (c.warps_k <= 2 || c.block_n <= 32)
             && (c.warps_m == 1 || c.block_m == 64)
             && d.warp_p <= if c.block_m <= 16 { 32 } else { 64 }
             && (c.warps_k == 1 || c.split_k <= 4)
             && (c.split_k <= 4 || (c.block_m <= 32 && c.block_n <= 128))
+            && (c.split_k <= MAX_CLUSTER_SPLIT || (c.block_m <= 16 && c.block_n <= 64))
+            // Wider token tiles (32, 64) need less K splitting: there are more output tiles.
+            && (c.block_m <= 16 || (c.split_k <= 4 && c.warps_k == 1))
+            && (c.block_m <= 32 || c.split_k <= 2)
             && (c.split_k == 1 || c.stages <= 4)
     } else {
         // Larger M: at least 64x64 per CTA and 4 MMAs per k-step per warp, no in-CTA split-K,
         // split-K only up to 4 for block_m <= 64.
         common
             && warps >= 4
+            && in_flight <= 512
+            && d.acc <= 64
+            && c.block_m >= 32
             && c.block_n >= 64
             && mmas_per_step >= 4
             && c.warps_k == 1
@@ -682,15 +710,6 @@ mod tests {
     fn search_space_is_legal_rich_and_renders() {
         for a_type in [AType::Bf16, AType::Nvfp4] {
             let space = search_space(a_type);
-            eprintln!("{a_type}: {} configs", space.len());
-            for (name, f) in [
-                ("swap", Box::new(|c: &GemmConfig| c.swap_ab) as Box<dyn Fn(&GemmConfig) -> bool>),
-                ("split>1", Box::new(|c: &GemmConfig| c.split_k > 1)),
-                ("warps_k>1", Box::new(|c: &GemmConfig| c.warps_k > 1)),
-                ("bm128", Box::new(|c: &GemmConfig| c.block_m == 128)),
-            ] {
-                eprintln!("  {name}: {}", space.iter().filter(|c| f(c)).count());
-            }
             assert!((300..=3000).contains(&space.len()), "{} configs for {a_type}", space.len());
             let names: HashSet<String> = space.iter().map(|c| c.name()).collect();
             assert_eq!(names.len(), space.len(), "duplicate configurations");
@@ -774,6 +793,26 @@ pub fn representative_configs(a_type: AType) -> Vec<GemmConfig> {
             swap_ab: false,
             ..base
         },
+        GemmConfig {
+            block_m: 8,
+            block_n: 64,
+            block_k: 128,
+            warps_n: 4,
+            stages: 4,
+            split_k: 12,
+            ..base
+        },
+        GemmConfig {
+            block_m: 32,
+            block_n: 64,
+            block_k: 64,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 4,
+            split_k: 2,
+            swap_ab: false,
+            ..base
+        },
         default_config(a_type),
         GemmConfig {
             block_m: 128,
@@ -792,6 +831,44 @@ pub fn representative_configs(a_type: AType) -> Vec<GemmConfig> {
 mod dump {
     use super::*;
 
+    /// Deep-pipeline small-M W4A16 configurations (TP8- and EP-like N) for hand-run sweeps.
+    fn small_m_sweep() -> Vec<GemmConfig> {
+        let mut out = Vec::new();
+        for block_m in [8u32, 16] {
+            for (block_n, warps_ks, splits, stages) in [
+                (16u32, &[2u32, 4][..], &[2u32, 3, 4, 6, 8][..], &[4u32, 6, 8][..]),
+                (32, &[2, 4], &[2, 3, 4, 6, 8], &[4, 6, 8]),
+                (64, &[1, 2], &[1, 2, 3, 4], &[3, 4, 6]),
+                (128, &[1, 2], &[1, 2, 3, 4], &[3, 4]),
+            ] {
+                for &warps_k in warps_ks {
+                    for &split_k in splits {
+                        for &st in stages {
+                            let warps_n = (block_n / 16).min(4);
+                            let c = GemmConfig {
+                                family: Family::Sm90,
+                                a_type: AType::Bf16,
+                                block_m,
+                                block_n,
+                                block_k: 256,
+                                warps_m: 1,
+                                warps_n,
+                                warps_k,
+                                stages: st,
+                                split_k,
+                                swap_ab: true,
+                            };
+                            if check(&c).is_ok() {
+                                out.push(c);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// `FP4TUNE_SM90_DUMP=dir cargo test --lib sm90::dump -- --ignored` writes the rendered sources
     /// of the representative configurations (file = kernel name + `.cu`) for NVRTC checks by hand.
     #[test]
@@ -799,11 +876,31 @@ mod dump {
     fn dump_rendered_sources() {
         let dir = std::env::var("FP4TUNE_SM90_DUMP").expect("set FP4TUNE_SM90_DUMP");
         std::fs::create_dir_all(&dir).unwrap();
+        // FP4TUNE_SM90_DUMP_SAMPLE=n adds an even sample of n small-M (swap_ab, block_m <= 16) and
+        // n/4 large-M (block_m >= 64, no swap) W4A16 configurations of the search space.
+        let sample: usize = std::env::var("FP4TUNE_SM90_DUMP_SAMPLE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut configs = Vec::new();
         for a_type in [AType::Bf16, AType::Nvfp4] {
-            for c in representative_configs(a_type) {
-                let src = c.render().unwrap();
-                std::fs::write(format!("{dir}/{}.cu", c.kernel_name()), src.code).unwrap();
+            configs.extend(representative_configs(a_type));
+        }
+        if std::env::var("FP4TUNE_SM90_DUMP_SWEEP").is_ok() {
+            configs.extend(small_m_sweep());
+        }
+        if sample > 0 {
+            let space = search_space(AType::Bf16);
+            let small: Vec<_> = space.iter().filter(|c| c.swap_ab && c.block_m <= 16).collect();
+            let large: Vec<_> = space.iter().filter(|c| !c.swap_ab && c.block_m >= 64).collect();
+            for (group, n) in [(small, sample), (large, sample / 4)] {
+                let step = (group.len() / n.max(1)).max(1);
+                configs.extend(group.iter().step_by(step).map(|c| **c));
             }
+        }
+        for c in configs {
+            let src = c.render().unwrap();
+            std::fs::write(format!("{dir}/{}.cu", c.kernel_name()), src.code).unwrap();
         }
     }
 }
