@@ -1,26 +1,747 @@
-//! The SM80/SM90 family: NVFP4 dequantized exactly to bf16, bf16 tensor-core MMA (placeholder).
+//! The SM80/SM90 family: NVFP4 dequantized exactly to bf16 in registers, bf16 `mma.sync` m16n8k16.
+//!
+//! This module owns the Rust half of `templates/sm90/`: the constraints of a configuration (the same
+//! limits the template's `Sm90Config` asserts), its shared-memory size, the instantiation unit, the
+//! search space and a generic default. It also mirrors the template's index maps (the K permutation
+//! of the MMA fragments and the shared-memory swizzles) so that they can be tested without a GPU.
+//!
+//! Launch contract (see `templates/sm90/gemm.cuh`): grid `(ceil(N/block_n), ceil(M/block_m),
+//! split_k)`, `threads()` threads, `smem_bytes()` of dynamic shared memory (opt-in above 48 KiB);
+//! with `split_k > 1` a workspace of `split_k*M*N` floats and one zeroed u32 counter per output tile
+//! (index `m_tile * n_tiles + n_tile`), left zeroed by the kernel.
 
-use super::{ConstraintError, GemmConfig};
+use super::{ConstraintError, Family, GemmConfig};
 use crate::problem::{AType, GemmProblem};
 
-pub fn smem_bytes(_c: &GemmConfig) -> u32 {
-    0
+/// Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
+pub const MAX_SMEM_BYTES: u32 = 232_448;
+/// Most fp32 accumulators one lane may hold before register spills become likely.
+pub const MAX_ACC_PER_LANE: u32 = 128;
+
+/// Quantities derived from a configuration, named as in `templates/sm90/config.cuh`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Derived {
+    /// Rows on the MMA's 16-row side (weights under swap_ab, else tokens) and on its 8-wide side.
+    pub p_rows: u32,
+    pub q_rows: u32,
+    pub warps_p: u32,
+    pub warps_q: u32,
+    pub warp_p: u32,
+    pub warp_q: u32,
+    pub p_tiles: u32,
+    pub q_tiles: u32,
+    /// fp32 accumulators per lane.
+    pub acc: u32,
+    pub k_per_warp: u32,
+    /// K per fragment chunk: 128, or 64 when a warp's K slice of a stage is 64 wide.
+    pub chunk: u32,
 }
-pub fn check(_c: &GemmConfig) -> Result<(), ConstraintError> {
+
+impl Derived {
+    pub fn of(c: &GemmConfig) -> Derived {
+        let (p_rows, q_rows) =
+            if c.swap_ab { (c.block_n, c.block_m) } else { (c.block_m, c.block_n) };
+        let (warps_p, warps_q) =
+            if c.swap_ab { (c.warps_n, c.warps_m) } else { (c.warps_m, c.warps_n) };
+        let warp_p = p_rows / warps_p.max(1);
+        let warp_q = q_rows / warps_q.max(1);
+        let k_per_warp = c.block_k / c.warps_k.max(1);
+        Derived {
+            p_rows,
+            q_rows,
+            warps_p,
+            warps_q,
+            warp_p,
+            warp_q,
+            p_tiles: warp_p / 16,
+            q_tiles: warp_q / 8,
+            acc: (warp_p / 16) * (warp_q / 8) * 4,
+            k_per_warp,
+            chunk: if k_per_warp >= 128 { 128 } else { 64 },
+        }
+    }
+}
+
+fn align128(x: u32) -> u32 {
+    x.div_ceil(128) * 128
+}
+
+/// Bytes of one pipeline stage: W codes, W scales, A (codes or bf16), A scales; each region
+/// 128-byte aligned (`Sm90Config::STAGE_BYTES`).
+pub fn stage_bytes(c: &GemmConfig) -> u32 {
+    let (bm, bn, bk) = (c.block_m, c.block_n, c.block_k);
+    let w = align128(bn * bk / 2) + align128(bn * bk / 16);
+    let a = match c.a_type {
+        AType::Nvfp4 => align128(bm * bk / 2) + align128(bm * bk / 16),
+        AType::Bf16 => align128(bm * bk * 2),
+    };
+    w + a
+}
+
+/// Dynamic shared memory of one CTA (`Sm90Config::SMEM_BYTES`): the pipeline, or the in-CTA
+/// split-K reduction buffer if larger.
+pub fn smem_bytes(c: &GemmConfig) -> u32 {
+    let d = Derived::of(c);
+    let pipe = c.stages * stage_bytes(c);
+    let red = c.warps_k.saturating_sub(1) * c.warps_m * c.warps_n * 32 * d.acc * 4;
+    let cluster_red = if cluster_split(c) { c.warps_m * c.warps_n * 32 * d.acc * 4 } else { 0 };
+    pipe.max(red).max(cluster_red).max(16)
+}
+
+/// Largest split_k reduced inside a thread-block cluster (portable cluster size).
+pub const MAX_CLUSTER_SPLIT: u32 = 8;
+
+/// Whether split-K is reduced through distributed shared memory of a (1, 1, split_k) cluster
+/// (`Sm90Config::CLUSTER_SPLIT`): no workspace, no counters. Larger split_k use the global
+/// workspace and tile counters.
+pub fn cluster_split(c: &GemmConfig) -> bool {
+    c.split_k > 1 && c.split_k <= MAX_CLUSTER_SPLIT
+}
+
+/// Constraints of the configuration alone; the template's static_asserts are the same.
+pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
+    let err = |msg: String| Err(c.violation(msg));
+    if c.family != Family::Sm90 {
+        return err(format!("family {} is not sm90", c.family));
+    }
+    if c.warps_m == 0 || c.warps_n == 0 || c.warps_k == 0 {
+        return err("warp counts must be at least 1".into());
+    }
+    if c.block_m == 0 || c.block_n == 0 {
+        return err("block_m and block_n must be positive".into());
+    }
+    let threads = c.threads();
+    if !(32..=1024).contains(&threads) {
+        return err(format!("{threads} threads per CTA, the limit is 32..=1024"));
+    }
+    if ![64, 128, 256].contains(&c.block_k) {
+        return err(format!("block_k {} must be 64, 128 or 256", c.block_k));
+    }
+    let d = Derived::of(c);
+    if c.block_k % c.warps_k != 0 || d.k_per_warp % 64 != 0 {
+        return err(format!(
+            "block_k / warps_k = {} / {} must be a multiple of 64",
+            c.block_k, c.warps_k
+        ));
+    }
+    if d.k_per_warp % d.chunk != 0 {
+        return err(format!(
+            "block_k / warps_k = {} above 128 must be a multiple of 128",
+            d.k_per_warp
+        ));
+    }
+    let (p_name, q_name) = if c.swap_ab { ("block_n", "block_m") } else { ("block_m", "block_n") };
+    if d.p_rows % d.warps_p != 0 || d.warp_p % 16 != 0 {
+        return err(format!(
+            "{p_name} / warps = {} / {} must be a multiple of 16 (the MMA's 16-row side{})",
+            d.p_rows,
+            d.warps_p,
+            if c.swap_ab { ", weights under swap_ab" } else { "" }
+        ));
+    }
+    if d.q_rows % d.warps_q != 0 || d.warp_q % 8 != 0 {
+        return err(format!(
+            "{q_name} / warps = {} / {} must be a multiple of 8 (the MMA's 8-wide side)",
+            d.q_rows, d.warps_q
+        ));
+    }
+    if d.acc > MAX_ACC_PER_LANE {
+        return err(format!(
+            "{} fp32 accumulators per lane (warp tile {}x{}), at most {MAX_ACC_PER_LANE}",
+            d.acc, d.warp_p, d.warp_q
+        ));
+    }
+    if !(2..=8).contains(&c.stages) {
+        return err(format!("stages {} must be 2..=8", c.stages));
+    }
+    if !(1..=64).contains(&c.split_k) {
+        return err(format!("split_k {} must be 1..=64", c.split_k));
+    }
+    let smem = smem_bytes(c);
+    if smem > MAX_SMEM_BYTES {
+        return err(format!("{smem} bytes of shared memory, the SM90 limit is {MAX_SMEM_BYTES}"));
+    }
     Ok(())
 }
-pub fn check_problem(_c: &GemmConfig, _p: &GemmProblem) -> Result<(), ConstraintError> {
+
+/// Constraints of running `c` on `p` (after `check` and the a_type match done by the caller).
+pub fn check_problem(c: &GemmConfig, p: &GemmProblem) -> Result<(), ConstraintError> {
+    let err = |msg: String| Err(c.violation(msg));
+    if p.k % c.block_k != 0 {
+        return err(format!("K = {} is not a multiple of block_k = {}", p.k, c.block_k));
+    }
+    if p.n % 8 != 0 {
+        return err(format!("N = {} is not a multiple of 8", p.n));
+    }
+    let k_blocks = p.k / c.block_k;
+    if c.split_k > k_blocks {
+        return err(format!(
+            "split_k = {} exceeds the {k_blocks} k-blocks of K = {}",
+            c.split_k, p.k
+        ));
+    }
+    if p.m.div_ceil(c.block_m) > 65_535 {
+        return err(format!("M = {} needs more than 65535 CTAs along grid y", p.m));
+    }
+    let limit = i32::MAX as u32;
+    if p.m > limit || p.n > limit || p.k > limit {
+        return err(format!("{p}: dimensions must fit in i32"));
+    }
     Ok(())
 }
+
+/// The instantiation unit: the template, the configuration, a cross-check of the shared-memory
+/// size computed here, and the `extern "C"` kernel.
 pub fn instantiation(c: &GemmConfig) -> String {
+    let threads = c.threads();
+    let smem = smem_bytes(c);
     format!(
-        "#include \"common/params.cuh\"\nextern \"C\" __global__ void {}(const fp4tune::GemmParams p) {{ if (p.y) p.y[threadIdx.x] = 0; }}\n",
-        c.kernel_name()
+        "// fp4tune SM90 kernel {name}\n\
+         #include \"sm90/gemm.cuh\"\n\
+         using Cfg = fp4tune::sm90::Sm90Config<{bm}, {bn}, {bk}, {wm}, {wn}, {wk}, {st}, {sk}, {swap}, {fp4}>;\n\
+         static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (template/sm90.rs smem_bytes) and templates/sm90/config.cuh disagree on shared memory\");\n\
+         static_assert(Cfg::THREADS == {threads}, \"Rust and templates/sm90/config.cuh disagree on threads\");\n\
+         extern \"C\" __global__ void __launch_bounds__({threads}){cluster} {kernel}(const fp4tune::GemmParams p) {{\n\
+         \x20   fp4tune::sm90::gemm<Cfg>(p);\n\
+         }}\n",
+        name = c.name(),
+        bm = c.block_m,
+        bn = c.block_n,
+        bk = c.block_k,
+        wm = c.warps_m,
+        wn = c.warps_n,
+        wk = c.warps_k,
+        st = c.stages,
+        sk = c.split_k,
+        swap = c.swap_ab,
+        fp4 = c.a_type == AType::Nvfp4,
+        kernel = c.kernel_name(),
+        cluster = if cluster_split(c) {
+            format!(" __cluster_dims__(1, 1, {})", c.split_k)
+        } else {
+            String::new()
+        },
     )
 }
+
+/// A generic configuration, like a library would ship without tuning: 128x128 tiles, 8 warps,
+/// BLOCK_K 64, 4 stages, no split-K.
+pub fn default_config(a_type: AType) -> GemmConfig {
+    GemmConfig {
+        family: Family::Sm90,
+        a_type,
+        block_m: 128,
+        block_n: 128,
+        block_k: 64,
+        warps_m: 2,
+        warps_n: 4,
+        warps_k: 1,
+        stages: 4,
+        split_k: 1,
+        swap_ab: false,
+    }
+}
+
+/// The pruned search space: every configuration passes `check`.
+///
+/// swap_ab (small M): block_m in {8, 16, 32, 64}, weights per warp 16..64. Otherwise block_m in
+/// {16, 32, 64, 128}. Split-K only for block_m <= 64; warps 2..8 per CTA; stages keep 256..1024 k
+/// in flight; warp tiles keep at least 4 MMAs per k-step.
 pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
-    vec![GemmConfig {
-        family: super::Family::Sm90,
+    let mut out = Vec::new();
+    let warp_counts = [1u32, 2, 4, 8];
+    for swap_ab in [true, false] {
+        let block_ms: &[u32] = if swap_ab { &[8, 16, 32, 64] } else { &[16, 32, 64, 128] };
+        for &block_m in block_ms {
+            for block_n in [16u32, 32, 64, 128, 256] {
+                for block_k in [64u32, 128, 256] {
+                    for warps_m in warp_counts {
+                        for warps_n in warp_counts {
+                            for warps_k in [1u32, 2, 4] {
+                                for stages in [2u32, 3, 4, 6, 8] {
+                                    for split_k in [1u32, 2, 3, 4, 6, 8, 12, 16] {
+                                        let c = GemmConfig {
+                                            family: Family::Sm90,
+                                            a_type,
+                                            block_m,
+                                            block_n,
+                                            block_k,
+                                            warps_m,
+                                            warps_n,
+                                            warps_k,
+                                            stages,
+                                            split_k,
+                                            swap_ab,
+                                        };
+                                        if keep(&c) {
+                                            out.push(c);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Pruning rules of `search_space` (beyond legality).
+fn keep(c: &GemmConfig) -> bool {
+    if check(c).is_err() {
+        return false;
+    }
+    let d = Derived::of(c);
+    let warps = c.warps_m * c.warps_n * c.warps_k;
+    let in_flight = c.stages * c.block_k;
+    let mmas_per_step = d.p_tiles * d.q_tiles;
+    // Weight bytes in flight per CTA: small-M kernels are bound by bytes in flight, so tiles with
+    // few weight rows get deeper pipelines (up to 2048 k), larger ones 256..512 k.
+    let w_bytes_in_flight = c.block_n * in_flight / 2;
+    let common = (2..=8).contains(&warps)
+        && (256..=2048).contains(&in_flight)
+        && (in_flight <= 512 || w_bytes_in_flight <= 32 * 1024);
+    if c.swap_ab {
+        // Small M: one warp row of tokens (two at block_m 64), 16..64 weights per warp, in-CTA
+        // split-K for deep K slices, split-K over CTAs for few output tiles.
+        common
+            && c.block_k >= 128
+            && (c.warps_k <= 2 || c.block_n <= 32)
+            && (c.warps_m == 1 || c.block_m == 64)
+            && d.warp_p <= if c.block_m <= 16 { 32 } else { 64 }
+            && (c.warps_k == 1 || c.split_k <= 4)
+            && (c.split_k <= 4 || (c.block_m <= 32 && c.block_n <= 128))
+            && (c.split_k <= MAX_CLUSTER_SPLIT || (c.block_m <= 16 && c.block_n <= 64))
+            // Wider token tiles (32, 64) need less K splitting: there are more output tiles.
+            && (c.block_m <= 16 || (c.split_k <= 4 && c.warps_k == 1))
+            && (c.block_m <= 32 || c.split_k <= 2)
+            && (c.split_k == 1 || c.stages <= 4)
+    } else {
+        // Larger M: at least 64x64 per CTA and 4 MMAs per k-step per warp, no in-CTA split-K,
+        // split-K only up to 4 for block_m <= 64.
+        common
+            && warps >= 4
+            && in_flight <= 512
+            && d.acc <= 64
+            && c.block_m >= 32
+            && c.block_n >= 64
+            && mmas_per_step >= 4
+            && c.warps_k == 1
+            && (c.split_k == 1 || (c.block_m <= 64 && c.split_k <= 4))
+    }
+}
+
+// ---- mirrors of templates/sm90/layout.cuh ------------------------------------------------------
+
+/// The K permutation (`layout.cuh: k_local`): real k (within a chunk of `ch` = 64 or 128) of MMA
+/// position `p` (0..16) at step `j` (0..ch/16). Lane t = (p % 8) / 2 owns k in [t*ch/4, (t+1)*ch/4).
+pub fn k_local(ch: u32, j: u32, p: u32) -> u32 {
+    ((p % 8) / 2) * (ch / 4) + 8 * (j / 2) + 2 * (j % 2) + p / 8 + 4 * (p % 2)
+}
+
+/// Physical 16-byte unit of logical unit `u` of row `r` in a packed-code tile of `units` units per
+/// row (`layout.cuh: code_unit_swizzle`).
+pub fn code_unit_swizzle(units: u32, r: u32, u: u32) -> u32 {
+    match units {
+        8 => u ^ (((r & 1) << 2) | (((r >> 1) & 1) << 1)),
+        4 => u ^ (((r >> 1) & 1) << 1),
+        _ => u,
+    }
+}
+
+/// Physical 16-byte unit of logical unit `u` of row `r` in a bf16 tile (`layout.cuh: bf16_unit_swizzle`).
+pub fn bf16_unit_swizzle(r: u32, u: u32) -> u32 {
+    u ^ ((((u >> 3) & 1) << 1) | (r & 1))
+}
+
+/// 32-bit word of scale group `g` (4 scales, 64 k) of row `r` in a stage's scale tile of `rows`
+/// rows and `groups` groups (`layout.cuh: sf_word`).
+pub fn sf_word(rows: u32, groups: u32, r: u32, g: u32) -> u32 {
+    if rows % 128 == 0 {
+        ((r >> 7) * groups + g) * 128 + (r & 31) * 4 + ((r >> 5) & 3)
+    } else {
+        g * rows + r
+    }
+}
+
+/// Byte offset of scale (row, kb) in the global swizzled 128x4 layout (`params.cuh`).
+pub fn swizzled_sf_offset(row: u32, kb: u32, ksf_pad: u32) -> u32 {
+    ((row >> 7) * (ksf_pad >> 2) + (kb >> 2)) * 512
+        + (row & 31) * 16
+        + ((row >> 5) & 3) * 4
+        + (kb & 3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn cfg(a_type: AType) -> GemmConfig {
+        GemmConfig {
+            family: Family::Sm90,
+            a_type,
+            block_m: 16,
+            block_n: 64,
+            block_k: 128,
+            warps_m: 1,
+            warps_n: 4,
+            warps_k: 1,
+            stages: 4,
+            split_k: 1,
+            swap_ab: true,
+        }
+    }
+
+    fn reject(c: GemmConfig, needle: &str) {
+        let e = check(&c).expect_err("config must be rejected");
+        assert!(e.reason.contains(needle), "expected `{needle}` in `{}`", e.reason);
+    }
+
+    #[test]
+    fn constraint_checks_reject_illegal_configs_with_a_message() {
+        assert!(check(&cfg(AType::Bf16)).is_ok());
+        assert!(check(&default_config(AType::Bf16)).is_ok());
+        assert!(check(&default_config(AType::Nvfp4)).is_ok());
+        reject(GemmConfig { block_k: 96, ..cfg(AType::Bf16) }, "block_k 96");
+        reject(GemmConfig { warps_n: 8, warps_m: 8, warps_k: 4, ..cfg(AType::Bf16) }, "threads");
+        // 64 weights over 8 warps = 8 rows: not a multiple of 16 under swap_ab.
+        reject(GemmConfig { warps_n: 8, ..cfg(AType::Bf16) }, "multiple of 16");
+        // 16 tokens over 4 warps = 4: not a multiple of 8.
+        reject(GemmConfig { warps_m: 4, warps_n: 1, ..cfg(AType::Bf16) }, "multiple of 8");
+        reject(GemmConfig { warps_k: 4, ..cfg(AType::Bf16) }, "multiple of 64");
+        reject(
+            GemmConfig {
+                block_k: 256,
+                warps_k: 1,
+                block_m: 128,
+                block_n: 256,
+                swap_ab: false,
+                warps_m: 2,
+                warps_n: 4,
+                stages: 8,
+                ..cfg(AType::Bf16)
+            },
+            "shared memory",
+        );
+        reject(
+            GemmConfig {
+                block_m: 128,
+                block_n: 256,
+                swap_ab: false,
+                warps_m: 1,
+                warps_n: 1,
+                ..cfg(AType::Bf16)
+            },
+            "accumulators",
+        );
+        reject(GemmConfig { stages: 1, ..cfg(AType::Bf16) }, "stages");
+        reject(GemmConfig { split_k: 0, ..cfg(AType::Bf16) }, "split_k");
+        reject(GemmConfig { family: Family::Sm120, ..cfg(AType::Bf16) }, "family");
+    }
+
+    #[test]
+    fn problem_checks() {
+        let c = GemmConfig { split_k: 8, ..cfg(AType::Bf16) };
+        assert!(c.check_problem(&GemmProblem::new(1, 4096, 6144, AType::Bf16)).is_ok());
+        let e = c.check_problem(&GemmProblem::new(1, 4096, 6100, AType::Bf16)).unwrap_err();
+        assert!(e.reason.contains("multiple of block_k"), "{e}");
+        let e = c.check_problem(&GemmProblem::new(1, 4100, 6144, AType::Bf16)).unwrap_err();
+        assert!(e.reason.contains("multiple of 8"), "{e}");
+        let e = c.check_problem(&GemmProblem::new(1, 4096, 512, AType::Bf16)).unwrap_err();
+        assert!(e.reason.contains("exceeds"), "{e}");
+        let e = c.check_problem(&GemmProblem::new(1, 4096, 6144, AType::Nvfp4)).unwrap_err();
+        assert!(e.reason.contains("built for"), "{e}");
+    }
+
+    #[test]
+    fn smem_formula_matches_hand_computed_values() {
+        // W4A16, swap 16x64x128, 4 stages: W codes 64*64 = 4096, W scales 64*8 = 512,
+        // A bf16 16*128*2 = 4096 -> 8704 per stage.
+        let c = cfg(AType::Bf16);
+        assert_eq!(stage_bytes(&c), 8704);
+        assert_eq!(smem_bytes(&c), 4 * 8704);
+        // W4A4: A codes 16*64 = 1024, A scales 16*8 = 128 -> 4096 + 512 + 1024 + 128 = 5760.
+        assert_eq!(stage_bytes(&cfg(AType::Nvfp4)), 5760);
+        // Regions are 128-byte aligned: block_n 16, block_k 64: W scales 16*4 = 64 -> 128.
+        let c = GemmConfig { block_n: 16, block_k: 64, warps_n: 1, ..cfg(AType::Nvfp4) };
+        // W codes 16*32 = 512, W sf 64 -> 128, A codes 16*32 = 512, A sf 64 -> 128.
+        assert_eq!(stage_bytes(&c), 512 + 128 + 512 + 128);
+        // The reduction buffer wins when it is larger than the pipeline.
+        let c = GemmConfig { block_k: 256, warps_k: 4, warps_n: 1, stages: 2, ..cfg(AType::Nvfp4) };
+        let d = Derived::of(&c);
+        assert_eq!(d.acc, 4 * 2 * 4);
+        assert_eq!(smem_bytes(&c), (2 * stage_bytes(&c)).max(3 * 32 * 32 * 4));
+        // Default: 128x128x64 bf16: W 4096 + 512, A 16384 -> 20992 per stage, 4 stages.
+        assert_eq!(smem_bytes(&default_config(AType::Bf16)), 4 * 20992);
+    }
+
+    #[test]
+    fn k_permutation_is_a_bijection_and_matches_the_register_data_path() {
+        for ch in [64u32, 128] {
+            let steps = ch / 16;
+            let mut seen = HashSet::new();
+            for j in 0..steps {
+                for p in 0..16 {
+                    let k = k_local(ch, j, p);
+                    assert!(k < ch);
+                    assert!(seen.insert(k), "k {k} twice (ch {ch})");
+                }
+            }
+            assert_eq!(seen.len() as u32, ch);
+            // Simulate what a lane's registers hold: lane t's run starts at t*ch/4; word w covers
+            // elements 8w..8w+8 of the run; r[s] = (element s, element s+4); step 2w+jj takes
+            // lo = r[2jj] at positions (2t, 2t+1) and hi = r[2jj+1] at (2t+8, 2t+9). A (rows g and
+            // g+8) and B (column g) fragments both hold exactly these positions for lane t.
+            for lane in 0..32u32 {
+                let t = lane % 4;
+                for w in 0..ch / 32 {
+                    for jj in 0..2 {
+                        let j = 2 * w + jj;
+                        let reg = |s: u32| -> [u32; 2] {
+                            let run = t * ch / 4 + 8 * w;
+                            [run + s, run + s + 4]
+                        };
+                        let lo = reg(2 * jj);
+                        let hi = reg(2 * jj + 1);
+                        // A fragment: a0/a1 = positions 2t, 2t+1 (rows g, g+8), a2/a3 = 2t+8, 2t+9.
+                        // B fragment: b0 = rows 2t, 2t+1, b1 = rows 2t+8, 2t+9 of column g.
+                        for e in 0..2 {
+                            assert_eq!(lo[e as usize], k_local(ch, j, 2 * t + e));
+                            assert_eq!(hi[e as usize], k_local(ch, j, 2 * t + 8 + e));
+                        }
+                        // The lane only touches its own run, so its 16 (or 8) code bytes suffice.
+                        for k in lo.iter().chain(hi.iter()) {
+                            assert_eq!(k / (ch / 4), t);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Worst bank-conflict degree of one warp-wide shared load: lanes are served in phases of
+    /// 128 bytes (8 lanes for 16-byte loads, 16 for 8-byte loads); within a phase, count distinct
+    /// 4-byte words per bank.
+    fn conflict_degree(addrs: &[u32], bytes: u32) -> usize {
+        let per_phase = (128 / bytes) as usize;
+        let mut worst = 1;
+        for phase in addrs.chunks(per_phase) {
+            let mut banks: Vec<HashSet<u32>> = vec![HashSet::new(); 32];
+            for &a in phase {
+                for w in 0..bytes / 4 {
+                    let word = a / 4 + w;
+                    banks[(word % 32) as usize].insert(word);
+                }
+            }
+            worst = worst.max(banks.iter().map(|b| b.len()).max().unwrap());
+        }
+        worst
+    }
+
+    #[test]
+    fn fragment_loads_are_free_of_bank_conflicts() {
+        // Packed codes: rows of block_k/2 bytes; chunk 128 -> 16-byte loads at unit 4c + t;
+        // chunk 64 -> 8-byte loads at half t%2 of unit 2c + t/2. Warp rows start at multiples of 8.
+        for block_k in [64u32, 128, 256] {
+            let units = block_k / 32;
+            for ch in [64u32, 128] {
+                if ch > block_k {
+                    continue;
+                }
+                for c in 0..block_k / ch {
+                    for row0 in [0u32, 8, 16, 24] {
+                        let addrs: Vec<u32> = (0..32u32)
+                            .map(|lane| {
+                                let (g, t) = (lane / 4, lane % 4);
+                                let r = row0 + g;
+                                if ch == 128 {
+                                    r * block_k / 2 + code_unit_swizzle(units, r, 4 * c + t) * 16
+                                } else {
+                                    r * block_k / 2
+                                        + code_unit_swizzle(units, r, 2 * c + t / 2) * 16
+                                        + (t % 2) * 8
+                                }
+                            })
+                            .collect();
+                        let bytes = if ch == 128 { 16 } else { 8 };
+                        assert_eq!(
+                            conflict_degree(&addrs, bytes),
+                            1,
+                            "codes block_k {block_k} chunk {ch} c {c} row0 {row0}"
+                        );
+                    }
+                }
+            }
+        }
+        // bf16: rows of 2*block_k bytes; word w of lane t in chunk c is unit ch/8*c + ch/32*t + w.
+        for block_k in [64u32, 128, 256] {
+            for ch in [64u32, 128] {
+                if ch > block_k {
+                    continue;
+                }
+                for c in 0..block_k / ch {
+                    for w in 0..ch / 32 {
+                        for row0 in [0u32, 8] {
+                            let addrs: Vec<u32> = (0..32u32)
+                                .map(|lane| {
+                                    let (g, t) = (lane / 4, lane % 4);
+                                    let r = row0 + g;
+                                    let u = ch / 8 * c + ch / 32 * t + w;
+                                    r * block_k * 2 + bf16_unit_swizzle(r, u) * 16
+                                })
+                                .collect();
+                            assert_eq!(
+                                conflict_degree(&addrs, 16),
+                                1,
+                                "bf16 block_k {block_k} chunk {ch} c {c} w {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn swizzles_are_permutations_within_a_row() {
+        for units in [2u32, 4, 8] {
+            for r in 0..16 {
+                let s: HashSet<u32> = (0..units).map(|u| code_unit_swizzle(units, r, u)).collect();
+                assert_eq!(s.len() as u32, units);
+                assert!(s.iter().all(|&u| u < units));
+            }
+        }
+        for units in [8u32, 16, 32] {
+            for r in 0..16 {
+                let s: HashSet<u32> = (0..units).map(|u| bf16_unit_swizzle(r, u)).collect();
+                assert_eq!(s.len() as u32, units);
+                assert!(s.iter().all(|&u| u < units));
+            }
+        }
+    }
+
+    #[test]
+    fn tiled_scale_words_match_the_global_swizzled_layout() {
+        // For a 128-aligned row block the stage copies G contiguous 512-byte blocks per 128 rows;
+        // sf_word must address, in that copy, the word the global layout holds for (row, group).
+        let (k, rows, groups) = (1024u32, 256u32, 2u32);
+        let ksf_pad = k / 16;
+        for kb in 0..k / (64 * groups) {
+            for r in 0..rows {
+                for g in 0..groups {
+                    let global = swizzled_sf_offset(r, 4 * (kb * groups + g), ksf_pad);
+                    // copy of tile rt: global bytes [((rt)*(ksf_pad/4) + kb*G)*512, + G*512)
+                    let rt = r / 128;
+                    let copy_base = (rt * (ksf_pad / 4) + kb * groups) * 512;
+                    let smem = rt * groups * 512 + (global - copy_base);
+                    assert_eq!(smem, sf_word(rows, groups, r, g) * 4, "row {r} group {g} kb {kb}");
+                }
+            }
+        }
+        let s: HashSet<u32> =
+            (0..48).flat_map(|r| (0..2).map(move |g| sf_word(48, 2, r, g))).collect();
+        assert_eq!(s.len(), 96);
+    }
+
+    // ---- exactness of the bf16 data path (nvfp4.cuh), emulated on the CPU ----
+
+    fn bf16_to_f32(b: u16) -> f32 {
+        f32::from_bits((b as u32) << 16)
+    }
+    fn f32_to_bf16_rne(f: f32) -> u16 {
+        let b = f.to_bits();
+        let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1));
+        (r >> 16) as u16
+    }
+    fn e2m1(c: u32) -> f32 {
+        let mag = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][(c & 7) as usize];
+        if c & 8 != 0 {
+            -mag
+        } else {
+            mag
+        }
+    }
+    fn e4m3(b: u8) -> f32 {
+        let (e, m) = ((b >> 3) & 15, b & 7);
+        if e == 0 {
+            (m as f32) * 2f32.powi(-9)
+        } else {
+            (1.0 + m as f32 / 8.0) * 2f32.powi(e as i32 - 7)
+        }
+    }
+    /// `e2m1_pair_raw<S>` of nvfp4.cuh.
+    fn pair_raw(w: u32, s: u32) -> u32 {
+        let q = w << (12 - 4 * s);
+        (q & 0x8000_8000) | ((q & 0x7000_7000) >> 6)
+    }
+
+    #[test]
+    fn dequantization_is_exact_for_every_code_and_scale() {
+        for sf in 0u8..=0x7E {
+            let s = e4m3(sf);
+            let prepared = f32_to_bf16_rne(s * 2f32.powi(119));
+            assert_eq!(bf16_to_f32(prepared), s * 2f32.powi(119), "scale {sf:#x} not exact");
+            for w in [0x7654_3210u32, 0xFEDC_BA98] {
+                for sel in 0..4 {
+                    let raw = pair_raw(w, sel);
+                    for half in 0..2 {
+                        let code = (w >> (4 * (sel + 4 * half))) & 15;
+                        let x = bf16_to_f32((raw >> (16 * half)) as u16);
+                        assert_eq!(x, e2m1(code) * 2f32.powi(-126), "code {code}");
+                        // bf16 x bf16 is exact in f32; the bf16 rounding of the product must be too.
+                        let prod = bf16_to_f32(f32_to_bf16_rne(x * bf16_to_f32(prepared)));
+                        assert_eq!(
+                            prod,
+                            e2m1(code) * s * 2f32.powi(-7),
+                            "code {code} scale {sf:#x}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- search space and rendering ----
+
+    #[test]
+    fn search_space_is_legal_rich_and_renders() {
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            let space = search_space(a_type);
+            assert!((300..=3000).contains(&space.len()), "{} configs for {a_type}", space.len());
+            let names: HashSet<String> = space.iter().map(|c| c.name()).collect();
+            assert_eq!(names.len(), space.len(), "duplicate configurations");
+            assert!(space.iter().any(|c| c.swap_ab && c.block_m <= 16 && c.split_k > 1));
+            assert!(space.iter().any(|c| !c.swap_ab && c.block_m == 128 && c.block_n >= 128));
+            assert!(space.iter().any(|c| c.warps_k > 1));
+            for c in &space {
+                assert!(check(c).is_ok(), "{c}");
+                let src = c.render().unwrap_or_else(|e| panic!("{c}: {e}"));
+                assert!(src.code.contains(&format!("Cfg::SMEM_BYTES == {}", smem_bytes(c))));
+                assert!(src.code.contains(&c.kernel_name()));
+                assert!(!src.code.contains("#include"), "includes left in {c}");
+            }
+        }
+    }
+
+    #[test]
+    fn instantiation_names_kernel_and_config() {
+        let c = cfg(AType::Nvfp4);
+        let u = instantiation(&c);
+        assert!(u.contains("#include \"sm90/gemm.cuh\""));
+        assert!(u.contains("Sm90Config<16, 64, 128, 1, 4, 1, 4, 1, true, true>"), "{u}");
+        assert!(u.contains("__launch_bounds__(128)"));
+        assert!(u.contains(&format!("void __launch_bounds__(128) {}(", c.kernel_name())));
+    }
+}
+
+/// Representative configurations (small-M streaming, mid-M, large-M), used by the dump test and
+/// by hand-run compile checks.
+pub fn representative_configs(a_type: AType) -> Vec<GemmConfig> {
+    let base = GemmConfig {
+        family: Family::Sm90,
         a_type,
         block_m: 16,
         block_n: 64,
@@ -31,8 +752,155 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
         stages: 4,
         split_k: 1,
         swap_ab: true,
-    }]
+    };
+    vec![
+        base,
+        GemmConfig {
+            block_m: 8,
+            block_n: 32,
+            block_k: 256,
+            warps_n: 2,
+            warps_k: 2,
+            stages: 2,
+            split_k: 4,
+            ..base
+        },
+        GemmConfig {
+            block_m: 16,
+            block_n: 128,
+            block_k: 128,
+            warps_n: 4,
+            stages: 4,
+            split_k: 3,
+            ..base
+        },
+        GemmConfig {
+            block_m: 64,
+            block_n: 128,
+            block_k: 64,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 6,
+            ..base
+        },
+        GemmConfig {
+            block_m: 64,
+            block_n: 128,
+            block_k: 128,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 3,
+            swap_ab: false,
+            ..base
+        },
+        GemmConfig {
+            block_m: 8,
+            block_n: 64,
+            block_k: 128,
+            warps_n: 4,
+            stages: 4,
+            split_k: 12,
+            ..base
+        },
+        GemmConfig {
+            block_m: 32,
+            block_n: 64,
+            block_k: 64,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 4,
+            split_k: 2,
+            swap_ab: false,
+            ..base
+        },
+        default_config(a_type),
+        GemmConfig {
+            block_m: 128,
+            block_n: 256,
+            block_k: 64,
+            warps_m: 2,
+            warps_n: 4,
+            stages: 4,
+            swap_ab: false,
+            ..base
+        },
+    ]
 }
-pub fn default_config(a_type: AType) -> GemmConfig {
-    search_space(a_type)[0]
+
+#[cfg(test)]
+mod dump {
+    use super::*;
+
+    /// Deep-pipeline small-M W4A16 configurations (TP8- and EP-like N) for hand-run sweeps.
+    fn small_m_sweep() -> Vec<GemmConfig> {
+        let mut out = Vec::new();
+        for block_m in [8u32, 16] {
+            for (block_n, warps_ks, splits, stages) in [
+                (16u32, &[2u32, 4][..], &[2u32, 3, 4, 6, 8][..], &[4u32, 6, 8][..]),
+                (32, &[2, 4], &[2, 3, 4, 6, 8], &[4, 6, 8]),
+                (64, &[1, 2], &[1, 2, 3, 4], &[3, 4, 6]),
+                (128, &[1, 2], &[1, 2, 3, 4], &[3, 4]),
+            ] {
+                for &warps_k in warps_ks {
+                    for &split_k in splits {
+                        for &st in stages {
+                            let warps_n = (block_n / 16).min(4);
+                            let c = GemmConfig {
+                                family: Family::Sm90,
+                                a_type: AType::Bf16,
+                                block_m,
+                                block_n,
+                                block_k: 256,
+                                warps_m: 1,
+                                warps_n,
+                                warps_k,
+                                stages: st,
+                                split_k,
+                                swap_ab: true,
+                            };
+                            if check(&c).is_ok() {
+                                out.push(c);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// `FP4TUNE_SM90_DUMP=dir cargo test --lib sm90::dump -- --ignored` writes the rendered sources
+    /// of the representative configurations (file = kernel name + `.cu`) for NVRTC checks by hand.
+    #[test]
+    #[ignore]
+    fn dump_rendered_sources() {
+        let dir = std::env::var("FP4TUNE_SM90_DUMP").expect("set FP4TUNE_SM90_DUMP");
+        std::fs::create_dir_all(&dir).unwrap();
+        // FP4TUNE_SM90_DUMP_SAMPLE=n adds an even sample of n small-M (swap_ab, block_m <= 16) and
+        // n/4 large-M (block_m >= 64, no swap) W4A16 configurations of the search space.
+        let sample: usize = std::env::var("FP4TUNE_SM90_DUMP_SAMPLE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut configs = Vec::new();
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            configs.extend(representative_configs(a_type));
+        }
+        if std::env::var("FP4TUNE_SM90_DUMP_SWEEP").is_ok() {
+            configs.extend(small_m_sweep());
+        }
+        if sample > 0 {
+            let space = search_space(AType::Bf16);
+            let small: Vec<_> = space.iter().filter(|c| c.swap_ab && c.block_m <= 16).collect();
+            let large: Vec<_> = space.iter().filter(|c| !c.swap_ab && c.block_m >= 64).collect();
+            for (group, n) in [(small, sample), (large, sample / 4)] {
+                let step = (group.len() / n.max(1)).max(1);
+                configs.extend(group.iter().step_by(step).map(|c| **c));
+            }
+        }
+        for c in configs {
+            let src = c.render().unwrap();
+            std::fs::write(format!("{dir}/{}.cu", c.kernel_name()), src.code).unwrap();
+        }
+    }
 }

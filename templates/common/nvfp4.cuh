@@ -1,0 +1,70 @@
+// Exact NVFP4 decoding to bf16 in registers, shared by every family that dequantizes.
+//
+// E2M1 codes are placed bit-for-bit into a bf16: the 3 magnitude bits (e1 e0 m) become bf16 bits
+// 8..6 (the two lowest exponent bits and the top mantissa bit) and the sign bit becomes bit 15.
+// For e >= 1 that bf16 is 2^(e-127) * (1 + m/2) and for e == 0 the bf16 subnormal 2^-126 * m/2; the
+// E2M1 values are 2^(e-1) * (1 + m/2) and m/2: the raw bf16 is exactly value * 2^-126 for all 16
+// codes. The block scale is prepared as s * 2^119 (a normal bf16 for every finite E4M3 s, at most
+// 448 * 2^119 < 2^128), so one mul.rn.bf16x2 gives value * s * 2^-7 exactly (at most 6 significant
+// bits, magnitude in [2^-17, 21]: always a normal bf16). The 2^-7 per FP4 operand is undone in the
+// fp32 epilogue together with alpha (a power of two: exact), never folded into the operands.
+#pragma once
+#include "common/ptx.cuh"
+
+namespace fp4tune {
+namespace nvfp4 {
+
+// log2 of the factor every dequantized FP4 operand carries; the epilogue multiplies by 2^-this.
+constexpr int OPERAND_LOG2 = -7;
+// 2^119 as an fp32 bit pattern (biased exponent 246).
+constexpr uint32_t SCALE_BIAS_F32_BITS = 0x7B000000u;
+
+// Two E2M1 codes of a 32-bit word of 8 codes (nibble i = element i, element 0 in the low nibble)
+// as raw bf16x2: nibble S -> lower half, nibble S + 4 -> upper half, each value * 2^-126.
+template <int S>
+__device__ __forceinline__ uint32_t e2m1_pair_raw(uint32_t w) {
+    static_assert(S >= 0 && S < 4, "nibble pair index is 0..3");
+    const uint32_t q = w << (12 - 4 * S);  // nibbles S and S+4 now in bits 12..15 and 28..31
+    return (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
+}
+
+// One E4M3 scale (fp32 value s) -> bf16x2 (s * 2^119, s * 2^119).
+__device__ __forceinline__ uint32_t prepared_scale_dup(float s) {
+    const float v = s * __uint_as_float(SCALE_BIAS_F32_BITS);
+    return ptx::cvt_bf16x2_f32(v, v);
+}
+
+// Two E4M3 scales (byte 0 = first block, byte 1 = second) -> prepared bf16x2 duplicates.
+__device__ __forceinline__ void e4m3x2_prepared(uint16_t sf2, uint32_t& s0, uint32_t& s1) {
+    const uint32_t h2 = ptx::cvt_f16x2_e4m3x2(sf2);
+    s0 = prepared_scale_dup(ptx::f16_lo_to_f32(h2));
+    s1 = prepared_scale_dup(ptx::f16_hi_to_f32(h2));
+}
+
+// One E4M3 scale byte -> prepared bf16x2 duplicate.
+__device__ __forceinline__ uint32_t e4m3_prepared(uint8_t sf) {
+    const uint32_t h2 = ptx::cvt_f16x2_e4m3x2(static_cast<uint16_t>(sf));
+    return prepared_scale_dup(ptx::f16_lo_to_f32(h2));
+}
+
+// The 4 dequantized bf16x2 registers of one word of 8 codes under one prepared scale:
+// r[s] = (element s, element s + 4) * scale * 2^-7.
+__device__ __forceinline__ void dequant_word(uint32_t w, uint32_t scale, uint32_t (&r)[4]) {
+    r[0] = ptx::mul_bf16x2(e2m1_pair_raw<0>(w), scale);
+    r[1] = ptx::mul_bf16x2(e2m1_pair_raw<1>(w), scale);
+    r[2] = ptx::mul_bf16x2(e2m1_pair_raw<2>(w), scale);
+    r[3] = ptx::mul_bf16x2(e2m1_pair_raw<3>(w), scale);
+}
+
+// The same pairing for 8 bf16 values held as 4 words (w0 = elements 0,1 ... w3 = elements 6,7):
+// r[s] = (element s, element s + 4).
+__device__ __forceinline__ void pair_bf16x8(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3,
+                                            uint32_t (&r)[4]) {
+    r[0] = ptx::prmt(w0, w2, 0x5410u);
+    r[1] = ptx::prmt(w0, w2, 0x7632u);
+    r[2] = ptx::prmt(w1, w3, 0x5410u);
+    r[3] = ptx::prmt(w1, w3, 0x7632u);
+}
+
+}  // namespace nvfp4
+}  // namespace fp4tune
