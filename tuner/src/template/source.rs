@@ -9,6 +9,7 @@ use std::collections::HashSet;
 /// A test checks that this list matches the folder.
 pub const TEMPLATE_FILES: &[(&str, &str)] = &[
     ("common/params.cuh", include_str!("../../../templates/common/params.cuh")),
+    ("common/quantize.cuh", include_str!("../../../templates/common/quantize.cuh")),
     ("common/types.cuh", include_str!("../../../templates/common/types.cuh")),
 ];
 
