@@ -28,6 +28,7 @@ impl CublasBf16 {
     ///
     /// # Safety
     /// The buffers must hold at least m*k, n*k and m*n elements.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm(
         &self,
         m: i32,
@@ -96,11 +97,9 @@ impl CublasLtFp8 {
         use ltsys::cublasLtMatmulDescAttributes_t as D;
         use ltsys::cudaDataType_t as T;
         let handle = lt::create_handle().map_err(lt_err("cublasLtCreate"))?;
-        let desc = lt::create_matmul_desc(
-            ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            T::CUDA_R_32F,
-        )
-        .map_err(lt_err("cublasLtMatmulDescCreate"))?;
+        let desc =
+            lt::create_matmul_desc(ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F, T::CUDA_R_32F)
+                .map_err(lt_err("cublasLtMatmulDescCreate"))?;
         let set = |attr: D, ptr: *const c_void, size: usize| {
             // SAFETY: desc is live; ptr points to `size` readable bytes.
             unsafe { lt::set_matmul_desc_attribute(desc, attr, ptr, size) }
@@ -115,7 +114,8 @@ impl CublasLtFp8 {
         set(D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa as *const u64 as _, 8)?;
         set(D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pw as *const u64 as _, 8)?;
         let lay = |t: T, rows: u64, cols: u64, ld: i64| {
-            lt::create_matrix_layout(t, rows, cols, ld).map_err(lt_err("cublasLtMatrixLayoutCreate"))
+            lt::create_matrix_layout(t, rows, cols, ld)
+                .map_err(lt_err("cublasLtMatrixLayoutCreate"))
         };
         let la = lay(T::CUDA_R_8F_E4M3, k, n, k as i64)?;
         let lb = lay(T::CUDA_R_8F_E4M3, k, m, k as i64)?;

@@ -14,7 +14,9 @@ use std::sync::Arc;
 /// Errors of the device layer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GpuError {
-    #[error("no CUDA driver (libcuda.so) on this machine: GPU work needs an NVIDIA GPU and driver")]
+    #[error(
+        "no CUDA driver (libcuda.so) on this machine: GPU work needs an NVIDIA GPU and driver"
+    )]
     NoDriver,
     #[error("no CUDA device {ordinal}: {count} device(s) visible")]
     NoDevice { ordinal: usize, count: i32 },
@@ -222,16 +224,37 @@ impl Gpu {
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(drv("cuLaunchKernel"))
     }
 
+    /// Launch a kernel whose arguments are all 64-bit (pointers and sizes).
+    ///
+    /// # Safety
+    /// The kernel's parameter list must be exactly `args.len()` 64-bit values, and any pointers
+    /// among them must be valid for what the kernel does with them until the work completes.
+    pub unsafe fn launch_u64s(
+        &self,
+        kernel: &Kernel,
+        dims: LaunchDims,
+        args: &[u64],
+    ) -> Result<(), GpuError> {
+        let cfg = LaunchConfig {
+            grid_dim: dims.grid,
+            block_dim: dims.block,
+            shared_mem_bytes: dims.smem_bytes,
+        };
+        let mut b = self.stream.launch_builder(&kernel.func);
+        for a in args {
+            b.arg(a);
+        }
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe { b.launch(cfg) }.map(|_| ()).map_err(drv("cuLaunchKernel"))
+    }
+
     /// Wait for all work on the stream; surfaces asynchronous launch errors (illegal address...).
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.stream.synchronize().map_err(drv("cuStreamSynchronize"))
     }
 
     /// Capture the launches `body` makes into a CUDA graph.
-    pub fn capture(
-        &self,
-        body: impl FnOnce() -> Result<(), GpuError>,
-    ) -> Result<Graph, GpuError> {
+    pub fn capture(&self, body: impl FnOnce() -> Result<(), GpuError>) -> Result<Graph, GpuError> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(drv("cuStreamBeginCapture"))?;
