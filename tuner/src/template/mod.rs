@@ -6,6 +6,7 @@
 //! that unit against the embedded template tree, so the result compiles with an NVRTC that has no
 //! headers at all, and hashes it.
 
+pub mod quantize;
 pub mod source;
 
 use crate::problem::{AType, GemmProblem};

@@ -4,22 +4,10 @@ use super::Arch;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 
-/// Every file under `templates/`, embedded at build time so that the library (and the runtime
-/// dispatcher) can render kernels without the source tree. Paths are relative to `templates/`.
-/// A test checks that this list matches the folder.
-pub const TEMPLATE_FILES: &[(&str, &str)] = &[
-    ("common/nvfp4.cuh", include_str!("../../../templates/common/nvfp4.cuh")),
-    ("common/params.cuh", include_str!("../../../templates/common/params.cuh")),
-    ("common/ptx.cuh", include_str!("../../../templates/common/ptx.cuh")),
-    ("common/types.cuh", include_str!("../../../templates/common/types.cuh")),
-    ("bench/floors.cuh", include_str!("../../../templates/bench/floors.cuh")),
-    ("sm90/config.cuh", include_str!("../../../templates/sm90/config.cuh")),
-    ("sm90/epilogue.cuh", include_str!("../../../templates/sm90/epilogue.cuh")),
-    ("sm90/gemm.cuh", include_str!("../../../templates/sm90/gemm.cuh")),
-    ("sm90/layout.cuh", include_str!("../../../templates/sm90/layout.cuh")),
-    ("sm90/load.cuh", include_str!("../../../templates/sm90/load.cuh")),
-    ("sm90/mma.cuh", include_str!("../../../templates/sm90/mma.cuh")),
-];
+// Every file under `templates/`, embedded at build time so that the library (and the runtime
+// dispatcher) can render kernels without the source tree. Paths are relative to `templates/`;
+// build.rs generates the list, a test checks it against the folder.
+include!(concat!(env!("OUT_DIR"), "/templates.rs"));
 
 /// A rendered kernel: one self-contained translation unit plus the options to compile it.
 #[derive(Debug, Clone, PartialEq, Eq)]
