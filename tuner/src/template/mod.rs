@@ -6,6 +6,7 @@
 //! that unit against the embedded template tree, so the result compiles with an NVRTC that has no
 //! headers at all, and hashes it.
 
+pub mod quantize;
 pub mod source;
 
 use crate::problem::{AType, GemmProblem};
@@ -265,6 +266,14 @@ pub fn search_space(family: Family, a_type: AType) -> Vec<GemmConfig> {
     match family {
         Family::Sm90 => sm90::search_space(a_type),
         Family::Sm120 => sm120::search_space(a_type),
+    }
+}
+
+/// The family's default configuration for an activation type.
+pub fn default_config(family: Family, a_type: AType) -> GemmConfig {
+    match family {
+        Family::Sm90 => sm90::default_config(a_type),
+        Family::Sm120 => sm120::default_config(a_type),
     }
 }
 

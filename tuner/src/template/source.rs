@@ -4,21 +4,10 @@ use super::Arch;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 
-/// Every file under `templates/`, embedded at build time so that the library (and the runtime
-/// dispatcher) can render kernels without the source tree. Paths are relative to `templates/`.
-/// A test checks that this list matches the folder.
-pub const TEMPLATE_FILES: &[(&str, &str)] = &[
-    ("common/nvfp4.cuh", include_str!("../../../templates/common/nvfp4.cuh")),
-    ("common/params.cuh", include_str!("../../../templates/common/params.cuh")),
-    ("common/ptx.cuh", include_str!("../../../templates/common/ptx.cuh")),
-    ("common/types.cuh", include_str!("../../../templates/common/types.cuh")),
-    ("sm90/config.cuh", include_str!("../../../templates/sm90/config.cuh")),
-    ("sm90/epilogue.cuh", include_str!("../../../templates/sm90/epilogue.cuh")),
-    ("sm90/gemm.cuh", include_str!("../../../templates/sm90/gemm.cuh")),
-    ("sm90/layout.cuh", include_str!("../../../templates/sm90/layout.cuh")),
-    ("sm90/load.cuh", include_str!("../../../templates/sm90/load.cuh")),
-    ("sm90/mma.cuh", include_str!("../../../templates/sm90/mma.cuh")),
-];
+// Every file under `templates/`, embedded at build time so that the library (and the runtime
+// dispatcher) can render kernels without the source tree. Paths are relative to `templates/`;
+// build.rs generates the list, a test checks it against the folder.
+include!(concat!(env!("OUT_DIR"), "/templates.rs"));
 
 /// A rendered kernel: one self-contained translation unit plus the options to compile it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,10 +27,13 @@ impl KernelSource {
         Ok(Self { kernel_name, arch, code: inline_includes(unit)?, options: default_options(arch) })
     }
 
-    /// Hex SHA-256 of (code, options, arch): the identity of the compiled artefact, before the
-    /// compiler version is added by the cache.
+    /// Hex SHA-256 of (kernel name, code, options, arch): the identity of the compiled artefact,
+    /// before the compiler version is added by the cache. The name is part of it because one
+    /// translation unit may hold several kernels and the artefact is looked up by name.
     pub fn hash(&self) -> String {
         let mut h = Sha256::new();
+        h.update(self.kernel_name.as_bytes());
+        h.update([0]);
         h.update(self.arch.as_str().as_bytes());
         h.update([0]);
         for o in &self.options {
@@ -188,7 +180,8 @@ mod tests {
         b.options.push("-lineinfo".into());
         let c = KernelSource::from_unit("k".into(), Arch::Sm120a, "int x;").unwrap();
         let d = KernelSource::from_unit("k".into(), Arch::Sm90a, "int y;").unwrap();
-        let hs = [a.hash(), b.hash(), c.hash(), d.hash()];
+        let e = KernelSource::from_unit("k2".into(), Arch::Sm90a, "int x;").unwrap();
+        let hs = [a.hash(), b.hash(), c.hash(), d.hash(), e.hash()];
         for i in 0..hs.len() {
             for j in i + 1..hs.len() {
                 assert_ne!(hs[i], hs[j]);

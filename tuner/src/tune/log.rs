@@ -1,0 +1,237 @@
+//! The append-only measurement log of a tuning campaign (JSON lines, one record per evaluated
+//! candidate), the basis of resume, shard merging and offline strategy simulation.
+//!
+//! A record is appended and flushed as soon as its candidate finishes, so a killed run (even
+//! SIGKILL) loses at most the candidate in flight. A torn last line (the write cut short) is
+//! ignored on reading; any other malformed line is an error naming the file and line.
+
+use crate::bench::Summary;
+use crate::problem::AType;
+use crate::template::{Family, GemmConfig};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+/// Version of the record format.
+pub const LOG_SCHEMA_VERSION: u32 = 1;
+
+/// What a tuning entry is about: one operation on one weight shape at one token bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TuneKey {
+    /// "gemm" (one weight matrix); later "grouped_gemm" (all experts of a layer in one launch).
+    pub op: String,
+    pub family: Family,
+    pub a_type: AType,
+    pub n: u32,
+    pub k: u32,
+    /// Token bucket (the M the candidate was measured at).
+    pub m: u32,
+}
+
+/// How a candidate's evaluation ended. Failures are data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Verified against the CPU reference, then timed (microseconds per launch).
+    Timed { time: Summary, samples: Vec<f64> },
+    /// The configuration cannot run this problem (checked before compiling).
+    Illegal { reason: String },
+    CompileError { log: String },
+    /// Over a device limit found at load or launch (shared memory, registers, threads).
+    ResourceLimit { reason: String },
+    WrongAnswer { reason: String },
+    LaunchError { reason: String },
+    /// The worker did not answer within the time limit.
+    Timeout { seconds: f64 },
+}
+
+impl Outcome {
+    pub fn median_us(&self) -> Option<f64> {
+        match self {
+            Outcome::Timed { time, .. } => Some(time.median),
+            _ => None,
+        }
+    }
+
+    /// Short label for tables ("ok", "compile_error", ...).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Timed { .. } => "ok",
+            Outcome::Illegal { .. } => "illegal",
+            Outcome::CompileError { .. } => "compile_error",
+            Outcome::ResourceLimit { .. } => "resource_limit",
+            Outcome::WrongAnswer { .. } => "wrong_answer",
+            Outcome::LaunchError { .. } => "launch_error",
+            Outcome::Timeout { .. } => "timeout",
+        }
+    }
+}
+
+/// One evaluated candidate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub schema_version: u32,
+    pub key: TuneKey,
+    pub config: GemmConfig,
+    pub outcome: Outcome,
+    /// Device name and compute capability the record was measured on.
+    pub device: String,
+    pub compute_capability: (u32, u32),
+    /// `template::family_template_hash` of the family at measurement time.
+    pub template_hash: String,
+    /// Unix seconds.
+    pub at: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}: not a measurement record: {message}")]
+    Parse { path: PathBuf, line: usize, message: String },
+    #[error("{path}:{line}: record schema version {found}, this fp4tune reads {LOG_SCHEMA_VERSION}")]
+    Version { path: PathBuf, line: usize, found: u32 },
+}
+
+/// Read every record of a log. A missing file is an empty log.
+pub fn read(path: &Path) -> Result<Vec<Record>, LogError> {
+    let io = |source| LogError::Io { path: path.to_path_buf(), source };
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(e)),
+    };
+    let lines: Vec<String> =
+        std::io::BufReader::new(file).lines().collect::<Result<_, _>>().map_err(io)?;
+    let last = lines.len();
+    let mut out = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        #[derive(Deserialize)]
+        struct Version {
+            schema_version: u32,
+        }
+        match serde_json::from_str::<Version>(line) {
+            Ok(v) if v.schema_version != LOG_SCHEMA_VERSION => {
+                return Err(LogError::Version {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    found: v.schema_version,
+                })
+            }
+            _ => {}
+        }
+        match serde_json::from_str::<Record>(line) {
+            Ok(r) => out.push(r),
+            // A torn final line is what a killed writer leaves: skip it (it is re-measured).
+            Err(_) if i + 1 == last && !line.ends_with('}') => {}
+            Err(e) => {
+                return Err(LogError::Parse {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Appends records, one flushed and fsynced line each.
+#[derive(Debug)]
+pub struct Writer {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl Writer {
+    /// Open for appending (creating the file and its folder). A torn last line (left by a
+    /// killed writer) is cut off first, so the next record starts cleanly.
+    pub fn open(path: &Path) -> Result<Self, LogError> {
+        let io = |source| LogError::Io { path: path.to_path_buf(), source };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let keep = match std::fs::read(path) {
+            Ok(b) if !b.is_empty() && !b.ends_with(b"\n") => {
+                Some(b.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1) as u64)
+            }
+            _ => None,
+        };
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+        if let Some(len) = keep {
+            file.set_len(len).map_err(io)?;
+        }
+        Ok(Self { path: path.to_path_buf(), file })
+    }
+
+    pub fn append(&mut self, r: &Record) -> Result<(), LogError> {
+        let io = |source| LogError::Io { path: self.path.clone(), source };
+        let mut line = serde_json::to_string(r).map_err(|e| io(std::io::Error::other(e)))?;
+        line.push('\n');
+        self.file.write_all(line.as_bytes()).map_err(io)?;
+        self.file.sync_data().map_err(io)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn record(m: u32, median: Option<f64>) -> Record {
+        let config = crate::template::search_space(Family::Sm90, AType::Bf16)[0];
+        Record {
+            schema_version: LOG_SCHEMA_VERSION,
+            key: TuneKey { op: "gemm".into(), family: Family::Sm90, a_type: AType::Bf16, n: 512, k: 6144, m },
+            config,
+            outcome: match median {
+                Some(t) => Outcome::Timed {
+                    time: Summary { n: 1, median: t, lo: t, hi: t, min: t, max: t },
+                    samples: vec![t],
+                },
+                None => Outcome::WrongAnswer { reason: "bad".into() },
+            },
+            device: "NVIDIA H200".into(),
+            compute_capability: (9, 0),
+            template_hash: "h".into(),
+            at: 0,
+        }
+    }
+
+    #[test]
+    fn append_read_and_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/log.jsonl");
+        assert!(read(&path).unwrap().is_empty());
+        let mut w = Writer::open(&path).unwrap();
+        w.append(&record(1, Some(3.0))).unwrap();
+        w.append(&record(2, None)).unwrap();
+        drop(w);
+        assert_eq!(read(&path).unwrap(), vec![record(1, Some(3.0)), record(2, None)]);
+        // A killed writer leaves half a line: it is skipped, and the next writer starts cleanly.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(b"{\"schema_version\":1,\"key\":{\"op\":\"ge");
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(read(&path).unwrap().len(), 2);
+        let mut w = Writer::open(&path).unwrap();
+        w.append(&record(4, Some(1.0))).unwrap();
+        let all = read(&path).unwrap();
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[2].key.m, 4);
+    }
+
+    #[test]
+    fn bad_lines_and_versions_are_errors_naming_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let good = serde_json::to_string(&record(1, Some(3.0))).unwrap();
+        std::fs::write(&path, format!("{good}\n{{\"nonsense\": 1}}\n{good}\n")).unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("log.jsonl:2"), "{e}");
+        let v2 = good.replace("\"schema_version\":1", "\"schema_version\":2");
+        std::fs::write(&path, format!("{v2}\n")).unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("schema version 2"), "{e}");
+    }
+}
