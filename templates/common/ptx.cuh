@@ -11,6 +11,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// An opaque copy of a register: the compiler can no longer rematerialize the value (used for the
+// shared-memory base, which it would otherwise recompute from SR_CgaCtaId before every cp.async).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+    uint32_t d;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(d) : "r"(v));
+    return d;
+}
+
 // cp.async.cg.shared.global, 16 bytes, L2 only. src_bytes = 0 zero-fills the destination (rows
 // beyond M or N); the source address must still be a valid pointer, callers pass a clamped one.
 __device__ __forceinline__ void cp_async_cg_16(uint32_t dst, const void* src, uint32_t src_bytes) {

@@ -41,7 +41,10 @@ struct Sm90Config {
     static constexpr int Q_TILES = WARP_Q / 8;       // n8 tiles per warp
     static constexpr bool P_FP4 = SWAP_AB ? true : A_FP4;
     static constexpr bool Q_FP4 = SWAP_AB ? A_FP4 : true;
-    static constexpr int ACC = P_TILES * Q_TILES * 4;  // fp32 accumulators per lane
+    static constexpr int ACC = P_TILES * Q_TILES * 4;  // fp32 accumulators per lane (one set)
+    // Independent accumulator sets: consecutive k-steps of small warp tiles go to different sets so
+    // that the MMAs do not form one serial dependency chain; summed in fixed order after the loop.
+    static constexpr int ACC_SETS = P_TILES * Q_TILES >= 4 ? 1 : (P_TILES * Q_TILES >= 2 ? 2 : 4);
 
     // ---- K inside a stage. Each warp of the WARPS_K group owns K_PER_WARP consecutive k of every
     // stage, cut into chunks of CHUNK (128, or 64 when the slice is 64 wide). Within a chunk lane
@@ -82,6 +85,7 @@ struct Sm90Config {
     static_assert(Q_ROWS % WARPS_Q == 0 && WARP_Q % 8 == 0,
                   "the 8-wide MMA side (tokens if SWAP_AB, else weights) per warp must be a multiple of 8");
     static_assert(ACC <= 128, "at most 128 fp32 accumulators per lane (register budget)");
+    static_assert(ACC_SETS * ACC <= 128, "accumulator sets over the register budget");
     static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
     static_assert(SPLIT_K >= 1 && SPLIT_K <= 64, "SPLIT_K must be 1..64");
     static_assert(SMEM_BYTES <= 232448, "dynamic shared memory over the 227 KiB opt-in limit of SM90");

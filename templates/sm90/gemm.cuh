@@ -48,18 +48,25 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
     const int kb_end = static_cast<int>((static_cast<long long>(blockIdx.z + 1) * nkb) / Cfg::SPLIT_K);
     const int iters = kb_end - kb_begin;
 
-    float acc[Cfg::P_TILES][Cfg::Q_TILES][4];  // (WARP_P, WARP_Q) as m16n8 C fragments
+    // (WARP_P, WARP_Q) as m16n8 C fragments, ACC_SETS independent copies (config.cuh)
+    float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];
 #pragma unroll
-    for (int i = 0; i < Cfg::P_TILES; ++i)
+    for (int a = 0; a < Cfg::ACC_SETS; ++a)
 #pragma unroll
-        for (int q = 0; q < Cfg::Q_TILES; ++q)
+        for (int i = 0; i < Cfg::P_TILES; ++i)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][q][e] = 0.0f;
+            for (int q = 0; q < Cfg::Q_TILES; ++q)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[a][i][q][e] = 0.0f;
+
+    StageLoader<Cfg> loader;  // this thread's copies of every stage, planned once
+    loader.init(p, n0, m0, tid);
+    const uint32_t smem_base = ptx::opaque(ptx::smem_addr(smem));
 
     // ---- prologue: STAGES - 1 k-blocks in flight
 #pragma unroll
     for (int s = 0; s < Cfg::STAGES - 1; ++s) {
-        if (s < iters) load_stage<Cfg>(smem + s * Cfg::STAGE_BYTES, p, n0, m0, kb_begin + s, tid);
+        if (s < iters) loader.issue(smem_base + s * Cfg::STAGE_BYTES, kb_begin + s);
         ptx::cp_async_commit();
     }
 
@@ -69,8 +76,7 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
         ptx::cp_async_wait<Cfg::STAGES - 2>();
         __syncthreads();
         const int next = it + Cfg::STAGES - 1;
-        if (next < iters)
-            load_stage<Cfg>(smem + (next % Cfg::STAGES) * Cfg::STAGE_BYTES, p, n0, m0, kb_begin + next, tid);
+        if (next < iters) loader.issue(smem_base + (next % Cfg::STAGES) * Cfg::STAGE_BYTES, kb_begin + next);
         ptx::cp_async_commit();
 
         const uint8_t* st = smem + (it % Cfg::STAGES) * Cfg::STAGE_BYTES;
@@ -85,7 +91,17 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
         }
     }
 
-    epilogue<Cfg>(p, smem, acc, m0, n0, p0, q0, wk, wmn, lane, tid);
+    // Fold the accumulator sets in fixed order (deterministic).
+#pragma unroll
+    for (int a = 1; a < Cfg::ACC_SETS; ++a)
+#pragma unroll
+        for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+            for (int q = 0; q < Cfg::Q_TILES; ++q)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[0][i][q][e] += acc[a][i][q][e];
+
+    epilogue<Cfg>(p, smem, acc[0], m0, n0, p0, q0, wk, wmn, lane, tid);
 }
 
 }  // namespace sm90

@@ -11,87 +11,145 @@
 namespace fp4tune {
 namespace sm90 {
 
-// Runs f(i) for i in [tid, COUNT) step THREADS, fully unrolled.
-template <int COUNT, int THREADS, class F>
-__device__ __forceinline__ void for_each_thread(int tid, F f) {
+template <bool C, class T, class F>
+struct Select {
+    using type = T;
+};
+template <class T, class F>
+struct Select<false, T, F> {
+    using type = F;
+};
+
+// The copies one thread issues for one tile of every stage, planned once before the main loop:
+// per copy a source pointer at k-block 0, a destination offset inside the stage and a predicate.
+// A stage then costs one add per copy (kb * the tile's k-block stride) and the cp.async itself.
+// COUNT copies of BYTES (16: cp.async.cg, 4: cp.async.ca) over THREADS threads, copy i -> thread i % THREADS.
+template <int COUNT, int THREADS, int BYTES>
+struct CopyPlan {
+    static constexpr int IT = (COUNT + THREADS - 1) / THREADS;
+    const uint8_t* src[IT];
+    uint32_t dst[IT];
+    bool ok[IT];
+
+    // f(i, src, dst) -> bool: fill copy i; returns whether the row exists.
+    template <class F>
+    __device__ __forceinline__ void plan(int tid, F f) {
 #pragma unroll
-    for (int it = 0; it < (COUNT + THREADS - 1) / THREADS; ++it) {
-        const int i = it * THREADS + tid;
-        if (COUNT % THREADS == 0 || i < COUNT) f(i);
+        for (int it = 0; it < IT; ++it) {
+            const int i = it * THREADS + tid;
+            ok[it] = (COUNT % THREADS == 0 || i < COUNT) && f(i < COUNT ? i : 0, src[it], dst[it]);
+        }
     }
-}
 
-// NVFP4 operand (weights, or W4A4 activations): codes (ROWS, BLOCK_K/2 bytes) and scales
-// (ROWS, BLOCK_K/16) of k-block kb, rows row0 .. row0 + ROWS - 1 of a tensor with `rows` rows.
-template <class Cfg, int ROWS>
-__device__ __forceinline__ void load_fp4_stage(uint8_t* s_codes, uint8_t* s_sf, const uint8_t* g_codes,
-                                               const uint8_t* g_sf, int row0, int rows, int k, int kb,
-                                               int tid) {
-    constexpr int BK = Cfg::BLOCK_K;
-    constexpr int UNITS = BK / 32;  // 16-byte units per row
-    constexpr int G = Cfg::SF_GROUPS;
-    const int row_bytes = k / 2;
-    const int ksf_pad = k / 16;  // K % 64 == 0: no scale-column padding
-    const uint32_t s_codes_addr = ptx::smem_addr(s_codes);
-    const uint32_t s_sf_addr = ptx::smem_addr(s_sf);
+    __device__ __forceinline__ void issue(uint32_t stage_addr, size_t kb_offset) const {
+#pragma unroll
+        for (int it = 0; it < IT; ++it) {
+            if (ok[it]) {
+                if constexpr (BYTES == 16) {
+                    ptx::cp_async_cg_16(stage_addr + dst[it], src[it] + kb_offset, 16u);
+                } else {
+                    ptx::cp_async_ca_4(stage_addr + dst[it], src[it] + kb_offset, 4u);
+                }
+            }
+        }
+    }
+};
 
-    for_each_thread<ROWS * UNITS, Cfg::THREADS>(tid, [&](int i) {
-        const int r = i / UNITS;
-        const int u = i % UNITS;
-        const bool ok = row0 + r < rows;
-        const uint8_t* src = g_codes + static_cast<size_t>(row0 + r) * row_bytes + kb * (BK / 2) + u * 16;
-        const uint32_t dst = s_codes_addr + r * (BK / 2) + code_unit_swizzle<UNITS>(r, u) * 16;
-        if (ok) ptx::cp_async_cg_16(dst, src, 16u);
-    });
+// NVFP4 operand (weights, or W4A4 activations): codes (ROWS, BLOCK_K/2 bytes) at stage offset
+// OFF_CODES and scales (ROWS, BLOCK_K/16) at OFF_SF, rows row0 .. row0 + ROWS - 1 of a tensor
+// with `rows` rows.
+template <class Cfg, int ROWS, int OFF_CODES, int OFF_SF>
+struct Fp4TileLoader {
+    static constexpr int BK = Cfg::BLOCK_K;
+    static constexpr int UNITS = BK / 32;  // 16-byte units of codes per row
+    static constexpr int G = Cfg::SF_GROUPS;
+    static constexpr bool TILED = ROWS % 128 == 0;
+    static constexpr int PER_TILE = G * 32;  // 16-byte units per 128-row scale tile
+    CopyPlan<ROWS * UNITS, Cfg::THREADS, 16> codes;
+    CopyPlan<TILED ? (ROWS / 128) * PER_TILE : ROWS * G, Cfg::THREADS, TILED ? 16 : 4> sf;
 
-    if constexpr (ROWS % 128 == 0) {
-        // Whole 128x4 blocks: for each 128-row tile the G blocks of this k-block are contiguous.
-        constexpr int PER_TILE = G * 32;  // 16-byte units per 128-row tile
-        for_each_thread<(ROWS / 128) * PER_TILE, Cfg::THREADS>(tid, [&](int i) {
-            const int rt = i / PER_TILE;
-            const int rem = i % PER_TILE;
-            const bool ok = row0 + rt * 128 < rows;  // tiles past the padded rows do not exist
-            const size_t blk = static_cast<size_t>((row0 >> 7) + rt) * (ksf_pad >> 2) + kb * G;
-            if (ok) ptx::cp_async_cg_16(s_sf_addr + rt * PER_TILE * 16 + rem * 16, g_sf + blk * 512 + rem * 16, 16u);
+    __device__ __forceinline__ void init(const uint8_t* g_codes, const uint8_t* g_sf, int row0, int rows, int k,
+                                         int tid) {
+        const int row_bytes = k / 2;
+        const int ksf_pad = k / 16;  // K % 64 == 0: no scale-column padding
+        codes.plan(tid, [&](int i, const uint8_t*& src, uint32_t& dst) {
+            const int r = i / UNITS;
+            const int u = i % UNITS;
+            src = g_codes + static_cast<size_t>(row0 + r) * row_bytes + u * 16;
+            dst = OFF_CODES + r * (BK / 2) + code_unit_swizzle<UNITS>(r, u) * 16;
+            return row0 + r < rows;
         });
-    } else {
-        for_each_thread<ROWS * G, Cfg::THREADS>(tid, [&](int i) {
-            const int g = i / ROWS;
-            const int r = i % ROWS;
-            const bool ok = row0 + r < rows;
-            const uint8_t* src = g_sf + swizzled_sf_offset(row0 + r, 4 * (kb * G + g), ksf_pad);
-            if (ok) ptx::cp_async_ca_4(s_sf_addr + sf_word<ROWS, G>(r, g) * 4, src, 4u);
+        if constexpr (TILED) {
+            // Whole 128x4 blocks: for each 128-row tile the G blocks of a k-block are contiguous.
+            sf.plan(tid, [&](int i, const uint8_t*& src, uint32_t& dst) {
+                const int rt = i / PER_TILE;
+                const int rem = i % PER_TILE;
+                src = g_sf + static_cast<size_t>((row0 >> 7) + rt) * (ksf_pad >> 2) * 512 + rem * 16;
+                dst = OFF_SF + rt * PER_TILE * 16 + rem * 16;
+                return row0 + rt * 128 < rows;  // tiles past the padded rows do not exist
+            });
+        } else {
+            sf.plan(tid, [&](int i, const uint8_t*& src, uint32_t& dst) {
+                const int g = i / ROWS;
+                const int r = i % ROWS;
+                src = g_sf + swizzled_sf_offset(row0 + r, 4 * g, ksf_pad);
+                dst = OFF_SF + sf_word<ROWS, G>(r, g) * 4;
+                return row0 + r < rows;
+            });
+        }
+    }
+
+    __device__ __forceinline__ void issue(uint32_t stage_addr, int kb) const {
+        codes.issue(stage_addr, static_cast<size_t>(kb) * (BK / 2));
+        sf.issue(stage_addr, static_cast<size_t>(kb) * G * 512);  // k-block kb = 4*G*kb scale columns
+    }
+};
+
+// bf16 operand (W4A16 activations): (ROWS, BLOCK_K) bf16 at stage offset OFF.
+template <class Cfg, int ROWS, int OFF>
+struct Bf16TileLoader {
+    static constexpr int BK = Cfg::BLOCK_K;
+    static constexpr int UNITS = BK / 8;
+    CopyPlan<ROWS * UNITS, Cfg::THREADS, 16> tile;
+
+    __device__ __forceinline__ void init(const uint8_t* g_a, int row0, int rows, int k, int tid) {
+        tile.plan(tid, [&](int i, const uint8_t*& src, uint32_t& dst) {
+            const int r = i / UNITS;
+            const int u = i % UNITS;
+            src = g_a + (static_cast<size_t>(row0 + r) * k + u * 8) * 2;
+            dst = OFF + r * (BK * 2) + bf16_unit_swizzle(r, u) * 16;
+            return row0 + r < rows;
         });
     }
-}
 
-// bf16 operand (W4A16 activations): (ROWS, BLOCK_K) bf16 of k-block kb.
-template <class Cfg, int ROWS>
-__device__ __forceinline__ void load_bf16_stage(uint8_t* s_tile, const uint8_t* g_a, int row0, int rows, int k,
-                                                int kb, int tid) {
-    constexpr int BK = Cfg::BLOCK_K;
-    constexpr int UNITS = BK / 8;
-    const uint32_t s_addr = ptx::smem_addr(s_tile);
-    for_each_thread<ROWS * UNITS, Cfg::THREADS>(tid, [&](int i) {
-        const int r = i / UNITS;
-        const int u = i % UNITS;
-        const bool ok = row0 + r < rows;
-        const uint8_t* src = g_a + (static_cast<size_t>(row0 + r) * k + kb * BK + u * 8) * 2;
-        if (ok) ptx::cp_async_cg_16(s_addr + r * (BK * 2) + bf16_unit_swizzle(r, u) * 16, src, 16u);
-    });
-}
+    __device__ __forceinline__ void issue(uint32_t stage_addr, int kb) const {
+        tile.issue(stage_addr, static_cast<size_t>(kb) * BK * 2);
+    }
+};
 
-// One stage: W (BLOCK_N rows) and A (BLOCK_M rows) of k-block kb into the stage at `stage`.
+// All copies of one stage: W (BLOCK_N rows) and A (BLOCK_M rows).
 template <class Cfg>
-__device__ __forceinline__ void load_stage(uint8_t* stage, const GemmParams& p, int n0, int m0, int kb, int tid) {
-    load_fp4_stage<Cfg, Cfg::BLOCK_N>(stage, stage + Cfg::OFF_W_SF, p.w, p.w_sf, n0, p.n, p.k, kb, tid);
-    if constexpr (Cfg::A_FP4) {
-        load_fp4_stage<Cfg, Cfg::BLOCK_M>(stage + Cfg::OFF_A, stage + Cfg::OFF_A_SF, p.a, p.a_sf, m0, p.m, p.k,
-                                          kb, tid);
-    } else {
-        load_bf16_stage<Cfg, Cfg::BLOCK_M>(stage + Cfg::OFF_A, p.a, m0, p.m, p.k, kb, tid);
+struct StageLoader {
+    Fp4TileLoader<Cfg, Cfg::BLOCK_N, 0, Cfg::OFF_W_SF> w;
+    using ALoader = typename Select<Cfg::A_FP4, Fp4TileLoader<Cfg, Cfg::BLOCK_M, Cfg::OFF_A, Cfg::OFF_A_SF>,
+                                    Bf16TileLoader<Cfg, Cfg::BLOCK_M, Cfg::OFF_A>>::type;
+    ALoader a;
+
+    __device__ __forceinline__ void init(const GemmParams& p, int n0, int m0, int tid) {
+        w.init(p.w, p.w_sf, n0, p.n, p.k, tid);
+        if constexpr (Cfg::A_FP4) {
+            a.init(p.a, p.a_sf, m0, p.m, p.k, tid);
+        } else {
+            a.init(p.a, m0, p.m, p.k, tid);
+        }
     }
-}
+
+    // Copies of k-block kb into the stage at shared address stage_addr.
+    __device__ __forceinline__ void issue(uint32_t stage_addr, int kb) const {
+        w.issue(stage_addr, kb);
+        a.issue(stage_addr, kb);
+    }
+};
 
 }  // namespace sm90
 }  // namespace fp4tune

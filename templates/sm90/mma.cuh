@@ -68,11 +68,12 @@ struct RowChunk {
 
 // The warp's MMAs over one stage. p_tile/q_tile (+ scale tiles) are the stage tiles of the P
 // (16-row) and Q (8-wide) operands; p0/q0 the warp's first row in each; wk its K slice.
-// acc[i][q][e]: P-tile i, Q-tile q, C-fragment element e.
+// acc[a][i][q][e]: accumulator set a (k-step j goes to set j % ACC_SETS), P-tile i, Q-tile q,
+// C-fragment element e.
 template <class Cfg>
 __device__ __forceinline__ void warp_mma_stage(const uint8_t* p_tile, const uint8_t* p_sf, const uint8_t* q_tile,
                                                const uint8_t* q_sf, int p0, int q0, int wk, int lane,
-                                               float (&acc)[Cfg::P_TILES][Cfg::Q_TILES][4]) {
+                                               float (&acc)[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4]) {
     const int g = lane >> 2;
     const int t = lane & 3;
 #pragma unroll
@@ -101,6 +102,8 @@ __device__ __forceinline__ void warp_mma_stage(const uint8_t* p_tile, const uint
             for (int q = 0; q < Cfg::Q_TILES; ++q) qrow[q].word(w, c, t, qr[q]);
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {  // step j = 2w + jj: lo = r[2jj], hi = r[2jj + 1]
+                constexpr int SETS = Cfg::ACC_SETS;
+                const int set = (cc * Cfg::WORDS * 2 + 2 * w + jj) % SETS;
 #pragma unroll
                 for (int i = 0; i < Cfg::P_TILES; ++i) {
                     const uint32_t a[4] = {pr[i][0][2 * jj], pr[i][1][2 * jj], pr[i][0][2 * jj + 1],
@@ -108,7 +111,7 @@ __device__ __forceinline__ void warp_mma_stage(const uint8_t* p_tile, const uint
 #pragma unroll
                     for (int q = 0; q < Cfg::Q_TILES; ++q) {
                         const uint32_t b[2] = {qr[q][2 * jj], qr[q][2 * jj + 1]};
-                        ptx::SM80_16x8x16_F32BF16BF16F32_TN::fma(acc[i][q], a, b);
+                        ptx::SM80_16x8x16_F32BF16BF16F32_TN::fma(acc[set][i][q], a, b);
                     }
                 }
             }
