@@ -10,6 +10,12 @@ use std::collections::HashSet;
 pub const TEMPLATE_FILES: &[(&str, &str)] = &[
     ("common/params.cuh", include_str!("../../../templates/common/params.cuh")),
     ("common/types.cuh", include_str!("../../../templates/common/types.cuh")),
+    ("sm120/config.cuh", include_str!("../../../templates/sm120/config.cuh")),
+    ("sm120/epilogue.cuh", include_str!("../../../templates/sm120/epilogue.cuh")),
+    ("sm120/gemm.cuh", include_str!("../../../templates/sm120/gemm.cuh")),
+    ("sm120/load.cuh", include_str!("../../../templates/sm120/load.cuh")),
+    ("sm120/mma.cuh", include_str!("../../../templates/sm120/mma.cuh")),
+    ("sm120/ptx.cuh", include_str!("../../../templates/sm120/ptx.cuh")),
 ];
 
 /// A rendered kernel: one self-contained translation unit plus the options to compile it.
