@@ -132,14 +132,18 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
         if (s < n_tiles) load_stage(s, kt_begin + s);
         cp_async_commit();
     }
+    // Slots rotate instead of `% STAGES` (cheaper for non-power-of-two depths).
+    int read_slot = 0;
+    int write_slot = Cfg::STAGES - 1;
 #pragma unroll 1
     for (int it = 0; it < n_tiles; ++it) {
         cp_async_wait<Cfg::STAGES - 2>();
-        __syncthreads();  // tile `it` landed for everyone; slot (it - 1) % STAGES is free again
-        const int next = it + Cfg::STAGES - 1;
-        if (next < n_tiles) load_stage(next % Cfg::STAGES, kt_begin + next);
+        __syncthreads();  // tile `it` landed for everyone; the slot of tile it - 1 is free again
+        if (it + Cfg::STAGES - 1 < n_tiles) load_stage(write_slot, kt_begin + it + Cfg::STAGES - 1);
         cp_async_commit();
-        compute_stage<Cfg>(acc, smem0 + (it % Cfg::STAGES) * Cfg::STAGE_BYTES, warp_p0, warp_q0, wk, lane);
+        compute_stage<Cfg>(acc, smem0 + read_slot * Cfg::STAGE_BYTES, warp_p0, warp_q0, wk, lane);
+        read_slot = read_slot == Cfg::STAGES - 1 ? 0 : read_slot + 1;
+        write_slot = write_slot == Cfg::STAGES - 1 ? 0 : write_slot + 1;
     }
     cp_async_wait<0>();
     __syncthreads();
