@@ -1,4 +1,452 @@
-//! The `fp4tune` command line: argument parsing, progress and printing only.
-fn main() -> anyhow::Result<()> {
+//! The `fp4tune` command line: argument parsing, progress display and printing only.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use fp4tune::compile::{Compiler, Origin};
+use fp4tune::problem::AType;
+use fp4tune::shapes::{self, ShapeFile};
+use fp4tune::template::{self, Arch, Family};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "fp4tune", version, about = "Autotune NVFP4 block-scaled GEMM kernels per GPU")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Compile every variant of a family's search space and print registers, spills, shared memory.
+    Compile {
+        /// Target architecture: sm_90a (Hopper family) or sm_120a (native NVFP4 family).
+        #[arg(long, value_parser = parse_arch)]
+        arch: Arch,
+        /// Only variants that can run at least one shape of this shape set.
+        #[arg(long)]
+        shapes: Option<PathBuf>,
+        /// Activation type(s) to compile.
+        #[arg(long, value_enum, default_value = "all")]
+        a_type: ATypeArg,
+        /// Cubin cache folder (default: $FP4TUNE_CACHE or ~/.cache/fp4tune/cubin).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+    },
+    /// Benchmark the family's kernels on a shape set against floors and peers (needs a GPU).
+    Bench {
+        /// Shape file (default: the embedded GLM-5 file).
+        #[arg(long)]
+        shapes: Option<PathBuf>,
+        /// Sets of the shape file to run, comma separated.
+        #[arg(long, default_value = "tp8", value_delimiter = ',')]
+        sets: Vec<String>,
+        /// Only shapes whose name contains one of these (e.g. routed), comma separated.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Token counts M, comma separated (default: 1,2,4,8,16,32,64,128,256,512,1024).
+        #[arg(long, value_delimiter = ',')]
+        m: Vec<u32>,
+        /// Activation type.
+        #[arg(long, value_enum, default_value = "w4a16")]
+        a_type: ATypeArg,
+        /// Which configurations: the whole search space, or only the family default.
+        #[arg(long, value_enum, default_value = "space")]
+        configs: ConfigsArg,
+        /// Skip the cuBLAS / cuBLASLt peers.
+        #[arg(long)]
+        no_peers: bool,
+        /// Fewer samples per candidate.
+        #[arg(long)]
+        quick: bool,
+        /// Report folder; writes bench-<a_type>.csv and .md there.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+    },
+    /// Measure the device's physical floors: launch floor, read bandwidth, cold read floors, tensor peak.
+    Floors {
+        /// Byte counts for read floors (default: the GLM-5 expert sizes of measuring.md).
+        #[arg(long, value_delimiter = ',')]
+        bytes: Vec<u64>,
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+    },
+    /// Print a shape set (RON) derived from a Hugging Face MoE config.json.
+    Shapes {
+        /// The model's config.json (GLM-5, DeepSeek-V3, Qwen3-MoE, Mixtral key names).
+        #[arg(long)]
+        from_config: PathBuf,
+        /// Tensor-parallel degree (GPUs per replica).
+        #[arg(long)]
+        tp: u32,
+        /// Expert-parallel degree (divides --tp); default 1.
+        #[arg(long)]
+        ep: Option<u32>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ConfigsArg {
+    Space,
+    Default,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ATypeArg {
+    W4a4,
+    W4a16,
+    All,
+}
+
+impl ATypeArg {
+    fn types(self) -> Vec<AType> {
+        match self {
+            ATypeArg::W4a4 => vec![AType::Nvfp4],
+            ATypeArg::W4a16 => vec![AType::Bf16],
+            ATypeArg::All => vec![AType::Nvfp4, AType::Bf16],
+        }
+    }
+}
+
+fn parse_arch(s: &str) -> Result<Arch, String> {
+    Arch::parse(s).ok_or_else(|| format!("unknown architecture `{s}` (expected sm_90a or sm_120a)"))
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the whole context chain on one line; no backtrace noise for users.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Compile { arch, shapes, a_type, cache } => {
+            cmd_compile(arch, shapes, a_type, cache)
+        }
+        Command::Bench { shapes, sets, only, m, a_type, configs, no_peers, quick, out, device } => {
+            let a_type = match a_type {
+                ATypeArg::W4a4 => AType::Nvfp4,
+                ATypeArg::W4a16 => AType::Bf16,
+                ATypeArg::All => {
+                    bail!("--a-type all is not supported by bench: pick w4a4 or w4a16")
+                }
+            };
+            cmd_bench(BenchArgs {
+                shapes,
+                sets,
+                only,
+                m,
+                a_type,
+                configs,
+                no_peers,
+                quick,
+                out,
+                device,
+            })
+        }
+        Command::Floors { bytes, device } => cmd_floors(bytes, device),
+        Command::Shapes { from_config, tp, ep } => {
+            print!("{}", shapes::shapes_ron_from_config_file(&from_config, tp, ep.unwrap_or(1))?);
+            Ok(())
+        }
+    }
+}
+
+fn cmd_compile(
+    arch: Arch,
+    shapes: Option<PathBuf>,
+    a_type: ATypeArg,
+    cache: Option<PathBuf>,
+) -> Result<()> {
+    let family = Family::for_arch(arch);
+    let file = shapes.as_deref().map(ShapeFile::load).transpose()?;
+    let mut configs: Vec<_> =
+        a_type.types().into_iter().flat_map(|t| template::search_space(family, t)).collect();
+    if let Some(file) = &file {
+        // Keep variants that can run at least one (shape, bucket) of the file.
+        configs.retain(|c| {
+            file.sets
+                .iter()
+                .any(|set| set.problems(c.a_type).any(|(_, p)| c.check_problem(&p).is_ok()))
+        });
+    }
+    if configs.is_empty() {
+        bail!("the {family} family has no variants for {a_type:?}");
+    }
+    let sources = configs
+        .iter()
+        .map(|c| c.render().with_context(|| format!("rendering {c}")))
+        .collect::<Result<Vec<_>>>()?;
+    let compiler =
+        Compiler::new(Some(cache.unwrap_or_else(fp4tune::compile::cache::DiskCache::default_dir)))?;
+    let t0 = std::time::Instant::now();
+    let results = compiler.compile_many(&sources);
+    let wall = t0.elapsed().as_secs_f64();
+    println!(
+        "{:<52} {:>5} {:>7} {:>9} {:>10} {:>6}",
+        "kernel", "regs", "spills", "smem_B", "compile_ms", "from"
+    );
+    let mut failed = 0;
+    for (cfg, r) in configs.iter().zip(&results) {
+        match r {
+            Ok(k) => {
+                let s = k.stats.unwrap_or_default();
+                println!(
+                    "{:<52} {:>5} {:>7} {:>9} {:>10.1} {:>6}",
+                    cfg.name(),
+                    s.registers,
+                    s.spill_stores + s.spill_loads,
+                    s.static_smem + cfg.smem_bytes(),
+                    k.compile_ms,
+                    match k.origin {
+                        Origin::Compiled => "nvrtc",
+                        Origin::DiskCache => "disk",
+                        Origin::MemoryCache => "memory",
+                    }
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                println!(
+                    "{:<52} FAILED: {}",
+                    cfg.name(),
+                    e.to_string().lines().next().unwrap_or("")
+                );
+                eprintln!("{e}");
+            }
+        }
+    }
+    let (maj, min) = compiler.nvrtc_version();
+    println!(
+        "{} variants for {arch}, {failed} failed, {wall:.1} s wall (NVRTC {maj}.{min}, cache {})",
+        configs.len(),
+        compiler.cache_dir().map(|d| d.display().to_string()).unwrap_or_default()
+    );
+    if failed > 0 {
+        bail!("{failed} of {} variants failed to compile", configs.len());
+    }
+    Ok(())
+}
+
+struct BenchArgs {
+    shapes: Option<PathBuf>,
+    sets: Vec<String>,
+    only: Vec<String>,
+    m: Vec<u32>,
+    a_type: AType,
+    configs: ConfigsArg,
+    no_peers: bool,
+    quick: bool,
+    out: PathBuf,
+    device: usize,
+}
+
+/// Distinct (label, N, K) weight shapes of the chosen sets.
+fn select_shapes(
+    file: &ShapeFile,
+    sets: &[String],
+    only: &[String],
+) -> Result<Vec<(String, u32, u32)>> {
+    let mut out: Vec<(String, u32, u32)> = Vec::new();
+    for name in sets {
+        let set = file.set(name).with_context(|| {
+            format!(
+                "shape set `{name}` not in the shape file (it has: {})",
+                file.set_names().join(", ")
+            )
+        })?;
+        for s in &set.shapes {
+            if !only.is_empty() && !only.iter().any(|o| s.name.contains(o.as_str())) {
+                continue;
+            }
+            if !out.iter().any(|(_, n, k)| *n == s.n && *k == s.k) {
+                out.push((format!("{}_{}", set.name, s.name), s.n, s.k));
+            }
+        }
+    }
+    if out.is_empty() {
+        bail!("no shapes selected (sets {sets:?}, only {only:?})");
+    }
+    Ok(out)
+}
+
+fn cmd_bench(a: BenchArgs) -> Result<()> {
+    use fp4tune::bench::{report, run, TimingPolicy};
+    let file = match &a.shapes {
+        Some(p) => ShapeFile::load(p)?,
+        None => ShapeFile::glm5()?,
+    };
+    let shapes = select_shapes(&file, &a.sets, &a.only)?;
+    let gpu = fp4tune::gpu::Gpu::open(a.device)?;
+    let info = gpu.info().clone();
+    let arch = Arch::for_compute_capability(info.compute_capability.0, info.compute_capability.1)
+        .with_context(|| {
+        format!(
+            "{} (compute capability {}.{}) has no fp4tune kernel family (supported: 9.0, 12.0)",
+            info.name, info.compute_capability.0, info.compute_capability.1
+        )
+    })?;
+    let family = Family::for_arch(arch);
+    let configs = match a.configs {
+        ConfigsArg::Space => template::search_space(family, a.a_type),
+        ConfigsArg::Default => vec![template::default_config(family, a.a_type)],
+    };
+    let compiler = Compiler::with_default_cache()?;
+    let spec = run::BenchSpec {
+        shapes,
+        ms: if a.m.is_empty() {
+            vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+        } else {
+            a.m.clone()
+        },
+        a_type: a.a_type,
+        configs,
+        peers: !a.no_peers,
+        policy: if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() },
+    };
+    let bar = indicatif::ProgressBar::new((spec.shapes.len() * spec.ms.len()) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} {msg} (eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let out = run::run(&gpu, &compiler, &spec, &|e| match e {
+        run::Event::Floors(what) => bar.set_message(format!("measuring {what}")),
+        run::Event::Problem { index, label, candidates, .. } => {
+            bar.set_position(index as u64 - 1);
+            bar.set_message(format!("{label}: {candidates} candidates"));
+        }
+    })?;
+    bar.finish_and_clear();
+    let prov = report::Provenance {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        device: info,
+        nvrtc_version: compiler.nvrtc_version(),
+        timing_policy: spec.policy.describe(),
+        bandwidth_gbps: out.bandwidth_gbps,
+        launch_floor_us: out.launch_floor_us,
+        tensor_peak_tflops: out.tensor_peak_tflops,
+        template_hash: template::family_template_hash(family),
+        date: utc_now(),
+    };
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let stem = a.out.join(format!("bench-{}", a.a_type));
+    let peers: Vec<&str> = if spec.peers { fp4tune::bench::peers::PEERS.to_vec() } else { vec![] };
+    let mut md = report::markdown(
+        &format!("fp4tune {family} benchmark ({})", a.a_type),
+        &prov,
+        &out.rows,
+        &peers,
+    );
+    if !out.failures.is_empty() {
+        md.push_str(&format!("\n## Candidates that did not produce a timing ({})\n\n| shape | M | config | reason |\n|---|---|---|---|\n", out.failures.len()));
+        for f in &out.failures {
+            md.push_str(&format!(
+                "| {} | {} | `{}` | {} |\n",
+                f.shape,
+                f.m,
+                f.config,
+                f.reason.lines().next().unwrap_or("").replace('|', "/")
+            ));
+        }
+    }
+    std::fs::write(stem.with_extension("csv"), report::csv(&out.rows))?;
+    std::fs::write(stem.with_extension("md"), &md)?;
+    println!("{md}");
+    println!(
+        "wrote {} and {}",
+        stem.with_extension("csv").display(),
+        stem.with_extension("md").display()
+    );
+    Ok(())
+}
+
+/// Current UTC time as `YYYY-MM-DD HH:MM UTC` (no date crate needed for one line of a report).
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mth = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if mth <= 2 { 1 } else { 0 };
+    format!("{y:04}-{mth:02}-{d:02} {:02}:{:02} UTC", rem / 3600, (rem % 3600) / 60)
+}
+
+fn cmd_floors(bytes: Vec<u64>, device: usize) -> Result<()> {
+    use fp4tune::bench::{floors::Floors, run::tensor_peak_tflops, TimingPolicy};
+    let gpu = fp4tune::gpu::Gpu::open(device)?;
+    let compiler = Compiler::with_default_cache()?;
+    let policy = TimingPolicy::default();
+    let floors = Floors::new(&gpu, &compiler)?;
+    let info = gpu.info();
+    println!(
+        "{} (cc {}.{}, {} SMs, L2 {} MiB, {} MHz SM, {} MHz mem x {} bit)",
+        info.name,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.sm_count,
+        info.l2_bytes >> 20,
+        info.sm_clock_mhz,
+        info.mem_clock_mhz,
+        info.mem_bus_bits
+    );
+    println!("policy: {}", policy.describe());
+    for blocks in [1, info.sm_count] {
+        let s = floors.launch_floor(&policy, blocks)?;
+        println!("launch floor ({blocks} CTAs): {:.3} us [{:.3}, {:.3}]", s.median, s.lo, s.hi);
+    }
+    println!(
+        "bf16 tensor peak (cuBLAS 8192^3, best of 6): {:.0} TFLOP/s",
+        tensor_peak_tflops(&gpu)?
+    );
+    let sizes = if bytes.is_empty() {
+        vec![
+            885_000,
+            1_770_000,
+            3_540_000,
+            7_080_000,
+            14_160_000,
+            28_300_000,
+            113_000_000,
+            453_000_000,
+            1 << 30,
+            4 << 30,
+        ]
+    } else {
+        bytes
+    };
+    println!(
+        "{:>12} {:>7} {:>10} {:>10} {:>10} {:>8}",
+        "bytes", "blocks", "median_us", "lo_us", "hi_us", "GB/s"
+    );
+    for b in sizes {
+        let f = floors.read_floor(&policy, b)?;
+        println!(
+            "{:>12} {:>7} {:>10.2} {:>10.2} {:>10.2} {:>8.0}",
+            f.bytes,
+            f.blocks,
+            f.time.median,
+            f.time.lo,
+            f.time.hi,
+            f.gbps()
+        );
+    }
     Ok(())
 }

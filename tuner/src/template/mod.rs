@@ -269,6 +269,14 @@ pub fn search_space(family: Family, a_type: AType) -> Vec<GemmConfig> {
     }
 }
 
+/// The family's default configuration for an activation type.
+pub fn default_config(family: Family, a_type: AType) -> GemmConfig {
+    match family {
+        Family::Sm90 => sm90::default_config(a_type),
+        Family::Sm120 => sm120::default_config(a_type),
+    }
+}
+
 /// Template-source hash of a family (its own folder plus `common/`).
 pub fn family_template_hash(family: Family) -> String {
     template_tree_hash(&["common/", &format!("{}/", family.as_str())])

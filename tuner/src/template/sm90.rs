@@ -33,3 +33,6 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
         swap_ab: true,
     }]
 }
+pub fn default_config(a_type: AType) -> GemmConfig {
+    search_space(a_type)[0]
+}

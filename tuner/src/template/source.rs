@@ -10,6 +10,7 @@ use std::collections::HashSet;
 pub const TEMPLATE_FILES: &[(&str, &str)] = &[
     ("common/params.cuh", include_str!("../../../templates/common/params.cuh")),
     ("common/types.cuh", include_str!("../../../templates/common/types.cuh")),
+    ("bench/floors.cuh", include_str!("../../../templates/bench/floors.cuh")),
     ("sm120/config.cuh", include_str!("../../../templates/sm120/config.cuh")),
     ("sm120/epilogue.cuh", include_str!("../../../templates/sm120/epilogue.cuh")),
     ("sm120/gemm.cuh", include_str!("../../../templates/sm120/gemm.cuh")),
@@ -36,10 +37,13 @@ impl KernelSource {
         Ok(Self { kernel_name, arch, code: inline_includes(unit)?, options: default_options(arch) })
     }
 
-    /// Hex SHA-256 of (code, options, arch): the identity of the compiled artefact, before the
-    /// compiler version is added by the cache.
+    /// Hex SHA-256 of (kernel name, code, options, arch): the identity of the compiled artefact,
+    /// before the compiler version is added by the cache. The name is part of it because one
+    /// translation unit may hold several kernels and the artefact is looked up by name.
     pub fn hash(&self) -> String {
         let mut h = Sha256::new();
+        h.update(self.kernel_name.as_bytes());
+        h.update([0]);
         h.update(self.arch.as_str().as_bytes());
         h.update([0]);
         for o in &self.options {
@@ -186,7 +190,8 @@ mod tests {
         b.options.push("-lineinfo".into());
         let c = KernelSource::from_unit("k".into(), Arch::Sm120a, "int x;").unwrap();
         let d = KernelSource::from_unit("k".into(), Arch::Sm90a, "int y;").unwrap();
-        let hs = [a.hash(), b.hash(), c.hash(), d.hash()];
+        let e = KernelSource::from_unit("k2".into(), Arch::Sm90a, "int x;").unwrap();
+        let hs = [a.hash(), b.hash(), c.hash(), d.hash(), e.hash()];
         for i in 0..hs.len() {
             for j in i + 1..hs.len() {
                 assert_ne!(hs[i], hs[j]);

@@ -1,0 +1,14 @@
+//! The measuring harness: timing policy, interleaved graph timing, statistics, physical floors,
+//! GEMM candidates and peers on rotated operands, and the reports they produce.
+
+pub mod floors;
+pub mod gemm;
+pub mod peers;
+pub mod policy;
+pub mod report;
+pub mod run;
+pub mod stats;
+pub mod timer;
+
+pub use policy::TimingPolicy;
+pub use stats::Summary;

@@ -1,0 +1,235 @@
+//! Benchmark reports: one CSV row per (shape, M, implementation) and a markdown summary.
+
+use super::stats::Summary;
+use crate::gpu::DeviceInfo;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// One measured implementation on one problem.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    pub shape: String,
+    pub n: u32,
+    pub k: u32,
+    pub m: u32,
+    pub a_type: String,
+    /// Our kernel configuration name, or the peer's name.
+    pub implementation: String,
+    pub time: Summary,
+    /// max(bytes / measured bandwidth, FLOPs / tensor peak) for NVFP4 bytes.
+    pub roofline_us: f64,
+    /// Cold read floor of the NVFP4 weight + activation bytes, measured in this run.
+    pub read_floor_us: f64,
+    pub bytes: u64,
+    /// Verification result against the CPU reference ("ok", or the reason it failed; peers: "-").
+    pub verified: String,
+}
+
+/// Everything a report states about how and where it was measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Provenance {
+    pub command: String,
+    pub device: DeviceInfo,
+    pub nvrtc_version: (i32, i32),
+    pub timing_policy: String,
+    pub bandwidth_gbps: f64,
+    pub launch_floor_us: f64,
+    pub tensor_peak_tflops: f64,
+    pub template_hash: String,
+    pub date: String,
+}
+
+pub const CSV_HEADER: &str = "shape,N,K,M,a_type,impl,median_us,lo_us,hi_us,roofline_us,read_floor_us,x_roofline,x_read_floor,bytes,GBps,samples,verified";
+
+pub fn csv(rows: &[Row]) -> String {
+    let mut out = String::from(CSV_HEADER);
+    out.push('\n');
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.2},{:.2},{},{:.0},{},{}",
+            r.shape,
+            r.n,
+            r.k,
+            r.m,
+            r.a_type,
+            r.implementation,
+            r.time.median,
+            r.time.lo,
+            r.time.hi,
+            r.roofline_us,
+            r.read_floor_us,
+            r.time.median / r.roofline_us,
+            r.time.median / r.read_floor_us,
+            r.bytes,
+            r.bytes as f64 / (r.time.median * 1e3),
+            r.time.n,
+            r.verified.replace(',', ";")
+        );
+    }
+    out
+}
+
+/// Markdown: provenance, then per (shape, M) the best of our kernels against the peers.
+pub fn markdown(title: &str, prov: &Provenance, rows: &[Row], peers: &[&str]) -> String {
+    let mut md = String::new();
+    let d = &prov.device;
+    let _ = writeln!(md, "# {title}\n");
+    let _ = writeln!(
+        md,
+        "Measured on **{}** (SM {}.{}, {} SMs, L2 {} MiB, driver {}.{}, NVRTC {}.{}), {}.\n",
+        d.name,
+        d.compute_capability.0,
+        d.compute_capability.1,
+        d.sm_count,
+        d.l2_bytes >> 20,
+        d.driver_version.0,
+        d.driver_version.1,
+        prov.nvrtc_version.0,
+        prov.nvrtc_version.1,
+        prov.date
+    );
+    let _ = writeln!(md, "Command:\n\n```\n{}\n```\n", prov.command);
+    let _ = writeln!(md, "- Timing policy: {}", prov.timing_policy);
+    let _ = writeln!(
+        md,
+        "- Measured read bandwidth: {:.0} GB/s; launch floor (empty kernel, same policy): {:.2} us",
+        prov.bandwidth_gbps, prov.launch_floor_us
+    );
+    let _ = writeln!(md, "- Roofline: NVFP4 bytes / measured bandwidth vs 2MNK / {:.0} TFLOP/s (bf16 tensor peak of the data path); read floor: one kernel streaming the same bytes cold, best grid, this run", prov.tensor_peak_tflops);
+    let _ = writeln!(md, "- Template source hash: `{}`", prov.template_hash);
+    let _ = writeln!(
+        md,
+        "- Every fp4tune kernel was verified against the CPU reference before it was timed.\n"
+    );
+    let mut header = String::from(
+        "| shape | N x K | M | best fp4tune kernel | us [95% CI] | x read floor | x roofline |",
+    );
+    let mut sep = String::from("|---|---|---|---|---|---|---|");
+    for p in peers {
+        let _ = write!(header, " {p} us | speedup vs {p} |");
+        sep.push_str("---|---|");
+    }
+    let _ = writeln!(md, "{header}\n{sep}");
+    let mut keys: Vec<(String, u32, u32, u32)> =
+        rows.iter().map(|r| (r.shape.clone(), r.n, r.k, r.m)).collect();
+    keys.dedup();
+    for (shape, n, k, m) in keys {
+        let of = |r: &&Row| r.shape == shape && r.m == m && r.n == n && r.k == k;
+        let ours = rows
+            .iter()
+            .filter(of)
+            .filter(|r| !peers.contains(&r.implementation.as_str()))
+            .min_by(|a, b| a.time.median.total_cmp(&b.time.median));
+        let Some(best) = ours else { continue };
+        let _ = write!(
+            md,
+            "| {shape} | {n} x {k} | {m} | `{}` | {:.2} [{:.2}, {:.2}] | {:.2} | {:.2} |",
+            best.implementation,
+            best.time.median,
+            best.time.lo,
+            best.time.hi,
+            best.time.median / best.read_floor_us,
+            best.time.median / best.roofline_us
+        );
+        for p in peers {
+            match rows.iter().filter(of).find(|r| r.implementation == *p) {
+                Some(pr) => {
+                    let _ = write!(
+                        md,
+                        " {:.2} | {:.2}x |",
+                        pr.time.median,
+                        pr.time.median / best.time.median
+                    );
+                }
+                None => md.push_str(" - | - |"),
+            }
+        }
+        md.push('\n');
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(imp: &str, med: f64) -> Row {
+        Row {
+            shape: "tp8_gate_up".into(),
+            n: 512,
+            k: 6144,
+            m: 1,
+            a_type: "w4a16".into(),
+            implementation: imp.into(),
+            time: Summary {
+                n: 3,
+                median: med,
+                lo: med * 0.9,
+                hi: med * 1.1,
+                min: med * 0.8,
+                max: med * 1.2,
+            },
+            roofline_us: 0.5,
+            read_floor_us: 2.0,
+            bytes: 1_800_000,
+            verified: "ok".into(),
+        }
+    }
+
+    #[test]
+    fn csv_has_the_required_columns_and_ratios() {
+        let c = csv(&[row("cublas_bf16", 8.0)]);
+        let mut lines = c.lines();
+        let head = lines.next().unwrap();
+        for col in [
+            "shape",
+            "N",
+            "K",
+            "M",
+            "impl",
+            "median_us",
+            "lo_us",
+            "hi_us",
+            "roofline_us",
+            "read_floor_us",
+        ] {
+            assert!(head.split(',').any(|h| h == col), "{col}");
+        }
+        let r = lines.next().unwrap();
+        assert!(r.starts_with("tp8_gate_up,512,6144,1,w4a16,cublas_bf16,8.000,7.200,8.800,0.500,2.000,16.00,4.00,"), "{r}");
+    }
+
+    #[test]
+    fn markdown_picks_our_best_and_computes_speedups() {
+        let prov = Provenance {
+            command: "fp4tune bench".into(),
+            device: DeviceInfo {
+                name: "X".into(),
+                compute_capability: (9, 0),
+                sm_count: 132,
+                l2_bytes: 60 << 20,
+                total_mem: 0,
+                max_smem_per_block_optin: 0,
+                driver_version: (13, 0),
+                sm_clock_mhz: 0,
+                mem_clock_mhz: 0,
+                mem_bus_bits: 0,
+            },
+            nvrtc_version: (13, 0),
+            timing_policy: "p".into(),
+            bandwidth_gbps: 4000.0,
+            launch_floor_us: 0.7,
+            tensor_peak_tflops: 790.0,
+            template_hash: "h".into(),
+            date: "d".into(),
+        };
+        let md = markdown(
+            "t",
+            &prov,
+            &[row("a", 3.0), row("b", 2.0), row("cublas_bf16", 8.0)],
+            &["cublas_bf16"],
+        );
+        assert!(md.contains("| `b` | 2.00 [1.80, 2.20] | 1.00 | 4.00 | 8.00 | 4.00x |"), "{md}");
+    }
+}

@@ -1,0 +1,210 @@
+//! One benchmark run: floors, then for every (shape, M) our verified candidates and the peers,
+//! all under one timing policy, into report rows. The CLI only parses flags and prints.
+
+use super::floors::{FloorError, Floors};
+use super::gemm::{time_candidates, verify, Candidate, DeviceProblem, HostProblem};
+use super::peers::time_peers;
+use super::policy::TimingPolicy;
+use super::report::Row;
+use super::stats::Summary;
+use crate::compile::Compiler;
+use crate::gpu::blas::CublasBf16;
+use crate::gpu::{Gpu, GpuError};
+use crate::problem::{AType, GemmProblem};
+use crate::template::GemmConfig;
+use std::collections::HashMap;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchSpec {
+    /// (label, N, K) of every distinct weight shape, e.g. ("tp8_routed_gate_up", 512, 6144).
+    pub shapes: Vec<(String, u32, u32)>,
+    pub ms: Vec<u32>,
+    pub a_type: AType,
+    /// Candidate configurations; each (shape, M) runs those legal for it.
+    pub configs: Vec<GemmConfig>,
+    pub peers: bool,
+    pub policy: TimingPolicy,
+}
+
+/// A candidate that did not produce a timing, and why (compile error, resource limit, wrong
+/// answer, launch failure): data, not a crash.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub shape: String,
+    pub m: u32,
+    pub config: String,
+    pub reason: String,
+}
+
+/// Progress events for the CLI's progress bars.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Floors(String),
+    Problem { index: usize, total: usize, label: String, candidates: usize },
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchOutput {
+    pub rows: Vec<Row>,
+    pub failures: Vec<Failure>,
+    pub bandwidth_gbps: f64,
+    pub launch_floor_us: f64,
+    pub tensor_peak_tflops: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Floor(#[from] FloorError),
+    #[error("building the problem {0}: {1}")]
+    Problem(String, String),
+}
+
+/// Measured bf16 tensor throughput (TFLOP/s): best of a few cuBLAS 8192^3 GEMMs.
+pub fn tensor_peak_tflops(gpu: &Gpu) -> Result<f64, GpuError> {
+    let n = 8192usize;
+    let a = gpu.alloc_zeros::<u16>(n * n)?;
+    let b = gpu.alloc_zeros::<u16>(n * n)?;
+    let c = gpu.alloc_zeros::<u16>(n * n)?;
+    let blas = CublasBf16::new(gpu)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        // SAFETY: three n*n bf16 buffers, as the call requires.
+        let ms = gpu.time_ms(|| unsafe {
+            blas.gemm(n as i32, n as i32, n as i32, 1.0, a.ptr(), b.ptr(), c.ptr())
+        })?;
+        best = best.min(ms as f64);
+    }
+    Ok(2.0 * (n as f64).powi(3) / (best * 1e-3) / 1e12)
+}
+
+pub fn run(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    spec: &BenchSpec,
+    progress: &dyn Fn(Event),
+) -> Result<BenchOutput, BenchError> {
+    let policy = &spec.policy;
+    progress(Event::Floors("launch floor, read bandwidth, tensor peak".into()));
+    let floors = Floors::new(gpu, compiler)?;
+    let launch_floor = floors.launch_floor(policy, gpu.info().sm_count)?.median;
+    let bandwidth = floors.read_bandwidth(policy, 1 << 30)?;
+    let peak = tensor_peak_tflops(gpu)?;
+
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let mut read_floors: HashMap<u64, f64> = HashMap::new();
+    // Compile every legal config once, in parallel (cached across shapes).
+    let sources: Vec<_> = spec.configs.iter().filter_map(|c| c.render().ok()).collect();
+    let compiled: HashMap<String, _> = spec
+        .configs
+        .iter()
+        .filter(|c| c.render().is_ok())
+        .zip(compiler.compile_many(&sources))
+        .map(|(c, r)| (c.name(), r))
+        .collect();
+    let total = spec.shapes.len() * spec.ms.len();
+    let mut index = 0;
+    for (label, n, k) in &spec.shapes {
+        for &m in &spec.ms {
+            index += 1;
+            let p = GemmProblem::new(m, *n, *k, spec.a_type);
+            let legal: Vec<GemmConfig> =
+                spec.configs.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
+            progress(Event::Problem {
+                index,
+                total,
+                label: format!("{label} M={m}"),
+                candidates: legal.len(),
+            });
+            let fail = |config: String, reason: String| Failure {
+                shape: label.clone(),
+                m,
+                config,
+                reason,
+            };
+            let host =
+                HostProblem::random(p, 0xF4 ^ ((m as u64) << 32) ^ ((*n as u64) << 16) ^ *k as u64)
+                    .map_err(|e| BenchError::Problem(p.to_string(), e.to_string()))?;
+            let mut dp = DeviceProblem::upload(gpu, &host, policy, &legal)?;
+            let mut verified: Vec<Candidate> = Vec::new();
+            for c in &legal {
+                let compiled = match compiled.get(&c.name()) {
+                    Some(Ok(k)) => k,
+                    Some(Err(e)) => {
+                        failures.push(fail(c.name(), format!("compile error: {e}")));
+                        continue;
+                    }
+                    None => continue,
+                };
+                let cand = match Candidate::load(gpu, *c, compiled) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        failures.push(fail(c.name(), format!("load: {e}")));
+                        continue;
+                    }
+                };
+                match verify(gpu, &host, &mut dp, &cand)? {
+                    Ok(()) => verified.push(cand),
+                    Err(why) => failures.push(fail(c.name(), why)),
+                }
+            }
+            let bytes = p.min_bytes();
+            let read_floor = match read_floors.get(&bytes) {
+                Some(v) => *v,
+                None => {
+                    let v = floors.read_floor(policy, bytes)?.time.median;
+                    read_floors.insert(bytes, v);
+                    v
+                }
+            };
+            let roofline = (bytes as f64 / (bandwidth * 1e3)).max(p.flops() / (peak * 1e6));
+            let mk_row = |imp: String, s: Summary, verified: &str| Row {
+                shape: label.clone(),
+                n: *n,
+                k: *k,
+                m,
+                a_type: spec.a_type.to_string(),
+                implementation: imp,
+                time: s,
+                roofline_us: roofline,
+                read_floor_us: read_floor,
+                bytes,
+                verified: verified.to_string(),
+            };
+            let refs: Vec<&Candidate> = verified.iter().collect();
+            for (c, r) in refs.iter().zip(time_candidates(gpu, policy, &dp, &refs)) {
+                match r {
+                    Ok(s) => rows.push(mk_row(
+                        c.config.name(),
+                        Summary::of(&s.us).expect("samples"),
+                        "ok",
+                    )),
+                    Err(e) => failures.push(fail(c.config.name(), format!("timing: {e}"))),
+                }
+            }
+            if spec.peers {
+                for (name, r) in time_peers(gpu, policy, &p)? {
+                    match r {
+                        Ok(s) => rows.push(mk_row(
+                            name.to_string(),
+                            Summary::of(&s.us).expect("samples"),
+                            "-",
+                        )),
+                        Err(e) => failures.push(fail(name.to_string(), format!("peer: {e}"))),
+                    }
+                }
+            }
+        }
+    }
+    Ok(BenchOutput {
+        rows,
+        failures,
+        bandwidth_gbps: bandwidth,
+        launch_floor_us: launch_floor,
+        tensor_peak_tflops: peak,
+    })
+}

@@ -1,0 +1,682 @@
+//! Derivation of shape sets from a Hugging Face MoE `config.json` (GLM-5, DeepSeek-V2/V3, GLM-4.5,
+//! Qwen2/Qwen3-MoE, Mixtral), with the sharding rules of the module docs.
+//!
+//! Keys read, per `model_type`:
+//! - `glm_moe_dsa`, `deepseek_v3`, `deepseek_v2`, `glm4_moe`: `hidden_size`, `moe_intermediate_size`,
+//!   `n_routed_experts`, `n_shared_experts` (null or 0: none; the shared expert is one MLP of
+//!   `moe_intermediate_size * n_shared_experts`), `num_experts_per_tok`, `num_hidden_layers`,
+//!   `first_k_dense_replace`, `moe_layer_freq` (optional, default 1; layer i is MoE when
+//!   `i >= first_k_dense_replace && i % moe_layer_freq == 0`), and `intermediate_size` for the dense
+//!   layers when there are any.
+//! - `qwen3_moe`, `qwen2_moe`: `hidden_size`, `moe_intermediate_size`, `num_experts`,
+//!   `num_experts_per_tok`, `num_hidden_layers`, `decoder_sparse_step` (optional, default 1),
+//!   `mlp_only_layers` (optional, default none; layer i is MoE when it is not listed and
+//!   `(i + 1) % decoder_sparse_step == 0`), `shared_expert_intermediate_size` (optional; absent or 0:
+//!   no shared expert), and `intermediate_size` for dense layers when there are any.
+//! - `mixtral`: `hidden_size`, `intermediate_size` (the expert size), `num_local_experts`,
+//!   `num_experts_per_tok`, `num_hidden_layers`; every layer is MoE, no shared expert.
+
+use super::error::{ParallelismReason, ShapeError};
+use super::{
+    default_token_buckets, GemmShape, Op, Parallelism, Routing, ShapeFile, ShapeSet, SCHEMA_VERSION,
+};
+use serde_json::{Map, Value};
+use std::path::Path;
+
+/// The `model_type` values [`HfMoeConfig::from_json`] understands.
+pub const SUPPORTED_MODEL_TYPES: &[&str] =
+    &["glm_moe_dsa", "deepseek_v3", "deepseek_v2", "glm4_moe", "qwen3_moe", "qwen2_moe", "mixtral"];
+
+/// One MLP kind of the model: its intermediate size and the config key it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlpSize {
+    /// Intermediate size I of the unsplit MLP.
+    pub intermediate: u32,
+    /// Where I came from, for error messages (e.g. "moe_intermediate_size").
+    pub key: &'static str,
+}
+
+/// The MLP structure of a MoE model as its `config.json` describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HfMoeConfig {
+    /// The file (or label) the config was read from.
+    pub origin: String,
+    pub model_type: String,
+    /// `_name_or_path`, else `architectures[0]`, else the model type.
+    pub model: String,
+    pub hidden_size: u32,
+    /// One routed expert.
+    pub routed: MlpSize,
+    pub routing: Routing,
+    /// The shared expert(s) fused into one MLP, if the model has one.
+    pub shared: Option<MlpSize>,
+    /// The dense MLP of non-MoE layers, if the model has such layers.
+    pub dense: Option<MlpSize>,
+    /// Layers with a MoE block.
+    pub moe_layers: u32,
+    /// Layers with a dense MLP.
+    pub dense_layers: u32,
+}
+
+/// Typed access to the keys of a config object, with errors naming the key and the file.
+struct Keys<'a> {
+    obj: &'a Map<String, Value>,
+    origin: &'a str,
+    model_type: &'a str,
+}
+
+impl Keys<'_> {
+    fn missing(&self, key: &str) -> ShapeError {
+        ShapeError::MissingKey {
+            origin: self.origin.to_string(),
+            model_type: self.model_type.to_string(),
+            key: key.to_string(),
+        }
+    }
+
+    fn bad(&self, key: &str, expected: &'static str, found: &Value) -> ShapeError {
+        ShapeError::BadValue {
+            origin: self.origin.to_string(),
+            key: key.to_string(),
+            expected,
+            found: found.to_string(),
+        }
+    }
+
+    /// A non-negative integer that fits u32; absent or null gives None.
+    fn opt_u32(&self, key: &str) -> Result<Option<u32>, ShapeError> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .map(Some)
+                .ok_or_else(|| self.bad(key, "a non-negative integer below 2^32", v)),
+        }
+    }
+
+    /// A required positive integer.
+    fn positive(&self, key: &str) -> Result<u32, ShapeError> {
+        match self.opt_u32(key)? {
+            None => Err(self.missing(key)),
+            Some(0) => Err(self.bad(key, "a positive integer", &Value::from(0))),
+            Some(x) => Ok(x),
+        }
+    }
+
+    /// A key that must be present but may be null (None) or a non-negative integer.
+    fn nullable(&self, key: &str) -> Result<Option<u32>, ShapeError> {
+        if !self.obj.contains_key(key) {
+            return Err(self.missing(key));
+        }
+        self.opt_u32(key)
+    }
+
+    /// An optional positive integer with a default.
+    fn positive_or(&self, key: &str, default: u32) -> Result<u32, ShapeError> {
+        match self.opt_u32(key)? {
+            None => Ok(default),
+            Some(0) => Err(self.bad(key, "a positive integer", &Value::from(0))),
+            Some(x) => Ok(x),
+        }
+    }
+
+    /// An optional list of non-negative integers (absent or null: empty).
+    fn u32_list(&self, key: &str) -> Result<Vec<u32>, ShapeError> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(v @ Value::Array(items)) => items
+                .iter()
+                .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| self.bad(key, "a list of layer indices", v)),
+            Some(v) => Err(self.bad(key, "a list of layer indices", v)),
+        }
+    }
+}
+
+impl HfMoeConfig {
+    /// Reads the MLP structure from the text of a `config.json`; `origin` names it in errors.
+    pub fn from_json(text: &str, origin: &str) -> Result<HfMoeConfig, ShapeError> {
+        let value: Value = serde_json::from_str(text).map_err(|e| ShapeError::Json {
+            origin: origin.to_string(),
+            line: e.line(),
+            column: e.column(),
+            message: e.to_string(),
+        })?;
+        let Value::Object(obj) = &value else {
+            return Err(ShapeError::BadValue {
+                origin: origin.to_string(),
+                key: "<top level>".into(),
+                expected: "a JSON object",
+                found: value.to_string(),
+            });
+        };
+        let Some(model_type) = obj.get("model_type").and_then(Value::as_str) else {
+            return Err(ShapeError::NoModelType { origin: origin.to_string() });
+        };
+        if !SUPPORTED_MODEL_TYPES.contains(&model_type) {
+            return Err(ShapeError::UnknownModelType {
+                origin: origin.to_string(),
+                model_type: model_type.to_string(),
+            });
+        }
+        let keys = Keys { obj, origin, model_type };
+        let model = obj
+            .get("_name_or_path")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .or_else(|| obj.get("architectures")?.as_array()?.first()?.as_str())
+            .unwrap_or(model_type)
+            .to_string();
+        let hidden_size = keys.positive("hidden_size")?;
+        let num_layers = keys.positive("num_hidden_layers")?;
+        let experts_per_token = keys.positive("num_experts_per_tok")?;
+
+        let (routed, routed_experts, shared, moe_layers) = match model_type {
+            "glm_moe_dsa" | "deepseek_v3" | "deepseek_v2" | "glm4_moe" => {
+                let key = "moe_intermediate_size";
+                let routed = MlpSize { intermediate: keys.positive(key)?, key };
+                let experts = keys.positive("n_routed_experts")?;
+                let shared = match keys.nullable("n_shared_experts")?.unwrap_or(0) {
+                    0 => None,
+                    n => Some(MlpSize {
+                        intermediate: routed.intermediate.checked_mul(n).ok_or_else(|| {
+                            keys.bad("n_shared_experts", "a count that fits", &Value::from(n))
+                        })?,
+                        key: "moe_intermediate_size * n_shared_experts",
+                    }),
+                };
+                let first_dense = keys
+                    .opt_u32("first_k_dense_replace")?
+                    .ok_or_else(|| keys.missing("first_k_dense_replace"))?;
+                let freq = keys.positive_or("moe_layer_freq", 1)?;
+                let moe = (0..num_layers).filter(|&i| i >= first_dense && i % freq == 0).count();
+                (routed, experts, shared, moe as u32)
+            }
+            "qwen3_moe" | "qwen2_moe" => {
+                let key = "moe_intermediate_size";
+                let routed = MlpSize { intermediate: keys.positive(key)?, key };
+                let experts = keys.positive("num_experts")?;
+                let shared = match keys.opt_u32("shared_expert_intermediate_size")? {
+                    None | Some(0) => None,
+                    Some(i) => {
+                        Some(MlpSize { intermediate: i, key: "shared_expert_intermediate_size" })
+                    }
+                };
+                let step = keys.positive_or("decoder_sparse_step", 1)?;
+                let mlp_only = keys.u32_list("mlp_only_layers")?;
+                let moe = (0..num_layers)
+                    .filter(|i| !mlp_only.contains(i) && (i + 1) % step == 0)
+                    .count();
+                (routed, experts, shared, moe as u32)
+            }
+            "mixtral" => {
+                let key = "intermediate_size";
+                let routed = MlpSize { intermediate: keys.positive(key)?, key };
+                (routed, keys.positive("num_local_experts")?, None, num_layers)
+            }
+            other => {
+                return Err(ShapeError::UnknownModelType {
+                    origin: origin.to_string(),
+                    model_type: other.to_string(),
+                })
+            }
+        };
+        let dense_layers = num_layers - moe_layers;
+        let dense = if dense_layers > 0 {
+            let key = "intermediate_size";
+            Some(MlpSize { intermediate: keys.positive(key)?, key })
+        } else {
+            None
+        };
+        Ok(HfMoeConfig {
+            origin: origin.to_string(),
+            model_type: model_type.to_string(),
+            model,
+            hidden_size,
+            routed,
+            routing: Routing { routed_experts, experts_per_token },
+            shared,
+            dense,
+            moe_layers,
+            dense_layers,
+        })
+    }
+
+    /// Reads and parses the `config.json` at `path`.
+    pub fn load(path: &Path) -> Result<HfMoeConfig, ShapeError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ShapeError::Read { path: path.to_path_buf(), source })?;
+        HfMoeConfig::from_json(&text, &path.display().to_string())
+    }
+
+    /// The shape set of one GPU under `parallelism`, named [`Parallelism::set_name`].
+    pub fn shape_set(
+        &self,
+        parallelism: Parallelism,
+        token_buckets: &[u32],
+    ) -> Result<ShapeSet, ShapeError> {
+        let Parallelism { tp, ep } = parallelism;
+        let fail = |reason| ShapeError::Parallelism { origin: self.origin.clone(), tp, ep, reason };
+        if tp == 0 {
+            return Err(fail(ParallelismReason::ZeroTp));
+        }
+        if ep == 0 {
+            return Err(fail(ParallelismReason::ZeroEp));
+        }
+        if tp % ep != 0 {
+            return Err(fail(ParallelismReason::EpNotDividingTp));
+        }
+        let experts = self.routing.routed_experts;
+        if experts % ep != 0 {
+            return Err(fail(ParallelismReason::EpNotDividingExperts { experts }));
+        }
+        let moe_tp = tp / ep;
+        // gate_up (N = 2I/moe_tp, K = H) and down (N = H, K = I/moe_tp) of one MLP kind.
+        let pair = |mlp: MlpSize, ops: (Op, Op), count: u32, layers: u32| {
+            if mlp.intermediate % moe_tp != 0 {
+                return Err(fail(ParallelismReason::TpNotDividing {
+                    key: mlp.key,
+                    size: mlp.intermediate,
+                    moe_tp,
+                }));
+            }
+            let part = mlp.intermediate / moe_tp;
+            let gate_up_n = part.checked_mul(2).ok_or_else(|| ShapeError::BadValue {
+                origin: self.origin.clone(),
+                key: mlp.key.to_string(),
+                expected: "an intermediate size below 2^31",
+                found: mlp.intermediate.to_string(),
+            })?;
+            let shape = |op: Op, n, k| GemmShape {
+                name: op.as_str().to_string(),
+                op,
+                n,
+                k,
+                count_per_layer: count,
+                layers,
+            };
+            Ok([shape(ops.0, gate_up_n, self.hidden_size), shape(ops.1, self.hidden_size, part)])
+        };
+        let mut shapes = Vec::with_capacity(6);
+        if self.moe_layers > 0 {
+            let ops = (Op::RoutedGateUp, Op::RoutedDown);
+            shapes.extend(pair(self.routed, ops, experts / ep, self.moe_layers)?);
+            if let Some(shared) = self.shared {
+                let ops = (Op::SharedGateUp, Op::SharedDown);
+                shapes.extend(pair(shared, ops, 1, self.moe_layers)?);
+            }
+        }
+        if let Some(dense) = self.dense {
+            let ops = (Op::DenseGateUp, Op::DenseDown);
+            shapes.extend(pair(dense, ops, 1, self.dense_layers)?);
+        }
+        let set = ShapeSet {
+            name: parallelism.set_name(),
+            parallelism,
+            routing: self.routing,
+            shapes,
+            token_buckets: token_buckets.to_vec(),
+        };
+        set.validate().map_err(|(at, reason)| ShapeError::Invalid {
+            origin: self.origin.clone(),
+            at,
+            reason,
+        })?;
+        Ok(set)
+    }
+
+    /// A shape file with one set per parallelism, in the given order.
+    pub fn shape_file(
+        &self,
+        parallelisms: &[Parallelism],
+        token_buckets: &[u32],
+    ) -> Result<ShapeFile, ShapeError> {
+        let sets = parallelisms
+            .iter()
+            .map(|&p| self.shape_set(p, token_buckets))
+            .collect::<Result<Vec<_>, _>>()?;
+        let file = ShapeFile {
+            schema_version: SCHEMA_VERSION,
+            model: self.model.clone(),
+            source: self.describe(),
+            sets,
+        };
+        file.validate(&self.origin)?;
+        Ok(file)
+    }
+
+    /// The `source` string of derived files: the file and every number read from it.
+    fn describe(&self) -> String {
+        let mut s = format!(
+            "derived by fp4tune from {} (model_type {}): hidden_size {}, {} {}, {} routed experts, \
+             {} per token",
+            self.origin,
+            self.model_type,
+            self.hidden_size,
+            self.routed.key,
+            self.routed.intermediate,
+            self.routing.routed_experts,
+            self.routing.experts_per_token,
+        );
+        if let Some(shared) = self.shared {
+            s += &format!(", shared expert {} {}", shared.key, shared.intermediate);
+        }
+        s += &format!(", {} MoE layers", self.moe_layers);
+        if let Some(dense) = self.dense {
+            s += &format!(
+                ", {} dense layers with {} {}",
+                self.dense_layers, dense.key, dense.intermediate
+            );
+        }
+        s + "; sharded as SGLang does: every MLP weight split tp/ep ways, routed experts over ep"
+    }
+}
+
+/// The shape file of one parallelism (default token buckets) for the `config.json` text.
+pub fn derive_from_hf_config(
+    json_text: &str,
+    origin: &str,
+    tp: u32,
+    ep: u32,
+) -> Result<ShapeFile, ShapeError> {
+    HfMoeConfig::from_json(json_text, origin)?
+        .shape_file(&[Parallelism::new(tp, ep)], &default_token_buckets())
+}
+
+/// What `fp4tune shapes --from-config PATH --tp TP [--ep EP]` prints (EP defaults to 1): the RON
+/// text of a shape file with one set, which [`ShapeFile::from_ron_str`] reads back.
+pub fn shapes_ron_from_config_file(path: &Path, tp: u32, ep: u32) -> Result<String, ShapeError> {
+    let config = HfMoeConfig::load(path)?;
+    let file = config.shape_file(&[Parallelism::new(tp, ep)], &default_token_buckets())?;
+    Ok(file.to_ron_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{InvalidReason, GLM5_RON};
+    use super::*;
+    use std::path::PathBuf;
+
+    fn testdata(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)
+    }
+
+    fn fixture(name: &str) -> String {
+        std::fs::read_to_string(testdata(name)).unwrap()
+    }
+
+    /// The fixture as a JSON object, edited, back to text.
+    fn edited(name: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> String {
+        let mut v: Value = serde_json::from_str(&fixture(name)).unwrap();
+        edit(v.as_object_mut().unwrap());
+        v.to_string()
+    }
+
+    fn nk(set: &ShapeSet, op: Op) -> Option<(u32, u32, u32, u32)> {
+        set.shape(op).map(|s| (s.n, s.k, s.count_per_layer, s.layers))
+    }
+
+    #[test]
+    fn glm5_derivation_reproduces_the_embedded_file() {
+        let embedded = ShapeFile::from_ron_str(GLM5_RON, "glm5.ron").unwrap();
+        let config = HfMoeConfig::load(&testdata("glm5-config.json")).unwrap();
+        assert_eq!(config.model, "GlmMoeDsaForCausalLM");
+        assert_eq!((config.moe_layers, config.dense_layers), (75, 3));
+        let ps: Vec<Parallelism> = embedded.sets.iter().map(|s| s.parallelism).collect();
+        assert_eq!(ps.len(), 5);
+        let derived = config.shape_file(&ps, &default_token_buckets()).unwrap();
+        assert_eq!(derived.schema_version, embedded.schema_version);
+        assert_eq!(derived.sets.len(), embedded.sets.len());
+        for (d, e) in derived.sets.iter().zip(&embedded.sets) {
+            assert_eq!(d.name, e.name);
+            assert_eq!(d.parallelism, e.parallelism, "{}", e.name);
+            assert_eq!(d.routing, e.routing, "{}", e.name);
+            assert_eq!(d.token_buckets, e.token_buckets, "{}", e.name);
+            assert_eq!(d.shapes.len(), e.shapes.len(), "{}", e.name);
+            for (ds, es) in d.shapes.iter().zip(&e.shapes) {
+                assert_eq!(ds, es, "set {}", e.name);
+            }
+            assert_eq!(d, e);
+        }
+    }
+
+    #[test]
+    fn cli_output_round_trips_and_matches_the_embedded_sets() {
+        let embedded = ShapeFile::glm5().unwrap();
+        for (tp, ep, name) in [(8, 1, "tp8"), (8, 8, "ep8"), (2, 1, "tp2")] {
+            let text = shapes_ron_from_config_file(&testdata("glm5-config.json"), tp, ep).unwrap();
+            let back = ShapeFile::from_ron_str(&text, "stdout").unwrap();
+            assert_eq!(back.sets.len(), 1);
+            assert_eq!(&back.sets[0], embedded.set(name).unwrap());
+            assert_eq!(back.to_ron_string(), text);
+            assert!(back.source.contains("glm5-config.json"), "{}", back.source);
+        }
+    }
+
+    #[test]
+    fn deepseek_v3_tp8() {
+        let file = derive_from_hf_config(&fixture("deepseek-v3-config.json"), "ds", 8, 1).unwrap();
+        let set = &file.sets[0];
+        assert_eq!(set.name, "tp8");
+        assert_eq!(nk(set, Op::RoutedGateUp), Some((512, 7168, 256, 58)));
+        assert_eq!(nk(set, Op::RoutedDown), Some((7168, 256, 256, 58)));
+        assert_eq!(nk(set, Op::SharedDown), Some((7168, 256, 1, 58)));
+        assert_eq!(nk(set, Op::DenseGateUp), Some((4608, 7168, 1, 3)));
+        assert_eq!(nk(set, Op::DenseDown), Some((7168, 2304, 1, 3)));
+    }
+
+    #[test]
+    fn qwen3_moe_has_no_shared_expert_and_no_dense_layers() {
+        let set = derive_from_hf_config(&fixture("qwen3-moe-config.json"), "q", 4, 1).unwrap().sets;
+        let set = &set[0];
+        assert_eq!(set.shapes.len(), 2);
+        assert_eq!(nk(set, Op::RoutedGateUp), Some((384, 2048, 128, 48)));
+        assert_eq!(nk(set, Op::RoutedDown), Some((2048, 192, 128, 48)));
+        assert_eq!(set.routing, Routing { routed_experts: 128, experts_per_token: 8 });
+    }
+
+    #[test]
+    fn qwen_mlp_only_layers_sparse_step_and_shared_expert() {
+        let text = edited("qwen3-moe-config.json", |o| {
+            o.insert("mlp_only_layers".into(), serde_json::json!([0, 1]));
+            o.insert("decoder_sparse_step".into(), 2.into());
+            o.insert("shared_expert_intermediate_size".into(), 1024.into());
+        });
+        let config = HfMoeConfig::from_json(&text, "q").unwrap();
+        // Odd layers 1, 3, ..., 47 are MoE (24), minus layer 1 listed as MLP-only.
+        assert_eq!((config.moe_layers, config.dense_layers), (23, 25));
+        let set = config.shape_set(Parallelism::new(2, 1), &[1, 8]).unwrap();
+        assert_eq!(nk(&set, Op::SharedGateUp), Some((1024, 2048, 1, 23)));
+        assert_eq!(nk(&set, Op::DenseGateUp), Some((6144, 2048, 1, 25)));
+        assert_eq!(nk(&set, Op::DenseDown), Some((2048, 3072, 1, 25)));
+    }
+
+    #[test]
+    fn mixtral_expert_size_is_intermediate_size() {
+        let config = HfMoeConfig::load(&testdata("mixtral-config.json")).unwrap();
+        let set = config.shape_set(Parallelism::new(2, 1), &[1]).unwrap();
+        assert_eq!(set.shapes.len(), 2);
+        assert_eq!(nk(&set, Op::RoutedGateUp), Some((14336, 4096, 8, 32)));
+        assert_eq!(nk(&set, Op::RoutedDown), Some((4096, 7168, 8, 32)));
+        let ep = config.shape_set(Parallelism::new(8, 8), &[1]).unwrap();
+        assert_eq!(ep.name, "ep8");
+        assert_eq!(nk(&ep, Op::RoutedGateUp), Some((28672, 4096, 1, 32)));
+    }
+
+    #[test]
+    fn mixed_tp_and_ep() {
+        let config = HfMoeConfig::load(&testdata("glm5-config.json")).unwrap();
+        let set = config.shape_set(Parallelism::new(8, 2), &[1]).unwrap();
+        assert_eq!(set.name, "tp8ep2");
+        assert_eq!(nk(&set, Op::RoutedGateUp), Some((1024, 6144, 128, 75)));
+        assert_eq!(nk(&set, Op::DenseDown), Some((6144, 3072, 1, 3)));
+    }
+
+    #[test]
+    fn other_deepseek_family_types_share_the_keys() {
+        for mt in ["deepseek_v2", "glm4_moe", "deepseek_v3"] {
+            let text = edited("glm5-config.json", |o| {
+                o.insert("model_type".into(), mt.into());
+                o.insert("n_shared_experts".into(), 2.into());
+            });
+            let set = &derive_from_hf_config(&text, "c", 1, 1).unwrap().sets[0];
+            assert_eq!(nk(set, Op::SharedGateUp), Some((8192, 6144, 1, 75)), "{mt}");
+        }
+        let text = edited("glm5-config.json", |o| {
+            o.insert("n_shared_experts".into(), Value::Null);
+            o.insert("moe_layer_freq".into(), 2.into());
+        });
+        let config = HfMoeConfig::from_json(&text, "c").unwrap();
+        assert_eq!(config.shared, None);
+        // Layers 3..78 with even index: 4, 6, ..., 76.
+        assert_eq!((config.moe_layers, config.dense_layers), (37, 41));
+    }
+
+    #[test]
+    fn malformed_json_names_file_line_and_column() {
+        let err = HfMoeConfig::from_json("{\n  \"model_type\": \"mixtral\",\n  oops\n}", "c.json")
+            .unwrap_err();
+        let ShapeError::Json { ref origin, line, column, .. } = err else { panic!("{err:?}") };
+        assert_eq!((origin.as_str(), line), ("c.json", 3));
+        assert!(column > 0);
+        assert!(err.to_string().starts_with("c.json:3:"), "{err}");
+        let err = HfMoeConfig::from_json("[1, 2]", "c.json").unwrap_err();
+        assert!(matches!(err, ShapeError::BadValue { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn model_type_errors() {
+        let err = HfMoeConfig::from_json("{\"hidden_size\": 8}", "c.json").unwrap_err();
+        assert!(matches!(err, ShapeError::NoModelType { .. }), "{err:?}");
+        assert!(err.to_string().contains("c.json"));
+        let err = HfMoeConfig::from_json("{\"model_type\": \"llama\"}", "c.json").unwrap_err();
+        assert!(
+            matches!(err, ShapeError::UnknownModelType { ref model_type, .. } if model_type == "llama")
+        );
+        assert!(err.to_string().contains("glm_moe_dsa"), "{err}");
+    }
+
+    #[test]
+    fn missing_keys_are_named() {
+        let cases = [
+            ("glm5-config.json", "hidden_size"),
+            ("glm5-config.json", "moe_intermediate_size"),
+            ("glm5-config.json", "n_routed_experts"),
+            ("glm5-config.json", "n_shared_experts"),
+            ("glm5-config.json", "first_k_dense_replace"),
+            ("glm5-config.json", "num_experts_per_tok"),
+            ("glm5-config.json", "num_hidden_layers"),
+            // The dense MLP of the first 3 layers needs it.
+            ("glm5-config.json", "intermediate_size"),
+            ("qwen3-moe-config.json", "num_experts"),
+            ("mixtral-config.json", "num_local_experts"),
+            ("mixtral-config.json", "intermediate_size"),
+        ];
+        for (file, key) in cases {
+            let text = edited(file, |o| {
+                o.remove(key);
+            });
+            let err = HfMoeConfig::from_json(&text, file).unwrap_err();
+            match &err {
+                ShapeError::MissingKey { origin, key: k, .. } => {
+                    assert_eq!((origin.as_str(), k.as_str()), (file, key))
+                }
+                other => panic!("{file} without {key}: {other:?}"),
+            }
+            assert!(err.to_string().contains(key));
+        }
+        // Without dense layers intermediate_size is not needed.
+        let text = edited("glm5-config.json", |o| {
+            o.remove("intermediate_size");
+            o.insert("first_k_dense_replace".into(), 0.into());
+        });
+        assert_eq!(HfMoeConfig::from_json(&text, "c").unwrap().dense, None);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let cases: [(&str, Value); 5] = [
+            ("hidden_size", "6144".into()),
+            ("hidden_size", 0.into()),
+            ("moe_intermediate_size", (-1).into()),
+            ("n_routed_experts", 2.5.into()),
+            ("moe_layer_freq", 0.into()),
+        ];
+        for (key, value) in cases {
+            let text = edited("glm5-config.json", |o| {
+                o.insert(key.into(), value.clone());
+            });
+            let err = HfMoeConfig::from_json(&text, "c.json").unwrap_err();
+            assert!(matches!(&err, ShapeError::BadValue { key: k, .. } if k == key), "{err:?}");
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        let text = edited("qwen3-moe-config.json", |o| {
+            o.insert("mlp_only_layers".into(), "0,1".into());
+        });
+        let err = HfMoeConfig::from_json(&text, "q").unwrap_err();
+        assert!(matches!(&err, ShapeError::BadValue { key, .. } if key == "mlp_only_layers"));
+    }
+
+    #[test]
+    fn impossible_parallelism() {
+        let glm = HfMoeConfig::load(&testdata("glm5-config.json")).unwrap();
+        let mixtral = HfMoeConfig::load(&testdata("mixtral-config.json")).unwrap();
+        let reason = |c: &HfMoeConfig, tp, ep| match c.shape_set(Parallelism::new(tp, ep), &[1]) {
+            Err(ShapeError::Parallelism { reason, tp: t, ep: e, .. }) => {
+                assert_eq!((t, e), (tp, ep));
+                reason
+            }
+            other => panic!("tp={tp} ep={ep}: {other:?}"),
+        };
+        assert_eq!(reason(&glm, 0, 1), ParallelismReason::ZeroTp);
+        assert_eq!(reason(&glm, 8, 0), ParallelismReason::ZeroEp);
+        assert_eq!(reason(&glm, 4, 8), ParallelismReason::EpNotDividingTp);
+        assert_eq!(
+            reason(&mixtral, 16, 16),
+            ParallelismReason::EpNotDividingExperts { experts: 8 }
+        );
+        assert_eq!(
+            reason(&glm, 3, 1),
+            ParallelismReason::TpNotDividing {
+                key: "moe_intermediate_size",
+                size: 2048,
+                moe_tp: 3
+            }
+        );
+        // Routed and shared divide, the dense MLP does not.
+        let odd_dense = HfMoeConfig {
+            dense: Some(MlpSize { intermediate: 12289, key: "intermediate_size" }),
+            ..glm.clone()
+        };
+        assert_eq!(
+            reason(&odd_dense, 2, 1),
+            ParallelismReason::TpNotDividing { key: "intermediate_size", size: 12289, moe_tp: 2 }
+        );
+        let msg = glm.shape_set(Parallelism::new(4, 8), &[1]).unwrap_err().to_string();
+        assert!(msg.contains("glm5-config.json") && msg.contains("ep must divide tp"), "{msg}");
+    }
+
+    #[test]
+    fn split_too_fine_for_nvfp4_blocks() {
+        // Qwen3-30B-A3B: 768 / 64 = 12 columns per GPU, not a whole NVFP4 block.
+        let err =
+            derive_from_hf_config(&fixture("qwen3-moe-config.json"), "q.json", 64, 1).unwrap_err();
+        match err {
+            ShapeError::Invalid { origin, at, reason } => {
+                assert_eq!(origin, "q.json");
+                assert_eq!(at, "set \"tp64\", shape \"routed_down\"");
+                assert_eq!(reason, InvalidReason::KNotBlockMultiple { k: 12 });
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn missing_config_file_is_a_read_error() {
+        let err = shapes_ron_from_config_file(&testdata("no-such-config.json"), 8, 1).unwrap_err();
+        assert!(matches!(err, ShapeError::Read { .. }));
+        assert!(err.to_string().contains("no-such-config.json"), "{err}");
+    }
+}

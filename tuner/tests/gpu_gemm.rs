@@ -1,0 +1,106 @@
+//! GPU correctness suite: every variant of the device's kernel family against the CPU reference,
+//! on GLM-5 shapes and awkward ones, W4A4 and W4A16. Runs only with `--features gpu`; without it
+//! the tests are listed as ignored with the reason, never silently passed.
+
+use fp4tune::bench::gemm::{verify, Candidate, DeviceProblem, HostProblem};
+use fp4tune::bench::TimingPolicy;
+use fp4tune::compile::Compiler;
+use fp4tune::gpu::Gpu;
+use fp4tune::problem::{AType, GemmProblem};
+use fp4tune::template::{self, Arch, Family, GemmConfig};
+use std::collections::HashMap;
+
+fn open() -> (Gpu, Family, Compiler) {
+    let gpu = Gpu::open(0).unwrap_or_else(|e| panic!("the gpu feature is on but: {e}"));
+    let (ma, mi) = gpu.info().compute_capability;
+    let arch = Arch::for_compute_capability(ma, mi)
+        .unwrap_or_else(|| panic!("{} (cc {ma}.{mi}) has no kernel family", gpu.info().name));
+    let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
+    (gpu, Family::for_arch(arch), compiler)
+}
+
+/// (N, K) pairs: GLM-5 TP8 and EP routed experts, plus the smallest shapes a family accepts.
+fn shapes() -> Vec<(u32, u32)> {
+    vec![
+        (512, 6144),
+        (6144, 256),
+        (4096, 6144),
+        (6144, 2048),
+        (1024, 6144),
+        (128, 256),
+        (16, 128),
+        (48, 384),
+    ]
+}
+
+fn run_suite(a_type: AType, ms: &[u32]) {
+    let (gpu, family, compiler) = open();
+    let space = template::search_space(family, a_type);
+    assert!(!space.is_empty(), "{family} has no {a_type} variants");
+    let sources: Vec<_> = space.iter().map(|c| c.render().expect("space configs render")).collect();
+    let compiled: Vec<_> = compiler.compile_many(&sources);
+    let mut loaded: HashMap<String, Candidate> = HashMap::new();
+    let mut failures: Vec<String> = Vec::new();
+    for (c, k) in space.iter().zip(&compiled) {
+        match k {
+            Ok(k) => match Candidate::load(&gpu, *c, k) {
+                Ok(cand) => {
+                    loaded.insert(c.name(), cand);
+                }
+                Err(e) => failures.push(format!("{c}: load: {e}")),
+            },
+            Err(e) => failures.push(format!("{c}: compile: {e}")),
+        }
+    }
+    let policy = TimingPolicy { l2_multiple: 0.0, ..TimingPolicy::quick() };
+    let mut runs = 0usize;
+    let mut legal_problems = 0usize;
+    for (n, k) in shapes() {
+        for &m in ms {
+            let p = GemmProblem::new(m, n, k, a_type);
+            let legal: Vec<GemmConfig> =
+                space.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
+            if legal.is_empty() {
+                continue;
+            }
+            legal_problems += 1;
+            let host = HostProblem::random(p, 7 + m as u64 * 131 + n as u64 * 17 + k as u64)
+                .expect("host problem");
+            let mut dp = DeviceProblem::upload(&gpu, &host, &policy, &legal).expect("upload");
+            for c in &legal {
+                let Some(cand) = loaded.get(&c.name()) else { continue };
+                runs += 1;
+                match verify(&gpu, &host, &mut dp, cand) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(why)) => failures.push(format!("{c} on {p}: {why}")),
+                    Err(e) => panic!("{c} on {p}: CUDA error (context is now unusable): {e}"),
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{family} {a_type}: {} variants, {legal_problems} problems, {runs} verified runs, {} failures",
+        space.len(),
+        failures.len()
+    );
+    assert!(legal_problems >= 8, "too few problems were legal for the space");
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn every_variant_matches_the_cpu_reference_w4a16() {
+    run_suite(AType::Bf16, &[1, 2, 7, 16, 33, 128]);
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn every_variant_matches_the_cpu_reference_w4a4() {
+    run_suite(AType::Nvfp4, &[1, 3, 16, 40, 128]);
+}
