@@ -353,6 +353,8 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         configs,
         peers: !a.no_peers,
         policy: if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() },
+        refine: 8,
+        screen_policy: TimingPolicy { samples: 5, min_sample_us: 50.0, warmup_replays: 1, ..TimingPolicy::default() },
     };
     let bar = indicatif::ProgressBar::new((spec.shapes.len() * spec.ms.len()) as u64);
     bar.set_style(
@@ -402,6 +404,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         }
     }
     std::fs::write(stem.with_extension("csv"), report::csv(&out.rows))?;
+    std::fs::write(a.out.join(format!("bench-{}-screen.csv", a.a_type)), report::csv(&out.screen_rows))?;
     std::fs::write(stem.with_extension("md"), &md)?;
     println!("{md}");
     println!(

@@ -24,7 +24,13 @@ pub struct BenchSpec {
     /// Candidate configurations; each (shape, M) runs those legal for it.
     pub configs: Vec<GemmConfig>,
     pub peers: bool,
+    /// The reported (second-phase) policy.
     pub policy: TimingPolicy,
+    /// Two-phase timing: every verified candidate is first screened under `screen_policy`, then
+    /// the `refine` fastest are re-timed under `policy` (interleaved with the peers' run).
+    /// `refine == 0` times every candidate under `policy`.
+    pub refine: usize,
+    pub screen_policy: TimingPolicy,
 }
 
 /// A candidate that did not produce a timing, and why (compile error, resource limit, wrong
@@ -47,6 +53,8 @@ pub enum Event {
 #[derive(Debug, Clone)]
 pub struct BenchOutput {
     pub rows: Vec<Row>,
+    /// First-phase (screening) rows of every verified candidate.
+    pub screen_rows: Vec<Row>,
     pub failures: Vec<Failure>,
     pub bandwidth_gbps: f64,
     pub launch_floor_us: f64,
@@ -95,6 +103,7 @@ pub fn run(
     let peak = tensor_peak_tflops(gpu)?;
 
     let mut rows = Vec::new();
+    let mut screen_rows = Vec::new();
     let mut failures = Vec::new();
     let mut read_floors: HashMap<u64, f64> = HashMap::new();
     // Compile every legal config once, in parallel (cached across shapes).
@@ -175,7 +184,24 @@ pub fn run(
                 bytes,
                 verified: verified.to_string(),
             };
-            let refs: Vec<&Candidate> = verified.iter().collect();
+            let mut refs: Vec<&Candidate> = verified.iter().collect();
+            if spec.refine > 0 && refs.len() > spec.refine {
+                let mut screened: Vec<(f64, &Candidate)> = Vec::new();
+                for chunk in refs.chunks(64) {
+                    for (c, r) in chunk.iter().zip(time_candidates(gpu, &spec.screen_policy, &dp, chunk)) {
+                        match r {
+                            Ok(s) => {
+                                let sum = Summary::of(&s.us).expect("samples");
+                                screen_rows.push(mk_row(c.config.name(), sum, "ok"));
+                                screened.push((sum.median, *c));
+                            }
+                            Err(e) => failures.push(fail(c.config.name(), format!("timing: {e}"))),
+                        }
+                    }
+                }
+                screened.sort_by(|a, b| a.0.total_cmp(&b.0));
+                refs = screened.into_iter().take(spec.refine).map(|(_, c)| c).collect();
+            }
             for (c, r) in refs.iter().zip(time_candidates(gpu, policy, &dp, &refs)) {
                 match r {
                     Ok(s) => rows.push(mk_row(
@@ -202,6 +228,7 @@ pub fn run(
     }
     Ok(BenchOutput {
         rows,
+        screen_rows,
         failures,
         bandwidth_gbps: bandwidth,
         launch_floor_us: launch_floor,
