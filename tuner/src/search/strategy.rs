@@ -207,9 +207,9 @@ impl Default for ModelGuidedOptions {
     }
 }
 
-/// Model-guided search: measure the `initial` best-ranked candidates, then repeatedly the
-/// best-ranked unmeasured neighbour (radius 1, then 2) of the best measured configurations; when
-/// no neighbour is left, continue down the model ranking.
+/// Model-guided search: measure `initial` top-ranked candidates (diversified: no two one step
+/// apart), then repeatedly the best-ranked unmeasured neighbour (radius 1, then 2) of the `beam`
+/// best measured configurations; when no neighbour is left, continue down the model ranking.
 #[derive(Debug, Clone)]
 pub struct ModelGuided {
     /// Candidates in model order (fastest predicted first).
@@ -220,6 +220,9 @@ pub struct ModelGuided {
     proposed: Vec<bool>,
     /// Measured (rank index, median) pairs.
     measured: Vec<(usize, f64)>,
+    /// The initial picks (rank indices) and how many were proposed.
+    initial: Vec<usize>,
+    initial_pos: usize,
     cursor: usize,
     options: ModelGuidedOptions,
     spend: Spend,
@@ -239,8 +242,11 @@ impl ModelGuided {
         let grid = Grid::of(&ranked);
         let index = ranked.iter().enumerate().map(|(i, c)| (*c, i)).collect();
         let spend = Spend::new(&budget, ranked.len());
+        let initial = Self::diverse_top(&grid, ranked.len(), options.initial);
         Self {
             proposed: vec![false; ranked.len()],
+            initial,
+            initial_pos: 0,
             ranked,
             predicted,
             grid,
@@ -252,14 +258,46 @@ impl ModelGuided {
         }
     }
 
+    /// The `n` initial picks: walking down the ranking (within the top `max(4n, 64)`), skip a
+    /// candidate one step from an earlier pick (the neighbourhood phase reaches those), so the
+    /// picks cover several regions of near-tied predictions; fill up with the top ranks.
+    fn diverse_top(grid: &Grid, len: usize, n: usize) -> Vec<usize> {
+        let n = n.min(len);
+        let window = (4 * n).max(64).min(len);
+        let mut picks: Vec<usize> = Vec::with_capacity(n);
+        for i in 0..window {
+            if picks.len() == n {
+                break;
+            }
+            let near = grid.neighbours(i, 1);
+            if !picks.iter().any(|p| near.contains(p)) {
+                picks.push(i);
+            }
+        }
+        let mut i = 0;
+        while picks.len() < n {
+            if !picks.contains(&i) {
+                picks.push(i);
+            }
+            i += 1;
+        }
+        picks
+    }
+
     /// The model's predicted time of a candidate.
     pub fn predicted_us(&self, c: &GemmConfig) -> Option<f64> {
         self.index.get(c).map(|&i| self.predicted[i])
     }
 
     fn next_index(&mut self) -> Option<usize> {
-        let initial_done = self.cursor >= self.options.initial.min(self.ranked.len());
-        if initial_done && !self.measured.is_empty() {
+        while self.initial_pos < self.initial.len() {
+            let i = self.initial[self.initial_pos];
+            self.initial_pos += 1;
+            if !self.proposed[i] {
+                return Some(i);
+            }
+        }
+        if !self.measured.is_empty() {
             let mut best: Vec<(usize, f64)> = self.measured.clone();
             best.sort_by(|a, b| a.1.total_cmp(&b.1));
             for d in 1..=self.options.radius {
@@ -409,11 +447,18 @@ mod tests {
         let options = ModelGuidedOptions { initial: 5, radius: 1, beam: 1 };
         let mut s = ModelGuided::new(legal.clone(), &p, &m, Budget::evals(12), options);
         let got = drive(&mut s, |c| Some(m.estimate(c, &p).us));
-        let first: Vec<GemmConfig> = ranked.iter().take(5).map(|r| r.0).collect();
-        assert_eq!(got[..5], first[..]);
-        // After the initial phase every proposal is a one-step neighbour of a measured config.
         let grid = Grid::of(&ranked.iter().map(|r| r.0).collect::<Vec<_>>());
         let pos = |c: &GemmConfig| ranked.iter().position(|r| r.0 == *c).unwrap();
+        // The initial picks: the model's favourite first, then near the top of the ranking, no
+        // two of them one step apart.
+        assert_eq!(got[0], ranked[0].0);
+        for (a, x) in got[..5].iter().enumerate() {
+            assert!(pos(x) < 64, "{x} ranks {}", pos(x));
+            for y in &got[..a] {
+                assert!(!grid.neighbours(pos(y), 1).contains(&pos(x)), "{x} next to {y}");
+            }
+        }
+        // After the initial phase every proposal is a one-step neighbour of a measured config.
         for (k, c) in got.iter().enumerate().skip(5) {
             let before: Vec<usize> = got[..k].iter().map(pos).collect();
             let near = before.iter().any(|&i| grid.neighbours(i, 1).contains(&pos(c)));
