@@ -506,13 +506,58 @@ mod tests {
     }
 
     #[test]
-    fn occupancy_respects_threads_and_registers() {
+    fn model_from_device_info_uses_the_compute_capability() {
+        let info = DeviceInfo {
+            name: "NVIDIA RTX PRO 6000 Blackwell".into(),
+            compute_capability: (12, 0),
+            sm_count: 188,
+            l2_bytes: 128 << 20,
+            total_mem: 96 << 30,
+            max_smem_per_block_optin: 101_376,
+            driver_version: (13, 0),
+            sm_clock_mhz: 2600,
+            mem_clock_mhz: 14_000,
+            mem_bus_bits: 512,
+        };
+        let d = DeviceModel::from_device_info(&info, 1600.0, 1430.0, 1.0);
+        assert_eq!(
+            (d.sm_count, d.max_threads_per_sm, d.smem_per_sm_bytes),
+            (188, 1536, 100 * 1024)
+        );
+        assert!((d.alu_tops - 188.0 * 128.0 * 2.6e-3).abs() < 1e-6);
+        // Same problem, slower memory: a memory-bound estimate grows.
+        let p = GemmProblem::new(1, 4096, 6144, AType::Nvfp4);
+        let c = GemmConfig {
+            family: Family::Sm120,
+            a_type: AType::Nvfp4,
+            ..cfg(8, 64, 128, 1, 4, 4, 2)
+        };
+        let slow = CostModel::new(d).estimate(&c, &p);
+        let fast = CostModel::new(DeviceModel::h200()).estimate(&c, &p);
+        assert!(slow.memory_us > 2.0 * fast.memory_us, "{slow:?} vs {fast:?}");
+    }
+
+    #[test]
+    fn occupancy_respects_threads_registers_and_shared_memory() {
         let mut d = DeviceModel::h200();
         d.max_threads_per_sm = 1024;
-        let m = CostModel::new(d);
+        d.smem_per_sm_bytes = u32::MAX / 2;
         let c = cfg(64, 64, 128, 2, 4, 4, 1); // 256 threads
+        let m = CostModel::new(d.clone());
         assert_eq!(m.ctas_per_sm(&c, Some(32)), 4);
         assert_eq!(m.ctas_per_sm(&c, Some(128)), 2);
         assert_eq!(m.ctas_per_sm(&c, Some(255)), 1);
+        // Room for exactly one CTA's shared memory (plus the 1 KiB reserved per CTA).
+        let smem = c.smem_bytes();
+        if smem > 0 {
+            d.smem_per_sm_bytes = smem + 1024;
+            assert_eq!(CostModel::new(d.clone()).ctas_per_sm(&c, Some(32)), 1);
+            d.smem_per_sm_bytes = smem;
+            assert_eq!(CostModel::new(d).ctas_per_sm(&c, Some(32)), 0);
+            assert!(CostModel::new(DeviceModel { smem_per_sm_bytes: smem, ..DeviceModel::h200() })
+                .estimate(&c, &GemmProblem::new(64, 64, 1024, AType::Bf16))
+                .us
+                .is_infinite());
+        }
     }
 }

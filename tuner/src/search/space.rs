@@ -105,7 +105,8 @@ pub enum Constraint {
     /// The family's `GemmConfig::check` (tile divisibility, threads, shared memory).
     FamilyCheck,
     /// Membership in the family's published search space (`template::search_space`), which prunes
-    /// the cross product of the value lists further by the family's own rules.
+    /// the cross product of the value lists further by the family's own rules. Admits everything
+    /// in a space made with [`SearchSpace::new`] (it has no member list).
     FamilySpace,
     /// The family's `GemmConfig::check_problem` (divisibility of the problem, grid limits).
     FamilyProblem,

@@ -49,7 +49,7 @@ impl Budget {
 
 /// Ask/tell search: the driver (the tuner, or the simulator) asks for the next configuration,
 /// evaluates it and tells the result (`None`: failed or not measured).
-pub trait Strategy {
+pub trait Strategy: Send {
     fn name(&self) -> &str;
     /// The next configuration to evaluate; `None` when the budget or the candidates are spent.
     /// Never returns the same configuration twice.
