@@ -10,7 +10,7 @@ use crate::problem::AType;
 use crate::template::Family;
 
 pub use model::{Bound, CostModel, DeviceModel, Estimate, StreamFit};
-pub use simulate::{simulate, Candidates, KeyReport, SimKey, SimulationReport};
+pub use simulate::{simulate, simulate_kind, Candidates, KeyReport, SimKey, SimulationReport};
 pub use space::{Constraint, Param, ParamValues, PruneReport, SearchSpace, Violation};
 pub use strategy::{
     Budget, Exhaustive, ModelGuided, ModelGuidedOptions, RandomSearch, Strategy, StrategyKind,
