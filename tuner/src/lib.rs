@@ -6,6 +6,7 @@ pub mod error;
 pub mod format;
 pub mod gpu;
 pub mod problem;
+pub mod search;
 pub mod shapes;
 pub mod template;
 pub mod tune;
