@@ -73,6 +73,37 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         device: usize,
     },
+    /// Tune: find the best kernel per (shape, token bucket) on this GPU and write its dispatch table.
+    Tune {
+        /// Shape file (default: the embedded GLM-5 file).
+        #[arg(long)]
+        shapes: Option<PathBuf>,
+        /// Shape set of the file (default: tp8).
+        #[arg(long, default_value = fp4tune::shapes::DEFAULT_SET)]
+        set: String,
+        /// Only shapes whose name contains one of these (e.g. routed), comma separated.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Largest token bucket to tune (buckets come from the shape set).
+        #[arg(long, default_value_t = 8192)]
+        max_m: u32,
+        #[arg(long, value_enum, default_value = "w4a16")]
+        a_type: ATypeArg,
+        /// This process's slice of the campaign, i/n (Slurm array index / count, ...).
+        #[arg(long, value_parser = fp4tune::tune::run::Shard::parse)]
+        shard: Option<fp4tune::tune::run::Shard>,
+        /// Folder for the measurement log and the dispatch table.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+        /// A candidate that runs longer than this many seconds is recorded as a hang.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+    },
+    /// (internal) Measuring worker process driven by `fp4tune tune` over stdin/stdout.
+    #[command(hide = true)]
+    Worker,
     /// Print a shape set (RON) derived from a Hugging Face MoE config.json.
     Shapes {
         /// The model's config.json (GLM-5, DeepSeek-V3, Qwen3-MoE, Mixtral key names).
@@ -152,6 +183,18 @@ fn run(cli: Cli) -> Result<()> {
             })
         }
         Command::Floors { bytes, device } => cmd_floors(bytes, device),
+        Command::Tune { shapes, set, only, max_m, a_type, shard, out, timeout, device } => {
+            let a_type = match a_type {
+                ATypeArg::W4a4 => AType::Nvfp4,
+                ATypeArg::W4a16 => AType::Bf16,
+                ATypeArg::All => bail!("--a-type all is not supported by tune: pick w4a4 or w4a16"),
+            };
+            cmd_tune(shapes, set, only, max_m, a_type, shard, out, timeout, device)
+        }
+        Command::Worker => {
+            let compiler = Compiler::with_default_cache()?;
+            fp4tune::tune::worker::serve(&compiler)
+        }
         Command::Shapes { from_config, tp, ep } => {
             print!("{}", shapes::shapes_ron_from_config_file(&from_config, tp, ep.unwrap_or(1))?);
             Ok(())
@@ -447,6 +490,107 @@ fn cmd_floors(bytes: Vec<u64>, device: usize) -> Result<()> {
             f.time.hi,
             f.gbps()
         );
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cmd_tune(
+    shapes: Option<PathBuf>,
+    set: String,
+    only: Vec<String>,
+    max_m: u32,
+    a_type: AType,
+    shard: Option<fp4tune::tune::run::Shard>,
+    out: PathBuf,
+    timeout: u64,
+    device: usize,
+) -> Result<()> {
+    use fp4tune::bench::TimingPolicy;
+    use fp4tune::tune::run::{self, Event, Exhaustive, Shard, TuneSpec};
+    use fp4tune::tune::select::{select, SelectRules};
+    let file = match &shapes {
+        Some(p) => ShapeFile::load(p)?,
+        None => ShapeFile::glm5()?,
+    };
+    let origin = shapes.as_ref().map_or("<embedded GLM-5>".to_string(), |p| p.display().to_string());
+    let set = file.into_set(&set, &origin)?;
+    let mut dims: Vec<(u32, u32)> = Vec::new();
+    for s in &set.shapes {
+        if (only.is_empty() || only.iter().any(|o| s.name.contains(o.as_str()))) && !dims.contains(&(s.n, s.k)) {
+            dims.push((s.n, s.k));
+        }
+    }
+    if dims.is_empty() {
+        bail!("no shapes of set `{}` match --only {only:?}", set.name);
+    }
+    let buckets: Vec<u32> = set.token_buckets.iter().copied().filter(|m| *m <= max_m).collect();
+    if buckets.is_empty() {
+        bail!("no token bucket of set `{}` is <= --max-m {max_m}", set.name);
+    }
+    let spec = TuneSpec {
+        shapes: dims,
+        buckets,
+        a_type,
+        policy: TimingPolicy::quick(),
+        shard: shard.unwrap_or(Shard::all()),
+        out_dir: out.clone(),
+        exe: std::env::current_exe().context("locating the fp4tune executable for workers")?,
+        device,
+        candidate_timeout: std::time::Duration::from_secs(timeout),
+        planner: Box::new(|_, legal| Box::new(Exhaustive::new(legal))),
+        batch: 256,
+    };
+    let compiler = Compiler::with_default_cache()?;
+    let mp = indicatif::MultiProgress::new();
+    let keys_bar = mp.add(indicatif::ProgressBar::new(0));
+    keys_bar.set_style(
+        indicatif::ProgressStyle::with_template("keys       [{bar:30}] {pos}/{len} {msg} (eta {eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let cand_bar = mp.add(indicatif::ProgressBar::new(0));
+    cand_bar.set_style(
+        indicatif::ProgressStyle::with_template("candidates [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let counts = std::cell::RefCell::new(std::collections::BTreeMap::<&'static str, usize>::new());
+    let output = run::run(&spec, &compiler, &|e| match e {
+        Event::Device(d) => keys_bar.println(format!("device: {} (cc {}.{}, {} SMs)", d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count)),
+        Event::Compiling(n) => keys_bar.set_message(format!("compiling {n} kernels")),
+        Event::Key { index, total, key, candidates, done_before } => {
+            keys_bar.set_length(total as u64);
+            keys_bar.set_position(index as u64);
+            keys_bar.set_message(format!("N={} K={} M={}", key.n, key.k, key.m));
+            cand_bar.set_length(candidates as u64);
+            cand_bar.set_position(done_before as u64);
+        }
+        Event::Result { outcome, .. } => {
+            cand_bar.inc(1);
+            *counts.borrow_mut().entry(outcome).or_default() += 1;
+            cand_bar.set_message(format!("{:?}", counts.borrow()));
+        }
+        Event::WorkerRestart(why) => keys_bar.println(format!("worker restarted: {}", why.chars().take(200).collect::<String>())),
+    })?;
+    keys_bar.finish_and_clear();
+    cand_bar.finish_and_clear();
+    let sel = select(&output.records, &SelectRules::default());
+    println!(
+        "{} on {}: {} new records ({} in the log {}), {:.1} s wall",
+        output.family, output.device.name, output.new_records, output.records.len(), output.log_path.display(), output.wall.as_secs_f64()
+    );
+    if let Some(d) = sel.default {
+        println!("default configuration (best geomean over all keys): {d} ({:.2} us geomean)", sel.default_geomean_us);
+    }
+    println!("{:>6} {:>6} {:>6}  {:<52} {:>9} {:>9} {:>10} {:>7}", "N", "K", "M", "winner", "us", "roofline", "vs default", "timed");
+    let mut log_sum = 0.0;
+    for c in &sel.choices {
+        let p = fp4tune::problem::GemmProblem::new(c.key.m, c.key.n, c.key.k, c.key.a_type);
+        let roof = (p.min_bytes() as f64 / (output.bandwidth_gbps * 1e3)).max(p.flops() / (output.tensor_peak_tflops * 1e6));
+        log_sum += c.speedup_over_default().ln();
+        println!("{:>6} {:>6} {:>6}  {:<52} {:>9.2} {:>8.0}% {:>9.2}x {:>7}", c.key.n, c.key.k, c.key.m, c.config.name(), c.time.median, 100.0 * roof / c.time.median, c.speedup_over_default(), c.timed);
+    }
+    if !sel.choices.is_empty() {
+        println!("geomean speedup of the tuned choice over the default configuration: {:.3}x over {} entries", (log_sum / sel.choices.len() as f64).exp(), sel.choices.len());
     }
     Ok(())
 }

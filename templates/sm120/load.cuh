@@ -1,0 +1,114 @@
+// Data movement of the SM120 family: global -> shared (cp.async, zero-filled beyond the last row)
+// and shared -> MMA fragments (ldmatrix for codes, 32-bit loads for scale words). Every index
+// formula here is mirrored in tuner/src/template/sm120_fragments.rs and tested there against the
+// PTX fragment model; change both together.
+#pragma once
+#include "common/types.cuh"
+#include "common/params.cuh"
+#include "sm120/config.cuh"
+#include "sm120/ptx.cuh"
+
+namespace fp4tune {
+namespace sm120 {
+
+// Physical 16-byte chunk of logical chunk `chunk` (32 e2m1 codes) in tile row `row`.
+template <class Cfg>
+__device__ __forceinline__ int swizzle_chunk(int row, int chunk) {
+    return chunk ^ ((row >> Cfg::ROWS_PER_LINE_LOG2) & (Cfg::ROW_CHUNKS - 1));
+}
+
+// Byte offset of (row, logical chunk) inside a code tile (TILE, ROW_BYTES).
+template <class Cfg>
+__device__ __forceinline__ int code_offset(int row, int chunk) {
+    return row * Cfg::ROW_BYTES + swizzle_chunk<Cfg>(row, chunk) * 16;
+}
+
+// Copy the codes of k-tile `kt` for rows [row0, row0 + TILE) into a (TILE, ROW_BYTES) tile.
+// codes: [rows, K/2] bytes row-major. Rows >= `rows` are zero-filled.
+template <class Cfg, int TILE>
+__device__ __forceinline__ void load_codes(uint32_t dst, const uint8_t* codes, int rows, int row0,
+                                           int k, int kt) {
+    constexpr int CHUNKS = TILE * Cfg::ROW_CHUNKS;
+    constexpr int ITERS = (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS;
+    const int row_pitch = k / 2;
+#pragma unroll
+    for (int j = 0; j < ITERS; ++j) {
+        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
+        if (CHUNKS % Cfg::THREADS == 0 || i < CHUNKS) {
+            const int r = i / Cfg::ROW_CHUNKS;
+            const int c = i % Cfg::ROW_CHUNKS;
+            const int grow = row0 + r;
+            const bool valid = grow < rows;
+            const uint8_t* src = codes + static_cast<uint64_t>(valid ? grow : 0) * row_pitch +
+                                 kt * Cfg::ROW_BYTES + c * 16;
+            cp_async_16(dst + code_offset<Cfg>(r, c), src, valid);
+        }
+    }
+}
+
+// Copy the scale words of k-tile `kt` into a (K_STEPS, TILE) array of u32: word (s, r) holds the
+// four UE4M3 scales of row row0 + r for k in [kt * BLOCK_K + 64 s, + 64), one aligned 32-bit word
+// of the swizzled 128x4 layout. Rows >= `rows` are zero-filled.
+template <class Cfg, int TILE>
+__device__ __forceinline__ void load_scales(uint32_t dst, const uint8_t* sf, int rows, int row0,
+                                            int ksf_pad, int kt) {
+    constexpr int WORDS = Cfg::K_STEPS * TILE;
+    constexpr int ITERS = (WORDS + Cfg::THREADS - 1) / Cfg::THREADS;
+#pragma unroll
+    for (int j = 0; j < ITERS; ++j) {
+        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
+        if (WORDS % Cfg::THREADS == 0 || i < WORDS) {
+            const int s = i / TILE;
+            const int r = i % TILE;
+            const int grow = row0 + r;
+            const bool valid = grow < rows;
+            const uint32_t kb = static_cast<uint32_t>(kt * (Cfg::BLOCK_K / 16) + 4 * s);
+            const uint8_t* src =
+                sf + swizzled_sf_offset(static_cast<uint32_t>(valid ? grow : 0), kb,
+                                        static_cast<uint32_t>(ksf_pad));
+            cp_async_4(dst + 4 * i, src, valid);
+        }
+    }
+}
+
+// ldmatrix.x4 row address of lane `lane` for the A fragment (P side) of MMA tile `mp`, k-step `step`:
+// matrices (rows 0-7, chunk 2s), (rows 8-15, chunk 2s), (rows 0-7, chunk 2s+1), (rows 8-15, chunk 2s+1)
+// land in a0..a3.
+template <class Cfg>
+__device__ __forceinline__ int a_frag_offset(int warp_p0, int mp, int step, int lane) {
+    const int row = warp_p0 + mp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int chunk = 2 * step + (lane >> 4);
+    return code_offset<Cfg>(row, chunk);
+}
+
+// ldmatrix row address for the B fragments (Q side) of MMA tiles mq (lanes 0-15) and mq+1
+// (lanes 16-31): matrices (mq, chunk 2s), (mq, chunk 2s+1), (mq+1, 2s), (mq+1, 2s+1) -> b[mq][0..1],
+// b[mq+1][0..1]. With .x2 only lanes 0-15 are used.
+template <class Cfg>
+__device__ __forceinline__ int b_frag_offset(int warp_q0, int mq, int step, int lane) {
+    const int row = warp_q0 + (mq + (lane >> 4)) * 8 + (lane & 7);
+    const int chunk = 2 * step + ((lane >> 3) & 1);
+    return code_offset<Cfg>(row, chunk);
+}
+
+// Tile row whose SF_A word this lane holds for the MMA-tile pair `pair` (tiles 2*pair, 2*pair + 1):
+// lanes % 4 in {0, 1} serve tile 2*pair (thread-id-a 0), {2, 3} tile 2*pair + 1 (thread-id-a 1);
+// even lanes row g, odd lanes row g + 8.
+template <class Cfg>
+__device__ __forceinline__ int sfa_row(int warp_p0, int pair, int lane) {
+    int tile = 2 * pair + ((lane >> 1) & 1);
+    tile = tile < Cfg::MMA_P ? tile : Cfg::MMA_P - 1;
+    return warp_p0 + tile * 16 + (lane >> 2) + (lane & 1) * 8;
+}
+
+// Tile row (column of the MMA) whose SF_B word this lane holds for MMA tiles 4*group .. 4*group+3:
+// the lane with lane % 4 == j serves tile 4*group + j (thread-id-b j), column g.
+template <class Cfg>
+__device__ __forceinline__ int sfb_row(int warp_q0, int group, int lane) {
+    int tile = 4 * group + (lane & 3);
+    tile = tile < Cfg::MMA_Q ? tile : Cfg::MMA_Q - 1;
+    return warp_q0 + tile * 8 + (lane >> 2);
+}
+
+}  // namespace sm120
+}  // namespace fp4tune

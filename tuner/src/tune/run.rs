@@ -1,0 +1,431 @@
+//! A tuning campaign: keys from a shape set, candidates from a planner, evaluation in a
+//! replaceable worker process, every result appended to the log as it arrives, resume from the
+//! log, sharding, and selection at the end.
+
+use super::log::{self, Outcome, Record, TuneKey, LOG_SCHEMA_VERSION};
+use super::worker::{Reply, Request, WorkerError, WorkerHandle};
+use crate::bench::TimingPolicy;
+use crate::compile::Compiler;
+use crate::gpu::DeviceInfo;
+use crate::problem::{AType, GemmProblem};
+use crate::template::{self, Arch, Family, GemmConfig};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Proposes candidates for one key, batch by batch, and learns from results.
+pub trait Planner {
+    /// Up to `max` configurations not proposed before; empty when done.
+    fn next_batch(&mut self, max: usize) -> Vec<GemmConfig>;
+    /// The outcome of a proposed configuration (median microseconds, or None if it failed).
+    fn observe(&mut self, config: &GemmConfig, median_us: Option<f64>);
+}
+
+/// Every legal configuration, in space order.
+#[derive(Debug)]
+pub struct Exhaustive {
+    queue: std::collections::VecDeque<GemmConfig>,
+}
+
+impl Exhaustive {
+    pub fn new(legal: Vec<GemmConfig>) -> Self {
+        Self { queue: legal.into() }
+    }
+}
+
+impl Planner for Exhaustive {
+    fn next_batch(&mut self, max: usize) -> Vec<GemmConfig> {
+        let n = max.min(self.queue.len());
+        self.queue.drain(..n).collect()
+    }
+    fn observe(&mut self, _: &GemmConfig, _: Option<f64>) {}
+}
+
+/// Which slice of a campaign this process runs (`--shard i/n`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Shard {
+    pub fn all() -> Self {
+        Self { index: 0, count: 1 }
+    }
+
+    /// Parse "i/n" (0 <= i < n).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (i, n) = s.split_once('/').ok_or_else(|| format!("--shard `{s}`: expected i/n"))?;
+        let (index, count): (u32, u32) = (
+            i.trim().parse().map_err(|_| format!("--shard `{s}`: `{i}` is not a number"))?,
+            n.trim().parse().map_err(|_| format!("--shard `{s}`: `{n}` is not a number"))?,
+        );
+        if count == 0 || index >= count {
+            return Err(format!("--shard `{s}`: need 0 <= i < n"));
+        }
+        Ok(Self { index, count })
+    }
+
+    /// Keys are dealt round-robin in their sorted order, so shards are balanced and disjoint.
+    pub fn owns(&self, position: usize) -> bool {
+        position as u32 % self.count == self.index
+    }
+}
+
+/// Everything a campaign needs.
+pub struct TuneSpec {
+    /// (N, K) weight shapes (deduplicated) and the token buckets to tune each at.
+    pub shapes: Vec<(u32, u32)>,
+    pub buckets: Vec<u32>,
+    pub a_type: AType,
+    pub policy: TimingPolicy,
+    pub shard: Shard,
+    /// Folder of the log; the file is `<sku>-<a_type>.jsonl` (see [`log_file_name`]).
+    pub out_dir: PathBuf,
+    /// The fp4tune executable to start workers from, and the device ordinal.
+    pub exe: PathBuf,
+    pub device: usize,
+    /// A candidate (verification or its timing batch) that takes longer than this is a hang.
+    pub candidate_timeout: Duration,
+    /// Builds the planner of one key from its legal configurations.
+    pub planner: Box<dyn Fn(&TuneKey, Vec<GemmConfig>) -> Box<dyn Planner>>,
+    /// Candidates sent to the worker per request.
+    pub batch: usize,
+}
+
+impl std::fmt::Debug for TuneSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TuneSpec").field("shapes", &self.shapes).field("buckets", &self.buckets).finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TuneError {
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    #[error(transparent)]
+    Log(#[from] log::LogError),
+    #[error(transparent)]
+    Compile(#[from] crate::compile::CompileError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Progress events for the CLI.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Device(DeviceInfo),
+    Compiling(usize),
+    Key { index: usize, total: usize, key: TuneKey, candidates: usize, done_before: usize },
+    Result { key: TuneKey, config: GemmConfig, outcome: &'static str },
+    WorkerRestart(String),
+}
+
+#[derive(Debug)]
+pub struct TuneOutput {
+    pub device: DeviceInfo,
+    pub log_path: PathBuf,
+    pub bandwidth_gbps: f64,
+    pub tensor_peak_tflops: f64,
+    pub family: Family,
+    pub template_hash: String,
+    /// Records of this device in the log after the run (earlier runs' included).
+    pub records: Vec<Record>,
+    pub new_records: usize,
+    pub wall: Duration,
+}
+
+/// A file-name-safe identifier of a GPU model: "NVIDIA H200" -> "nvidia-h200".
+pub fn sku_slug(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .collect();
+    while s.contains("--") {
+        s = s.replace("--", "-");
+    }
+    s.trim_matches('-').to_string()
+}
+
+/// The log file of a campaign on `device` for `a_type`.
+pub fn log_file_name(device: &DeviceInfo, a_type: AType) -> String {
+    format!("{}-{}.jsonl", sku_slug(&device.name), a_type)
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+struct Session {
+    worker: Option<WorkerHandle>,
+    exe: PathBuf,
+    device: usize,
+}
+
+impl Session {
+    fn worker(&mut self) -> Result<&mut WorkerHandle, TuneError> {
+        if self.worker.is_none() {
+            let mut w = WorkerHandle::spawn(&self.exe, &[])?;
+            w.send(&Request::Hello { device: self.device })?;
+            match w.recv(Duration::from_secs(120))? {
+                Reply::Device(_) => {}
+                Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
+                other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
+            }
+            self.worker = Some(w);
+        }
+        Ok(self.worker.as_mut().expect("just set"))
+    }
+
+    fn restart(&mut self) {
+        if let Some(w) = self.worker.take() {
+            w.kill();
+        }
+    }
+}
+
+pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Result<TuneOutput, TuneError> {
+    let t0 = Instant::now();
+    let mut session = Session { worker: None, exe: spec.exe.clone(), device: spec.device };
+    // Ask a first worker what the device is.
+    let info = {
+        let mut w = WorkerHandle::spawn(&spec.exe, &[])?;
+        w.send(&Request::Hello { device: spec.device })?;
+        match w.recv(Duration::from_secs(120))? {
+            Reply::Device(d) => {
+                session.worker = Some(w);
+                d
+            }
+            Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
+            other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
+        }
+    };
+    progress(Event::Device(info.clone()));
+    let log_path = spec.out_dir.join(log_file_name(&info, spec.a_type));
+    let (bandwidth_gbps, tensor_peak_tflops) = {
+        let w = session.worker()?;
+        w.send(&Request::Floors { policy: spec.policy })?;
+        match w.recv(Duration::from_secs(120))? {
+            Reply::Floors { bandwidth_gbps, tensor_peak_tflops, .. } => (bandwidth_gbps, tensor_peak_tflops),
+            Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
+            other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
+        }
+    };
+    let (ma, mi) = info.compute_capability;
+    let arch = Arch::for_compute_capability(ma, mi).ok_or_else(|| {
+        TuneError::Other(format!(
+            "{} (compute capability {ma}.{mi}) has no fp4tune kernel family (supported: 9.0 -> sm90, 12.0 -> sm120)",
+            info.name
+        ))
+    })?;
+    let family = Family::for_arch(arch);
+    let template_hash = template::family_template_hash(family);
+    let space = template::search_space(family, spec.a_type);
+    if space.is_empty() {
+        return Err(TuneError::Other(format!("the {family} family has no {} variants", spec.a_type)));
+    }
+
+    // Earlier records: must be from this GPU model and these templates.
+    let previous = log::read(&log_path)?;
+    for r in &previous {
+        if r.device != info.name || r.compute_capability != info.compute_capability {
+            return Err(TuneError::Other(format!(
+                "{}: has records from {} (cc {}.{}); this GPU is {}: use another --log",
+                log_path.display(), r.device, r.compute_capability.0, r.compute_capability.1, info.name
+            )));
+        }
+    }
+    let mut done: HashSet<(TuneKey, GemmConfig)> = previous
+        .iter()
+        .filter(|r| r.template_hash == template_hash)
+        .map(|r| (r.key.clone(), r.config))
+        .collect();
+
+    // Keys of this shard.
+    let mut keys = Vec::new();
+    for &(n, k) in &spec.shapes {
+        for &m in &spec.buckets {
+            keys.push(TuneKey { op: "gemm".into(), family, a_type: spec.a_type, n, k, m });
+        }
+    }
+    keys.sort();
+    let keys: Vec<TuneKey> =
+        keys.into_iter().enumerate().filter(|(i, _)| spec.shard.owns(*i)).map(|(_, k)| k).collect();
+
+    // Compile everything any key may need, in parallel, into the disk cache (workers load from it).
+    let needed: Vec<GemmConfig> = space
+        .iter()
+        .copied()
+        .filter(|c| keys.iter().any(|k| c.check_problem(&GemmProblem::new(k.m, k.n, k.k, k.a_type)).is_ok()))
+        .collect();
+    progress(Event::Compiling(needed.len()));
+    let sources: Vec<_> = needed.iter().filter_map(|c| c.render().ok()).collect();
+    let _ = compiler.compile_many(&sources);
+
+    let mut writer = log::Writer::open(&log_path)?;
+    let mut new_records = 0usize;
+    let total = keys.len();
+    for (index, key) in keys.iter().enumerate() {
+        let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
+        let legal: Vec<GemmConfig> =
+            space.iter().copied().filter(|c| c.check_problem(&problem).is_ok()).collect();
+        let done_before = legal.iter().filter(|c| done.contains(&(key.clone(), **c))).count();
+        progress(Event::Key { index, total, key: key.clone(), candidates: legal.len(), done_before });
+        let mut planner = (spec.planner)(key, legal);
+        // Results already in the log are told to the planner without re-measuring.
+        let known: std::collections::HashMap<GemmConfig, Option<f64>> = previous
+            .iter()
+            .filter(|r| r.key == *key && r.template_hash == template_hash)
+            .map(|r| (r.config, r.outcome.median_us()))
+            .collect();
+        loop {
+            let batch = planner.next_batch(spec.batch);
+            if batch.is_empty() {
+                break;
+            }
+            let mut todo = Vec::new();
+            for c in batch {
+                match known.get(&c) {
+                    Some(t) => planner.observe(&c, *t),
+                    None if done.contains(&(key.clone(), c)) => planner.observe(&c, None),
+                    None => todo.push(c),
+                }
+            }
+            while !todo.is_empty() {
+                let seed = 0xF4F4 ^ ((key.m as u64) << 40) ^ ((key.n as u64) << 20) ^ key.k as u64;
+                let req = Request::Evaluate { problem, configs: todo.clone(), policy: spec.policy, seed };
+                let mut running: Option<GemmConfig> = None;
+                let outcome_of_failure;
+                let worker = session.worker()?;
+                worker.send(&req)?;
+                loop {
+                    match worker.recv(spec.candidate_timeout) {
+                        Ok(Reply::Running { config }) => running = Some(config),
+                        Ok(Reply::Result { config, outcome }) => {
+                            let label = outcome.label();
+                            planner.observe(&config, outcome.median_us());
+                            let rec = Record {
+                                schema_version: LOG_SCHEMA_VERSION,
+                                key: key.clone(),
+                                config,
+                                outcome,
+                                device: info.name.clone(),
+                                compute_capability: info.compute_capability,
+                                template_hash: template_hash.clone(),
+                                at: now(),
+                            };
+                            writer.append(&rec)?;
+                            new_records += 1;
+                            done.insert((key.clone(), config));
+                            todo.retain(|c| *c != config);
+                            progress(Event::Result { key: key.clone(), config, outcome: label });
+                        }
+                        Ok(Reply::Done) => {
+                            outcome_of_failure = None;
+                            break;
+                        }
+                        Ok(Reply::Fatal(e)) => {
+                            outcome_of_failure = Some(Outcome::LaunchError { reason: e });
+                            break;
+                        }
+                        Ok(Reply::Device(_) | Reply::Floors { .. }) => {}
+                        Err(WorkerError::Timeout(s)) => {
+                            outcome_of_failure = Some(Outcome::Timeout { seconds: s });
+                            break;
+                        }
+                        Err(e) => {
+                            outcome_of_failure = Some(Outcome::LaunchError { reason: format!("worker died: {e}") });
+                            break;
+                        }
+                    }
+                }
+                match outcome_of_failure {
+                    None => {
+                        // Anything the worker did not answer for (should not happen) is dropped
+                        // from this key rather than retried forever.
+                        for c in todo.drain(..) {
+                            planner.observe(&c, None);
+                        }
+                    }
+                    Some(outcome) => {
+                        progress(Event::WorkerRestart(format!("{outcome:?}")));
+                        session.restart();
+                        // Blame the candidate in flight; the rest of the batch is retried.
+                        let blamed = running.filter(|c| todo.contains(c)).or_else(|| todo.first().copied());
+                        if let Some(c) = blamed {
+                            planner.observe(&c, None);
+                            let rec = Record {
+                                schema_version: LOG_SCHEMA_VERSION,
+                                key: key.clone(),
+                                config: c,
+                                outcome,
+                                device: info.name.clone(),
+                                compute_capability: info.compute_capability,
+                                template_hash: template_hash.clone(),
+                                at: now(),
+                            };
+                            writer.append(&rec)?;
+                            new_records += 1;
+                            done.insert((key.clone(), c));
+                            todo.retain(|x| *x != c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    session.restart();
+    let records: Vec<Record> = log::read(&log_path)?
+        .into_iter()
+        .filter(|r| r.template_hash == template_hash && r.key.a_type == spec.a_type)
+        .collect();
+    Ok(TuneOutput {
+        device: info,
+        log_path,
+        bandwidth_gbps,
+        tensor_peak_tflops,
+        family,
+        template_hash,
+        records,
+        new_records,
+        wall: t0.elapsed(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sku_slugs() {
+        assert_eq!(sku_slug("NVIDIA H200"), "nvidia-h200");
+        assert_eq!(sku_slug("NVIDIA RTX PRO 6000 Blackwell Server Edition"), "nvidia-rtx-pro-6000-blackwell-server-edition");
+    }
+
+    #[test]
+    fn shards_partition_keys() {
+        assert!(Shard::parse("2/2").is_err());
+        assert!(Shard::parse("x/2").is_err());
+        assert!(Shard::parse("1").is_err());
+        let shards: Vec<Shard> = (0..3).map(|i| Shard::parse(&format!("{i}/3")).unwrap()).collect();
+        for pos in 0..20 {
+            assert_eq!(shards.iter().filter(|s| s.owns(pos)).count(), 1);
+        }
+        assert!(Shard::all().owns(7));
+    }
+
+    #[test]
+    fn exhaustive_proposes_everything_once() {
+        let space = template::search_space(Family::Sm90, AType::Bf16);
+        let mut p = Exhaustive::new(space.clone());
+        let mut seen = Vec::new();
+        loop {
+            let b = p.next_batch(100);
+            if b.is_empty() {
+                break;
+            }
+            seen.extend(b);
+        }
+        assert_eq!(seen, space);
+    }
+}

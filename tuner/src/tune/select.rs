@@ -1,0 +1,188 @@
+//! Choosing winners from measurement records: median, a tie band with a deterministic tie-break,
+//! and a default configuration that keeps its place unless beaten by a margin.
+//!
+//! The default configuration is what one would ship without per-shape tuning: the single
+//! configuration with the best geometric-mean time over every key of the campaign (among those
+//! timed on all keys; if none was, those timed on the most keys).
+
+use super::log::{Outcome, Record, TuneKey};
+use crate::bench::Summary;
+use crate::template::GemmConfig;
+use std::collections::BTreeMap;
+
+/// Selection rules.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SelectRules {
+    /// Relative median difference under which two candidates tie (intervals overlapping also tie).
+    pub tie_band: f64,
+    /// The default configuration is replaced only by a candidate faster by more than this
+    /// (relative) and outside the default's interval.
+    pub default_margin: f64,
+}
+
+impl Default for SelectRules {
+    fn default() -> Self {
+        Self { tie_band: 0.02, default_margin: 0.03 }
+    }
+}
+
+/// The choice for one key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub key: TuneKey,
+    pub config: GemmConfig,
+    pub time: Summary,
+    /// Other candidates tied with the winner (config, time), fastest first.
+    pub runners_up: Vec<(GemmConfig, Summary)>,
+    /// The default configuration's time on this key, if it was timed.
+    pub default_time: Option<Summary>,
+    /// Candidates timed on this key.
+    pub timed: usize,
+}
+
+impl Choice {
+    /// default median / winner median (1.0 when the default won or was not timed).
+    pub fn speedup_over_default(&self) -> f64 {
+        self.default_time.map_or(1.0, |d| d.median / self.time.median)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    pub default: Option<GemmConfig>,
+    /// Geomean of the default's medians over the keys it was timed on (us).
+    pub default_geomean_us: f64,
+    pub choices: Vec<Choice>,
+}
+
+/// Timed medians per key and config (the first record of a (key, config) pair wins, so merged
+/// logs with duplicates select deterministically).
+pub fn timed_table(records: &[Record]) -> BTreeMap<TuneKey, BTreeMap<GemmConfig, Summary>> {
+    let mut t: BTreeMap<TuneKey, BTreeMap<GemmConfig, Summary>> = BTreeMap::new();
+    for r in records {
+        if let Outcome::Timed { time, .. } = &r.outcome {
+            t.entry(r.key.clone()).or_default().entry(r.config).or_insert(*time);
+        }
+    }
+    t
+}
+
+/// The geomean-best configuration over all keys (see the module docs).
+pub fn default_config(
+    table: &BTreeMap<TuneKey, BTreeMap<GemmConfig, Summary>>,
+) -> Option<(GemmConfig, f64)> {
+    let mut coverage: BTreeMap<GemmConfig, (usize, f64)> = BTreeMap::new();
+    for per_key in table.values() {
+        for (c, s) in per_key {
+            let e = coverage.entry(*c).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += s.median.ln();
+        }
+    }
+    let most = coverage.values().map(|(n, _)| *n).max()?;
+    coverage
+        .into_iter()
+        .filter(|(_, (n, _))| *n == most)
+        .map(|(c, (n, log_sum))| (c, (log_sum / n as f64).exp()))
+        // Ties on the geomean (exactly equal) break by config order: deterministic.
+        .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
+}
+
+pub fn select(records: &[Record], rules: &SelectRules) -> Selection {
+    let table = timed_table(records);
+    let default = default_config(&table);
+    let mut choices = Vec::new();
+    for (key, per_key) in &table {
+        let mut ranked: Vec<(GemmConfig, Summary)> = per_key.iter().map(|(c, s)| (*c, *s)).collect();
+        ranked.sort_by(|a, b| a.1.median.total_cmp(&b.1.median).then(a.0.cmp(&b.0)));
+        let (best_c, best_s) = ranked[0];
+        let ties: Vec<(GemmConfig, Summary)> =
+            ranked.iter().copied().filter(|(_, s)| s.ties_with(&best_s, rules.tie_band)).collect();
+        let default_time = default.and_then(|(d, _)| per_key.get(&d).copied());
+        // Tie-break: the default if it is among the ties, else the fastest median (config order
+        // on equal medians).
+        let mut winner = (best_c, best_s);
+        if let (Some((d, _)), Some(dt)) = (default, default_time) {
+            let in_ties = ties.iter().any(|(c, _)| *c == d);
+            let clear_win = best_s.median < dt.median * (1.0 - rules.default_margin) && best_s.hi < dt.lo;
+            if in_ties || !clear_win {
+                winner = (d, dt);
+            }
+        }
+        let runners_up = ties.into_iter().filter(|(c, _)| *c != winner.0).collect();
+        choices.push(Choice {
+            key: key.clone(),
+            config: winner.0,
+            time: winner.1,
+            runners_up,
+            default_time,
+            timed: per_key.len(),
+        });
+    }
+    Selection {
+        default: default.map(|(c, _)| c),
+        default_geomean_us: default.map_or(0.0, |(_, g)| g),
+        choices,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::AType;
+    use crate::template::{search_space, Family};
+    use crate::tune::log::LOG_SCHEMA_VERSION;
+
+    fn rec(m: u32, c: GemmConfig, t: f64, width: f64) -> Record {
+        Record {
+            schema_version: LOG_SCHEMA_VERSION,
+            key: TuneKey { op: "gemm".into(), family: Family::Sm90, a_type: AType::Bf16, n: 512, k: 6144, m },
+            config: c,
+            outcome: Outcome::Timed {
+                time: Summary { n: 5, median: t, lo: t - width, hi: t + width, min: t, max: t },
+                samples: vec![t],
+            },
+            device: "d".into(),
+            compute_capability: (9, 0),
+            template_hash: "h".into(),
+            at: 0,
+        }
+    }
+
+    #[test]
+    fn default_is_geomean_best_and_keeps_its_place_unless_clearly_beaten() {
+        let s = search_space(Family::Sm90, AType::Bf16);
+        let (a, b, c) = (s[0], s[1], s[2]);
+        // a: steady 10 (geomean 10); b: 5 on m=1 but 40 on m=2 (geomean 14.1); c: 10.3 and 9.8
+        // (geomean 10.05), faster than a on m=2 but within the tie band and the margin.
+        let recs = vec![
+            rec(1, a, 10.0, 0.1),
+            rec(2, a, 10.0, 0.1),
+            rec(1, b, 5.0, 0.1),
+            rec(2, b, 40.0, 0.1),
+            rec(1, c, 10.3, 0.1),
+            rec(2, c, 9.8, 0.5),
+        ];
+        let sel = select(&recs, &SelectRules::default());
+        assert_eq!(sel.default, Some(a));
+        assert!((sel.default_geomean_us - 10.0).abs() < 1e-9);
+        let m1 = &sel.choices[0];
+        assert_eq!(m1.config, b, "clearly faster than the default");
+        assert!((m1.speedup_over_default() - 2.0).abs() < 1e-9);
+        let m2 = &sel.choices[1];
+        assert_eq!(m2.config, a, "c does not clear the margin: the default stays");
+        assert_eq!(m2.speedup_over_default(), 1.0);
+    }
+
+    #[test]
+    fn ties_break_deterministically_whatever_the_record_order() {
+        let s = search_space(Family::Sm90, AType::Bf16);
+        let (a, b, d) = (s[3], s[4], s[5]);
+        let mut recs = vec![rec(1, a, 8.0, 0.5), rec(1, b, 8.1, 0.5), rec(1, d, 20.0, 0.1), rec(2, d, 20.0, 0.1)];
+        let first = select(&recs, &SelectRules::default());
+        recs.reverse();
+        let second = select(&recs, &SelectRules::default());
+        assert_eq!(first.choices[0].config, second.choices[0].config);
+        assert_eq!(first.choices[0].runners_up.len(), 1);
+    }
+}

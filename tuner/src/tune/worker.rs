@@ -1,0 +1,265 @@
+//! The measuring worker: a child process that owns the GPU context, so that a candidate which
+//! poisons the context (illegal address) or hangs costs one replaceable process, not the run.
+//!
+//! Protocol: JSON lines. The parent writes one [`Request`] per line to the child's stdin; the
+//! child answers each with [`Reply`] lines and ends a request with [`Reply::Done`]. Before it runs
+//! a candidate on the GPU the child announces it ([`Reply::Running`]), so when the child dies or
+//! stops answering the parent knows which candidate to blame.
+
+use crate::bench::gemm::{time_candidates, verify, Candidate, DeviceProblem, HostProblem};
+use crate::bench::{Summary, TimingPolicy};
+use crate::compile::Compiler;
+use crate::gpu::{DeviceInfo, Gpu, GpuError};
+use crate::problem::GemmProblem;
+use crate::template::GemmConfig;
+use crate::tune::log::Outcome;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// Open the device and report what it is.
+    Hello { device: usize },
+    /// Measure read bandwidth (GB/s) and bf16 tensor peak (TFLOP/s) for roofline fractions.
+    Floors { policy: TimingPolicy },
+    /// Verify every config on `problem` (random operands from `seed`), then time the correct ones.
+    Evaluate { problem: GemmProblem, configs: Vec<GemmConfig>, policy: TimingPolicy, seed: u64 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Reply {
+    Device(DeviceInfo),
+    Floors { bandwidth_gbps: f64, tensor_peak_tflops: f64, launch_floor_us: f64 },
+    /// About to run `config` on the GPU (verification or timing batch).
+    Running { config: GemmConfig },
+    Result { config: GemmConfig, outcome: Outcome },
+    Done,
+    /// The request failed as a whole (no GPU, problem construction failed...).
+    Fatal(String),
+}
+
+/// Serve requests from stdin until it closes. Exits the process on a CUDA error that poisons the
+/// context: the parent blames the announced candidate and starts a new worker.
+pub fn serve(compiler: &Compiler) -> ! {
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    let mut gpu: Option<Gpu> = None;
+    let mut host_cache: Option<HostProblem> = None;
+    let mut send = |r: &Reply| {
+        let line = serde_json::to_string(r).expect("replies serialize");
+        // The parent went away: nothing left to do.
+        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            std::process::exit(0);
+        }
+    };
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let req: Request = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                send(&Reply::Fatal(format!("bad request: {e}")));
+                continue;
+            }
+        };
+        match req {
+            Request::Hello { device } => match Gpu::open(device) {
+                Ok(g) => {
+                    send(&Reply::Device(g.info().clone()));
+                    gpu = Some(g);
+                }
+                Err(e) => send(&Reply::Fatal(e.to_string())),
+            },
+            Request::Floors { policy } => {
+                let Some(g) = gpu.as_ref() else {
+                    send(&Reply::Fatal("Floors before Hello".into()));
+                    continue;
+                };
+                let measured = (|| -> Result<Reply, String> {
+                    let f = crate::bench::floors::Floors::new(g, compiler).map_err(|e| e.to_string())?;
+                    Ok(Reply::Floors {
+                        bandwidth_gbps: f.read_bandwidth(&policy, 1 << 30).map_err(|e| e.to_string())?,
+                        tensor_peak_tflops: crate::bench::run::tensor_peak_tflops(g)
+                            .map_err(|e| e.to_string())?,
+                        launch_floor_us: f
+                            .launch_floor(&policy, g.info().sm_count)
+                            .map_err(|e| e.to_string())?
+                            .median,
+                    })
+                })();
+                match measured {
+                    Ok(r) => send(&r),
+                    Err(e) => send(&Reply::Fatal(e)),
+                }
+            }
+            Request::Evaluate { problem, configs, policy, seed } => {
+                let Some(g) = gpu.as_ref() else {
+                    send(&Reply::Fatal("Evaluate before Hello".into()));
+                    continue;
+                };
+                if host_cache.as_ref().is_none_or(|h| h.problem != problem) {
+                    match HostProblem::random(problem, seed) {
+                        Ok(h) => host_cache = Some(h),
+                        Err(e) => {
+                            send(&Reply::Fatal(format!("building {problem}: {e}")));
+                            continue;
+                        }
+                    }
+                }
+                let host = host_cache.as_ref().expect("just set");
+                if let Err(e) = evaluate(g, compiler, host, &configs, &policy, &mut send) {
+                    // A context-poisoning error: report and die; the parent respawns.
+                    send(&Reply::Fatal(format!("CUDA error, worker exits: {e}")));
+                    std::process::exit(3);
+                }
+                send(&Reply::Done);
+            }
+        }
+    }
+    std::process::exit(0)
+}
+
+fn evaluate(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    host: &HostProblem,
+    configs: &[GemmConfig],
+    policy: &TimingPolicy,
+    send: &mut dyn FnMut(&Reply),
+) -> Result<(), GpuError> {
+    let p = host.problem;
+    let mut runnable = Vec::new();
+    for c in configs {
+        if let Err(e) = c.check_problem(&p) {
+            send(&Reply::Result { config: *c, outcome: Outcome::Illegal { reason: e.reason } });
+            continue;
+        }
+        runnable.push(*c);
+    }
+    let sources: Vec<_> = runnable.iter().map(|c| c.render()).collect();
+    let ok_sources: Vec<_> = sources.iter().filter_map(|s| s.as_ref().ok().cloned()).collect();
+    let mut compiled = compiler.compile_many(&ok_sources).into_iter();
+    let mut dp = DeviceProblem::upload(gpu, host, policy, &runnable)?;
+    let mut verified: Vec<Candidate> = Vec::new();
+    for (c, s) in runnable.iter().zip(&sources) {
+        let outcome = match s {
+            Err(e) => Some(Outcome::Illegal { reason: e.reason.clone() }),
+            Ok(_) => match compiled.next().expect("one result per source") {
+                Err(e) => Some(Outcome::CompileError { log: e.to_string() }),
+                Ok(k) => match Candidate::load(gpu, *c, &k) {
+                    Err(e) => Some(Outcome::ResourceLimit { reason: e.to_string() }),
+                    Ok(cand) => {
+                        send(&Reply::Running { config: *c });
+                        match verify(gpu, host, &mut dp, &cand)? {
+                            Ok(()) => {
+                                verified.push(cand);
+                                None
+                            }
+                            Err(why) => Some(Outcome::WrongAnswer { reason: why }),
+                        }
+                    }
+                },
+            },
+        };
+        if let Some(outcome) = outcome {
+            send(&Reply::Result { config: *c, outcome });
+        }
+    }
+    // Time in batches so one slow candidate does not dominate; candidates interleave within a batch.
+    for batch in verified.chunks(64) {
+        for c in batch {
+            send(&Reply::Running { config: c.config });
+        }
+        let refs: Vec<&Candidate> = batch.iter().collect();
+        for (c, r) in batch.iter().zip(time_candidates(gpu, policy, &dp, &refs)) {
+            let outcome = match r {
+                Ok(s) => Outcome::Timed {
+                    time: Summary::of(&s.us).expect("samples"),
+                    samples: s.us,
+                },
+                Err(e) => return Err(e),
+            };
+            send(&Reply::Result { config: c.config, outcome });
+        }
+    }
+    Ok(())
+}
+
+/// The parent's handle on one worker process.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    replies: std::sync::mpsc::Receiver<Reply>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("starting the worker `{exe}`: {source}")]
+    Spawn { exe: String, source: std::io::Error },
+    #[error("the worker exited")]
+    Died,
+    #[error("the worker did not answer within {0:.0} s")]
+    Timeout(f64),
+    #[error("worker: {0}")]
+    Fatal(String),
+}
+
+impl WorkerHandle {
+    /// Start `exe worker` (the fp4tune binary itself) with `extra` arguments.
+    pub fn spawn(exe: &std::path::Path, extra: &[String]) -> Result<Self, WorkerError> {
+        let mut child = std::process::Command::new(exe)
+            .arg("worker")
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .map_err(|source| WorkerError::Spawn { exe: exe.display().to_string(), source })?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, replies) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                match serde_json::from_str::<Reply>(&line) {
+                    Ok(r) => {
+                        if tx.send(r).is_err() {
+                            break;
+                        }
+                    }
+                    // Not a reply (a stray print): ignore rather than desynchronise.
+                    Err(_) => continue,
+                }
+            }
+        });
+        Ok(Self { child, stdin, replies })
+    }
+
+    pub fn send(&mut self, r: &Request) -> Result<(), WorkerError> {
+        let line = serde_json::to_string(r).expect("requests serialize");
+        writeln!(self.stdin, "{line}").and_then(|_| self.stdin.flush()).map_err(|_| WorkerError::Died)
+    }
+
+    /// The next reply, waiting at most `timeout`.
+    pub fn recv(&mut self, timeout: std::time::Duration) -> Result<Reply, WorkerError> {
+        match self.replies.recv_timeout(timeout) {
+            Ok(r) => Ok(r),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                Err(WorkerError::Timeout(timeout.as_secs_f64()))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(WorkerError::Died),
+        }
+    }
+
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
