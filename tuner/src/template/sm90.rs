@@ -942,6 +942,11 @@ mod dump {
         for a_type in [AType::Bf16, AType::Nvfp4] {
             configs.extend(representative_configs(a_type));
         }
+        if std::env::var("FP4TUNE_SM90_DUMP_WINNERS").is_ok() {
+            configs.clear();
+            configs.extend(measured_winners(AType::Bf16));
+            configs.extend(measured_winners(AType::Nvfp4));
+        }
         if std::env::var("FP4TUNE_SM90_DUMP_SWEEP").is_ok() {
             configs.extend(small_m_sweep());
         }
@@ -999,7 +1004,9 @@ mod nvrtc_tests {
                 assert!(!sass::uses_local_memory(&text), "local memory in {small}");
             }
             // cuobjdump is optional on developer machines; the ptxas statistics above still ran.
-            Err(sass::SassError::NotFound { .. }) => eprintln!("cuobjdump not found: SASS check skipped"),
+            Err(sass::SassError::NotFound { .. }) => {
+                eprintln!("cuobjdump not found: SASS check skipped")
+            }
             Err(e) => panic!("{e}"),
         }
     }
