@@ -942,6 +942,11 @@ mod dump {
         for a_type in [AType::Bf16, AType::Nvfp4] {
             configs.extend(representative_configs(a_type));
         }
+        if std::env::var("FP4TUNE_SM90_DUMP_WINNERS").is_ok() {
+            configs.clear();
+            configs.extend(measured_winners(AType::Bf16));
+            configs.extend(measured_winners(AType::Nvfp4));
+        }
         if std::env::var("FP4TUNE_SM90_DUMP_SWEEP").is_ok() {
             configs.extend(small_m_sweep());
         }
@@ -957,6 +962,52 @@ mod dump {
         for c in configs {
             let src = c.render().unwrap();
             std::fs::write(format!("{dir}/{}.cu", c.kernel_name()), src.code).unwrap();
+        }
+    }
+}
+
+#[cfg(test)]
+mod nvrtc_tests {
+    use super::*;
+    use crate::compile::{sass, Compiler};
+
+    /// NVRTC (sm_90a) compiles the measured winners and the representative configurations of both
+    /// activation types; the winners spill nothing; a small-M kernel's SASS uses the bf16 HMMA and
+    /// LDGSTS (cp.async) and no local memory.
+    #[test]
+    fn nvrtc_compiles_sample_configs_without_spills() {
+        let dir = tempfile::tempdir().unwrap();
+        let compiler =
+            Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
+        let mut configs = Vec::new();
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            configs.extend(measured_winners(a_type));
+            configs.extend(representative_configs(a_type).into_iter().take(3));
+        }
+        let sources: Vec<_> = configs.iter().map(|c| c.render().unwrap()).collect();
+        let winners: Vec<_> =
+            [AType::Bf16, AType::Nvfp4].iter().flat_map(|&a| measured_winners(a)).collect();
+        for (c, res) in configs.iter().zip(compiler.compile_many(&sources)) {
+            let k = res.unwrap_or_else(|e| panic!("{c}: {e}"));
+            let stats = k.stats.unwrap_or_else(|| panic!("{c}: no ptxas statistics"));
+            assert!(stats.registers > 0 && stats.registers <= 255, "{c}: {stats:?}");
+            if winners.contains(c) {
+                assert!(!stats.spills(), "{c} spills: {stats:?}");
+            }
+        }
+        let small = measured_winners(AType::Bf16)[0];
+        let k = compiler.compile(&small.render().unwrap()).unwrap();
+        match sass::dump_sass(&k.kernel_name, &k.cubin) {
+            Ok(text) => {
+                assert!(sass::count_opcode(&text, "HMMA.16816.F32.BF16") > 0, "no bf16 HMMA");
+                assert!(sass::count_opcode(&text, "LDGSTS") > 0, "no cp.async");
+                assert!(!sass::uses_local_memory(&text), "local memory in {small}");
+            }
+            // cuobjdump is optional on developer machines; the ptxas statistics above still ran.
+            Err(sass::SassError::NotFound { .. }) => {
+                eprintln!("cuobjdump not found: SASS check skipped")
+            }
+            Err(e) => panic!("{e}"),
         }
     }
 }
