@@ -58,6 +58,10 @@ enum Command {
         /// Fewer samples per candidate.
         #[arg(long)]
         quick: bool,
+        /// Per problem, measure only this many configurations, the fastest by the analytic cost
+        /// model (0 = all legal ones).
+        #[arg(long, default_value_t = 400)]
+        max_candidates: usize,
         /// Report folder; writes bench-<a_type>.csv and .md there.
         #[arg(long, default_value = "results")]
         out: PathBuf,
@@ -161,7 +165,19 @@ fn run(cli: Cli) -> Result<()> {
         Command::Compile { arch, shapes, a_type, cache } => {
             cmd_compile(arch, shapes, a_type, cache)
         }
-        Command::Bench { shapes, sets, only, m, a_type, configs, no_peers, quick, out, device } => {
+        Command::Bench {
+            shapes,
+            sets,
+            only,
+            m,
+            a_type,
+            configs,
+            no_peers,
+            quick,
+            max_candidates,
+            out,
+            device,
+        } => {
             let a_type = match a_type {
                 ATypeArg::W4a4 => AType::Nvfp4,
                 ATypeArg::W4a16 => AType::Bf16,
@@ -178,6 +194,7 @@ fn run(cli: Cli) -> Result<()> {
                 configs,
                 no_peers,
                 quick,
+                max_candidates,
                 out,
                 device,
             })
@@ -287,6 +304,7 @@ struct BenchArgs {
     configs: ConfigsArg,
     no_peers: bool,
     quick: bool,
+    max_candidates: usize,
     out: PathBuf,
     device: usize,
 }
@@ -354,7 +372,13 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         peers: !a.no_peers,
         policy: if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() },
         refine: 8,
-        screen_policy: TimingPolicy { samples: 5, min_sample_us: 50.0, warmup_replays: 1, ..TimingPolicy::default() },
+        max_candidates: a.max_candidates,
+        screen_policy: TimingPolicy {
+            samples: 5,
+            min_sample_us: 50.0,
+            warmup_replays: 1,
+            ..TimingPolicy::default()
+        },
     };
     let bar = indicatif::ProgressBar::new((spec.shapes.len() * spec.ms.len()) as u64);
     bar.set_style(
@@ -363,11 +387,25 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let stem = a.out.join(format!("bench-{}", a.a_type));
+    let partial = std::cell::RefCell::new((Vec::new(), Vec::new()));
     let out = run::run(&gpu, &compiler, &spec, &|e| match e {
-        run::Event::Floors(what) => bar.set_message(format!("measuring {what}")),
+        run::Event::Floors(what) => bar.set_message(what),
         run::Event::Problem { index, label, candidates, .. } => {
             bar.set_position(index as u64 - 1);
             bar.set_message(format!("{label}: {candidates} candidates"));
+        }
+        run::Event::ProblemDone { rows, screen_rows, .. } => {
+            // Reports so far, so an interrupted run still leaves its finished problems behind.
+            let mut p = partial.borrow_mut();
+            p.0.extend(rows);
+            p.1.extend(screen_rows);
+            let _ = std::fs::write(stem.with_extension("csv"), report::csv(&p.0));
+            let _ = std::fs::write(
+                a.out.join(format!("bench-{}-screen.csv", a.a_type)),
+                report::csv(&p.1),
+            );
         }
     })?;
     bar.finish_and_clear();
@@ -382,8 +420,6 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         template_hash: template::family_template_hash(family),
         date: utc_now(),
     };
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let stem = a.out.join(format!("bench-{}", a.a_type));
     let peers: Vec<&str> = if spec.peers { fp4tune::bench::peers::PEERS.to_vec() } else { vec![] };
     let mut md = report::markdown(
         &format!("fp4tune {family} benchmark ({})", a.a_type),
@@ -404,7 +440,10 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         }
     }
     std::fs::write(stem.with_extension("csv"), report::csv(&out.rows))?;
-    std::fs::write(a.out.join(format!("bench-{}-screen.csv", a.a_type)), report::csv(&out.screen_rows))?;
+    std::fs::write(
+        a.out.join(format!("bench-{}-screen.csv", a.a_type)),
+        report::csv(&out.screen_rows),
+    )?;
     std::fs::write(stem.with_extension("md"), &md)?;
     println!("{md}");
     println!(
@@ -516,11 +555,14 @@ fn cmd_tune(
         Some(p) => ShapeFile::load(p)?,
         None => ShapeFile::glm5()?,
     };
-    let origin = shapes.as_ref().map_or("<embedded GLM-5>".to_string(), |p| p.display().to_string());
+    let origin =
+        shapes.as_ref().map_or("<embedded GLM-5>".to_string(), |p| p.display().to_string());
     let set = file.into_set(&set, &origin)?;
     let mut dims: Vec<(u32, u32)> = Vec::new();
     for s in &set.shapes {
-        if (only.is_empty() || only.iter().any(|o| s.name.contains(o.as_str()))) && !dims.contains(&(s.n, s.k)) {
+        if (only.is_empty() || only.iter().any(|o| s.name.contains(o.as_str())))
+            && !dims.contains(&(s.n, s.k))
+        {
             dims.push((s.n, s.k));
         }
     }
@@ -548,8 +590,10 @@ fn cmd_tune(
     let mp = indicatif::MultiProgress::new();
     let keys_bar = mp.add(indicatif::ProgressBar::new(0));
     keys_bar.set_style(
-        indicatif::ProgressStyle::with_template("keys       [{bar:30}] {pos}/{len} {msg} (eta {eta})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "keys       [{bar:30}] {pos}/{len} {msg} (eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let cand_bar = mp.add(indicatif::ProgressBar::new(0));
     cand_bar.set_style(
@@ -558,7 +602,10 @@ fn cmd_tune(
     );
     let counts = std::cell::RefCell::new(std::collections::BTreeMap::<&'static str, usize>::new());
     let output = run::run(&spec, &compiler, &|e| match e {
-        Event::Device(d) => keys_bar.println(format!("device: {} (cc {}.{}, {} SMs)", d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count)),
+        Event::Device(d) => keys_bar.println(format!(
+            "device: {} (cc {}.{}, {} SMs)",
+            d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
+        )),
         Event::Compiling(n) => keys_bar.set_message(format!("compiling {n} kernels")),
         Event::Key { index, total, key, candidates, done_before } => {
             keys_bar.set_length(total as u64);
@@ -572,25 +619,48 @@ fn cmd_tune(
             *counts.borrow_mut().entry(outcome).or_default() += 1;
             cand_bar.set_message(format!("{:?}", counts.borrow()));
         }
-        Event::WorkerRestart(why) => keys_bar.println(format!("worker restarted: {}", why.chars().take(200).collect::<String>())),
+        Event::WorkerRestart(why) => keys_bar
+            .println(format!("worker restarted: {}", why.chars().take(200).collect::<String>())),
     })?;
     keys_bar.finish_and_clear();
     cand_bar.finish_and_clear();
     let sel = select(&output.records, &SelectRules::default());
     println!(
         "{} on {}: {} new records ({} in the log {}), {:.1} s wall",
-        output.family, output.device.name, output.new_records, output.records.len(), output.log_path.display(), output.wall.as_secs_f64()
+        output.family,
+        output.device.name,
+        output.new_records,
+        output.records.len(),
+        output.log_path.display(),
+        output.wall.as_secs_f64()
     );
     if let Some(d) = sel.default {
-        println!("default configuration (best geomean over all keys): {d} ({:.2} us geomean)", sel.default_geomean_us);
+        println!(
+            "default configuration (best geomean over all keys): {d} ({:.2} us geomean)",
+            sel.default_geomean_us
+        );
     }
-    println!("{:>6} {:>6} {:>6}  {:<52} {:>9} {:>9} {:>10} {:>7}", "N", "K", "M", "winner", "us", "roofline", "vs default", "timed");
+    println!(
+        "{:>6} {:>6} {:>6}  {:<52} {:>9} {:>9} {:>10} {:>7}",
+        "N", "K", "M", "winner", "us", "roofline", "vs default", "timed"
+    );
     let mut log_sum = 0.0;
     for c in &sel.choices {
         let p = fp4tune::problem::GemmProblem::new(c.key.m, c.key.n, c.key.k, c.key.a_type);
-        let roof = (p.min_bytes() as f64 / (output.bandwidth_gbps * 1e3)).max(p.flops() / (output.tensor_peak_tflops * 1e6));
+        let roof = (p.min_bytes() as f64 / (output.bandwidth_gbps * 1e3))
+            .max(p.flops() / (output.tensor_peak_tflops * 1e6));
         log_sum += c.speedup_over_default().ln();
-        println!("{:>6} {:>6} {:>6}  {:<52} {:>9.2} {:>8.0}% {:>9.2}x {:>7}", c.key.n, c.key.k, c.key.m, c.config.name(), c.time.median, 100.0 * roof / c.time.median, c.speedup_over_default(), c.timed);
+        println!(
+            "{:>6} {:>6} {:>6}  {:<52} {:>9.2} {:>8.0}% {:>9.2}x {:>7}",
+            c.key.n,
+            c.key.k,
+            c.key.m,
+            c.config.name(),
+            c.time.median,
+            100.0 * roof / c.time.median,
+            c.speedup_over_default(),
+            c.timed
+        );
     }
     if !sel.choices.is_empty() {
         println!("geomean speedup of the tuned choice over the default configuration: {:.3}x over {} entries", (log_sum / sel.choices.len() as f64).exp(), sel.choices.len());

@@ -31,6 +31,9 @@ pub struct BenchSpec {
     /// `refine == 0` times every candidate under `policy`.
     pub refine: usize,
     pub screen_policy: TimingPolicy,
+    /// Per problem, only the `max_candidates` legal configurations the analytic cost model ranks
+    /// fastest (plus the family default) are compiled and measured; 0 = all of them.
+    pub max_candidates: usize,
 }
 
 /// A candidate that did not produce a timing, and why (compile error, resource limit, wrong
@@ -47,7 +50,18 @@ pub struct Failure {
 #[derive(Debug, Clone)]
 pub enum Event {
     Floors(String),
-    Problem { index: usize, total: usize, label: String, candidates: usize },
+    Problem {
+        index: usize,
+        total: usize,
+        label: String,
+        candidates: usize,
+    },
+    /// A problem finished: its report rows (so a caller can write reports incrementally).
+    ProblemDone {
+        rows: Vec<Row>,
+        screen_rows: Vec<Row>,
+        failures: Vec<Failure>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -106,10 +120,48 @@ pub fn run(
     let mut screen_rows = Vec::new();
     let mut failures = Vec::new();
     let mut read_floors: HashMap<u64, f64> = HashMap::new();
-    // Compile every legal config once, in parallel (cached across shapes).
-    let sources: Vec<_> = spec.configs.iter().filter_map(|c| c.render().ok()).collect();
-    let compiled: HashMap<String, _> = spec
-        .configs
+    // Candidates per problem (model-ranked when capped), then one parallel compile of their union.
+    let model = crate::search::CostModel::new(crate::search::DeviceModel::from_device_info(
+        gpu.info(),
+        bandwidth,
+        peak,
+        launch_floor,
+    ));
+    let mut plan: HashMap<(u32, u32, u32), Vec<GemmConfig>> = HashMap::new();
+    for (_, n, k) in &spec.shapes {
+        for &m in &spec.ms {
+            let p = GemmProblem::new(m, *n, *k, spec.a_type);
+            let legal: Vec<GemmConfig> =
+                spec.configs.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
+            let chosen = if spec.max_candidates > 0 && legal.len() > spec.max_candidates {
+                let mut top: Vec<GemmConfig> = model
+                    .rank(&legal, &p)
+                    .into_iter()
+                    .take(spec.max_candidates)
+                    .map(|(c, _)| c)
+                    .collect();
+                if let Some(d) = spec
+                    .configs
+                    .first()
+                    .map(|c| crate::template::default_config(c.family, c.a_type))
+                {
+                    if legal.contains(&d) && !top.contains(&d) {
+                        top.push(d);
+                    }
+                }
+                top
+            } else {
+                legal
+            };
+            plan.insert((m, *n, *k), chosen);
+        }
+    }
+    let mut union: Vec<GemmConfig> = plan.values().flatten().copied().collect();
+    union.sort();
+    union.dedup();
+    progress(Event::Floors(format!("compiling {} kernels", union.len())));
+    let sources: Vec<_> = union.iter().filter_map(|c| c.render().ok()).collect();
+    let compiled: HashMap<String, _> = union
         .iter()
         .filter(|c| c.render().is_ok())
         .zip(compiler.compile_many(&sources))
@@ -121,8 +173,9 @@ pub fn run(
         for &m in &spec.ms {
             index += 1;
             let p = GemmProblem::new(m, *n, *k, spec.a_type);
-            let legal: Vec<GemmConfig> =
-                spec.configs.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
+            let legal: Vec<GemmConfig> = plan.remove(&(m, *n, *k)).unwrap_or_default();
+            let (rows_before, screen_before, failures_before) =
+                (rows.len(), screen_rows.len(), failures.len());
             progress(Event::Problem {
                 index,
                 total,
@@ -188,7 +241,9 @@ pub fn run(
             if spec.refine > 0 && refs.len() > spec.refine {
                 let mut screened: Vec<(f64, &Candidate)> = Vec::new();
                 for chunk in refs.chunks(64) {
-                    for (c, r) in chunk.iter().zip(time_candidates(gpu, &spec.screen_policy, &dp, chunk)) {
+                    for (c, r) in
+                        chunk.iter().zip(time_candidates(gpu, &spec.screen_policy, &dp, chunk))
+                    {
                         match r {
                             Ok(s) => {
                                 let sum = Summary::of(&s.us).expect("samples");
@@ -224,6 +279,11 @@ pub fn run(
                     }
                 }
             }
+            progress(Event::ProblemDone {
+                rows: rows[rows_before..].to_vec(),
+                screen_rows: screen_rows[screen_before..].to_vec(),
+                failures: failures[failures_before..].to_vec(),
+            });
         }
     }
     Ok(BenchOutput {

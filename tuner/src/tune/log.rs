@@ -32,16 +32,31 @@ pub struct TuneKey {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Outcome {
     /// Verified against the CPU reference, then timed (microseconds per launch).
-    Timed { time: Summary, samples: Vec<f64> },
+    Timed {
+        time: Summary,
+        samples: Vec<f64>,
+    },
     /// The configuration cannot run this problem (checked before compiling).
-    Illegal { reason: String },
-    CompileError { log: String },
+    Illegal {
+        reason: String,
+    },
+    CompileError {
+        log: String,
+    },
     /// Over a device limit found at load or launch (shared memory, registers, threads).
-    ResourceLimit { reason: String },
-    WrongAnswer { reason: String },
-    LaunchError { reason: String },
+    ResourceLimit {
+        reason: String,
+    },
+    WrongAnswer {
+        reason: String,
+    },
+    LaunchError {
+        reason: String,
+    },
     /// The worker did not answer within the time limit.
-    Timeout { seconds: f64 },
+    Timeout {
+        seconds: f64,
+    },
 }
 
 impl Outcome {
@@ -88,7 +103,9 @@ pub enum LogError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}:{line}: not a measurement record: {message}")]
     Parse { path: PathBuf, line: usize, message: String },
-    #[error("{path}:{line}: record schema version {found}, this fp4tune reads {LOG_SCHEMA_VERSION}")]
+    #[error(
+        "{path}:{line}: record schema version {found}, this fp4tune reads {LOG_SCHEMA_VERSION}"
+    )]
     Version { path: PathBuf, line: usize, found: u32 },
 }
 
@@ -183,7 +200,14 @@ pub(crate) mod tests {
         let config = crate::template::search_space(Family::Sm90, AType::Bf16)[0];
         Record {
             schema_version: LOG_SCHEMA_VERSION,
-            key: TuneKey { op: "gemm".into(), family: Family::Sm90, a_type: AType::Bf16, n: 512, k: 6144, m },
+            key: TuneKey {
+                op: "gemm".into(),
+                family: Family::Sm90,
+                a_type: AType::Bf16,
+                n: 512,
+                k: 6144,
+                m,
+            },
             config,
             outcome: match median {
                 Some(t) => Outcome::Timed {

@@ -95,7 +95,10 @@ pub struct TuneSpec {
 
 impl std::fmt::Debug for TuneSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TuneSpec").field("shapes", &self.shapes).field("buckets", &self.buckets).finish()
+        f.debug_struct("TuneSpec")
+            .field("shapes", &self.shapes)
+            .field("buckets", &self.buckets)
+            .finish()
     }
 }
 
@@ -170,7 +173,9 @@ impl Session {
             match w.recv(Duration::from_secs(120))? {
                 Reply::Device(_) => {}
                 Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
-                other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
+                other => {
+                    return Err(TuneError::Other(format!("unexpected worker reply {other:?}")))
+                }
             }
             self.worker = Some(w);
         }
@@ -184,7 +189,11 @@ impl Session {
     }
 }
 
-pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Result<TuneOutput, TuneError> {
+pub fn run(
+    spec: &TuneSpec,
+    compiler: &Compiler,
+    progress: &dyn Fn(Event),
+) -> Result<TuneOutput, TuneError> {
     let t0 = Instant::now();
     let mut session = Session { worker: None, exe: spec.exe.clone(), device: spec.device };
     // Ask a first worker what the device is.
@@ -206,7 +215,9 @@ pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Re
         let w = session.worker()?;
         w.send(&Request::Floors { policy: spec.policy })?;
         match w.recv(Duration::from_secs(120))? {
-            Reply::Floors { bandwidth_gbps, tensor_peak_tflops, .. } => (bandwidth_gbps, tensor_peak_tflops),
+            Reply::Floors { bandwidth_gbps, tensor_peak_tflops, .. } => {
+                (bandwidth_gbps, tensor_peak_tflops)
+            }
             Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
             other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
         }
@@ -222,7 +233,10 @@ pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Re
     let template_hash = template::family_template_hash(family);
     let space = template::search_space(family, spec.a_type);
     if space.is_empty() {
-        return Err(TuneError::Other(format!("the {family} family has no {} variants", spec.a_type)));
+        return Err(TuneError::Other(format!(
+            "the {family} family has no {} variants",
+            spec.a_type
+        )));
     }
 
     // Earlier records: must be from this GPU model and these templates.
@@ -231,7 +245,11 @@ pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Re
         if r.device != info.name || r.compute_capability != info.compute_capability {
             return Err(TuneError::Other(format!(
                 "{}: has records from {} (cc {}.{}); this GPU is {}: use another --log",
-                log_path.display(), r.device, r.compute_capability.0, r.compute_capability.1, info.name
+                log_path.display(),
+                r.device,
+                r.compute_capability.0,
+                r.compute_capability.1,
+                info.name
             )));
         }
     }
@@ -256,7 +274,9 @@ pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Re
     let needed: Vec<GemmConfig> = space
         .iter()
         .copied()
-        .filter(|c| keys.iter().any(|k| c.check_problem(&GemmProblem::new(k.m, k.n, k.k, k.a_type)).is_ok()))
+        .filter(|c| {
+            keys.iter().any(|k| c.check_problem(&GemmProblem::new(k.m, k.n, k.k, k.a_type)).is_ok())
+        })
         .collect();
     progress(Event::Compiling(needed.len()));
     let sources: Vec<_> = needed.iter().filter_map(|c| c.render().ok()).collect();
@@ -270,7 +290,13 @@ pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Re
         let legal: Vec<GemmConfig> =
             space.iter().copied().filter(|c| c.check_problem(&problem).is_ok()).collect();
         let done_before = legal.iter().filter(|c| done.contains(&(key.clone(), **c))).count();
-        progress(Event::Key { index, total, key: key.clone(), candidates: legal.len(), done_before });
+        progress(Event::Key {
+            index,
+            total,
+            key: key.clone(),
+            candidates: legal.len(),
+            done_before,
+        });
         let mut planner = (spec.planner)(key, legal);
         // Results already in the log are told to the planner without re-measuring.
         let known: std::collections::HashMap<GemmConfig, Option<f64>> = previous
@@ -293,7 +319,8 @@ pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Re
             }
             while !todo.is_empty() {
                 let seed = 0xF4F4 ^ ((key.m as u64) << 40) ^ ((key.n as u64) << 20) ^ key.k as u64;
-                let req = Request::Evaluate { problem, configs: todo.clone(), policy: spec.policy, seed };
+                let req =
+                    Request::Evaluate { problem, configs: todo.clone(), policy: spec.policy, seed };
                 let mut running: Option<GemmConfig> = None;
                 let outcome_of_failure;
                 let worker = session.worker()?;
@@ -334,7 +361,8 @@ pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Re
                             break;
                         }
                         Err(e) => {
-                            outcome_of_failure = Some(Outcome::LaunchError { reason: format!("worker died: {e}") });
+                            outcome_of_failure =
+                                Some(Outcome::LaunchError { reason: format!("worker died: {e}") });
                             break;
                         }
                     }
@@ -351,7 +379,8 @@ pub fn run(spec: &TuneSpec, compiler: &Compiler, progress: &dyn Fn(Event)) -> Re
                         progress(Event::WorkerRestart(format!("{outcome:?}")));
                         session.restart();
                         // Blame the candidate in flight; the rest of the batch is retried.
-                        let blamed = running.filter(|c| todo.contains(c)).or_else(|| todo.first().copied());
+                        let blamed =
+                            running.filter(|c| todo.contains(c)).or_else(|| todo.first().copied());
                         if let Some(c) = blamed {
                             planner.observe(&c, None);
                             let rec = Record {
@@ -399,7 +428,10 @@ mod tests {
     #[test]
     fn sku_slugs() {
         assert_eq!(sku_slug("NVIDIA H200"), "nvidia-h200");
-        assert_eq!(sku_slug("NVIDIA RTX PRO 6000 Blackwell Server Edition"), "nvidia-rtx-pro-6000-blackwell-server-edition");
+        assert_eq!(
+            sku_slug("NVIDIA RTX PRO 6000 Blackwell Server Edition"),
+            "nvidia-rtx-pro-6000-blackwell-server-edition"
+        );
     }
 
     #[test]

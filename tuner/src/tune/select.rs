@@ -93,7 +93,8 @@ pub fn select(records: &[Record], rules: &SelectRules) -> Selection {
     let default = default_config(&table);
     let mut choices = Vec::new();
     for (key, per_key) in &table {
-        let mut ranked: Vec<(GemmConfig, Summary)> = per_key.iter().map(|(c, s)| (*c, *s)).collect();
+        let mut ranked: Vec<(GemmConfig, Summary)> =
+            per_key.iter().map(|(c, s)| (*c, *s)).collect();
         ranked.sort_by(|a, b| a.1.median.total_cmp(&b.1.median).then(a.0.cmp(&b.0)));
         let (best_c, best_s) = ranked[0];
         let ties: Vec<(GemmConfig, Summary)> =
@@ -104,7 +105,8 @@ pub fn select(records: &[Record], rules: &SelectRules) -> Selection {
         let mut winner = (best_c, best_s);
         if let (Some((d, _)), Some(dt)) = (default, default_time) {
             let in_ties = ties.iter().any(|(c, _)| *c == d);
-            let clear_win = best_s.median < dt.median * (1.0 - rules.default_margin) && best_s.hi < dt.lo;
+            let clear_win =
+                best_s.median < dt.median * (1.0 - rules.default_margin) && best_s.hi < dt.lo;
             if in_ties || !clear_win {
                 winner = (d, dt);
             }
@@ -136,7 +138,14 @@ mod tests {
     fn rec(m: u32, c: GemmConfig, t: f64, width: f64) -> Record {
         Record {
             schema_version: LOG_SCHEMA_VERSION,
-            key: TuneKey { op: "gemm".into(), family: Family::Sm90, a_type: AType::Bf16, n: 512, k: 6144, m },
+            key: TuneKey {
+                op: "gemm".into(),
+                family: Family::Sm90,
+                a_type: AType::Bf16,
+                n: 512,
+                k: 6144,
+                m,
+            },
             config: c,
             outcome: Outcome::Timed {
                 time: Summary { n: 5, median: t, lo: t - width, hi: t + width, min: t, max: t },
@@ -178,7 +187,12 @@ mod tests {
     fn ties_break_deterministically_whatever_the_record_order() {
         let s = search_space(Family::Sm90, AType::Bf16);
         let (a, b, d) = (s[3], s[4], s[5]);
-        let mut recs = vec![rec(1, a, 8.0, 0.5), rec(1, b, 8.1, 0.5), rec(1, d, 20.0, 0.1), rec(2, d, 20.0, 0.1)];
+        let mut recs = vec![
+            rec(1, a, 8.0, 0.5),
+            rec(1, b, 8.1, 0.5),
+            rec(1, d, 20.0, 0.1),
+            rec(2, d, 20.0, 0.1),
+        ];
         let first = select(&recs, &SelectRules::default());
         recs.reverse();
         let second = select(&recs, &SelectRules::default());

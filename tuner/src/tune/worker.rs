@@ -29,10 +29,19 @@ pub enum Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Reply {
     Device(DeviceInfo),
-    Floors { bandwidth_gbps: f64, tensor_peak_tflops: f64, launch_floor_us: f64 },
+    Floors {
+        bandwidth_gbps: f64,
+        tensor_peak_tflops: f64,
+        launch_floor_us: f64,
+    },
     /// About to run `config` on the GPU (verification or timing batch).
-    Running { config: GemmConfig },
-    Result { config: GemmConfig, outcome: Outcome },
+    Running {
+        config: GemmConfig,
+    },
+    Result {
+        config: GemmConfig,
+        outcome: Outcome,
+    },
     Done,
     /// The request failed as a whole (no GPU, problem construction failed...).
     Fatal(String),
@@ -75,9 +84,12 @@ pub fn serve(compiler: &Compiler) -> ! {
                     continue;
                 };
                 let measured = (|| -> Result<Reply, String> {
-                    let f = crate::bench::floors::Floors::new(g, compiler).map_err(|e| e.to_string())?;
+                    let f = crate::bench::floors::Floors::new(g, compiler)
+                        .map_err(|e| e.to_string())?;
                     Ok(Reply::Floors {
-                        bandwidth_gbps: f.read_bandwidth(&policy, 1 << 30).map_err(|e| e.to_string())?,
+                        bandwidth_gbps: f
+                            .read_bandwidth(&policy, 1 << 30)
+                            .map_err(|e| e.to_string())?,
                         tensor_peak_tflops: crate::bench::run::tensor_peak_tflops(g)
                             .map_err(|e| e.to_string())?,
                         launch_floor_us: f
@@ -172,10 +184,9 @@ fn evaluate(
         let refs: Vec<&Candidate> = batch.iter().collect();
         for (c, r) in batch.iter().zip(time_candidates(gpu, policy, &dp, &refs)) {
             let outcome = match r {
-                Ok(s) => Outcome::Timed {
-                    time: Summary::of(&s.us).expect("samples"),
-                    samples: s.us,
-                },
+                Ok(s) => {
+                    Outcome::Timed { time: Summary::of(&s.us).expect("samples"), samples: s.us }
+                }
                 Err(e) => return Err(e),
             };
             send(&Reply::Result { config: c.config, outcome });
@@ -237,7 +248,9 @@ impl WorkerHandle {
 
     pub fn send(&mut self, r: &Request) -> Result<(), WorkerError> {
         let line = serde_json::to_string(r).expect("requests serialize");
-        writeln!(self.stdin, "{line}").and_then(|_| self.stdin.flush()).map_err(|_| WorkerError::Died)
+        writeln!(self.stdin, "{line}")
+            .and_then(|_| self.stdin.flush())
+            .map_err(|_| WorkerError::Died)
     }
 
     /// The next reply, waiting at most `timeout`.
