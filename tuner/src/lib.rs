@@ -7,6 +7,7 @@ pub mod format;
 pub mod gpu;
 pub mod problem;
 pub mod shapes;
+pub mod table;
 pub mod template;
 pub mod tune;
 
