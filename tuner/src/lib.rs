@@ -6,6 +6,7 @@ pub mod error;
 pub mod format;
 pub mod gpu;
 pub mod problem;
+pub mod runtime;
 pub mod shapes;
 pub mod table;
 pub mod template;

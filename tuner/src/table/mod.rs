@@ -68,3 +68,10 @@ pub use schema::{
     OP_GROUPED_GEMM, TABLE_SCHEMA_VERSION,
 };
 pub use summary::summary;
+
+/// Fixtures other modules' tests build on (a small legal table, fabricated devices).
+#[cfg(test)]
+pub(crate) mod tests_support {
+    pub(crate) use super::check::tests::device;
+    pub(crate) use super::schema::tests::sample;
+}
