@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod compile;
 pub mod error;
+pub mod ffi;
 pub mod format;
 pub mod gpu;
 pub mod problem;
