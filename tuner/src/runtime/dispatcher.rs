@@ -255,6 +255,11 @@ impl Dispatcher {
         self.gpu.info()
     }
 
+    /// Current size of the split-K workspace and counters, in bytes.
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace.lock().unwrap_or_else(|p| p.into_inner()).bytes()
+    }
+
     pub fn family(&self) -> Family {
         self.plan.family
     }

@@ -46,6 +46,9 @@ mod dispatcher;
 mod error;
 mod plan;
 
+#[cfg(test)]
+mod gpu_tests;
+
 pub use dispatcher::{Dispatcher, GemmArgs, Options, Route, RouteKind, StartupReport};
 pub use error::RuntimeError;
 pub use plan::{Plan, PlannedKernel};
