@@ -3,11 +3,14 @@
 pub mod bench;
 pub mod compile;
 pub mod error;
+pub mod ffi;
 pub mod format;
 pub mod gpu;
 pub mod problem;
+pub mod runtime;
 pub mod search;
 pub mod shapes;
+pub mod table;
 pub mod template;
 pub mod tune;
 

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fp4tune::compile::{Compiler, Origin};
 use fp4tune::problem::AType;
 use fp4tune::shapes::{self, ShapeFile};
-use fp4tune::template::{self, Arch, Family};
+use fp4tune::template::{self, Arch, Family, GemmConfig};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -99,11 +99,27 @@ enum Command {
         /// Folder for the measurement log and the dispatch table.
         #[arg(long, default_value = "results")]
         out: PathBuf,
+        /// Search strategy per key: exhaustive, random or model (analytic model pre-ranks, then
+        /// the best and their neighbours are measured).
+        #[arg(long, default_value = "model")]
+        strategy: String,
+        /// Evaluations per key as a fraction of its legal configurations (model/random).
+        #[arg(long, default_value_t = 0.1)]
+        budget: f64,
         /// A candidate that runs longer than this many seconds is recorded as a hang.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
         #[arg(long, default_value_t = 0)]
         device: usize,
+    },
+    /// Validate a dispatch table (schema, configurations, template hashes) and summarize it.
+    Table {
+        /// The table to check (results/<sku>.ron).
+        #[arg(long)]
+        check: PathBuf,
+        /// Also check it against this CUDA device (compute capability, template hashes).
+        #[arg(long)]
+        device: Option<usize>,
     },
     /// (internal) Measuring worker process driven by `fp4tune tune` over stdin/stdout.
     #[command(hide = true)]
@@ -200,14 +216,30 @@ fn run(cli: Cli) -> Result<()> {
             })
         }
         Command::Floors { bytes, device } => cmd_floors(bytes, device),
-        Command::Tune { shapes, set, only, max_m, a_type, shard, out, timeout, device } => {
+        Command::Tune {
+            shapes,
+            set,
+            only,
+            max_m,
+            a_type,
+            shard,
+            out,
+            strategy,
+            budget,
+            timeout,
+            device,
+        } => {
             let a_type = match a_type {
                 ATypeArg::W4a4 => AType::Nvfp4,
                 ATypeArg::W4a16 => AType::Bf16,
                 ATypeArg::All => bail!("--a-type all is not supported by tune: pick w4a4 or w4a16"),
             };
-            cmd_tune(shapes, set, only, max_m, a_type, shard, out, timeout, device)
+            let strategy = fp4tune::search::StrategyKind::parse(&strategy)?;
+            cmd_tune(
+                shapes, set, only, max_m, a_type, shard, out, strategy, budget, timeout, device,
+            )
         }
+        Command::Table { check, device } => cmd_table_check(check, device),
         Command::Worker => {
             let compiler = Compiler::with_default_cache()?;
             fp4tune::tune::worker::serve(&compiler)
@@ -536,6 +568,31 @@ fn cmd_floors(bytes: Vec<u64>, device: usize) -> Result<()> {
     Ok(())
 }
 
+/// Configurations every key measures so the geomean default is chosen among configurations timed
+/// everywhere: the family defaults plus the analytic model's two favourites of every key.
+fn common_configs(dims: &[(u32, u32)], buckets: &[u32], a_type: AType) -> Vec<GemmConfig> {
+    let model = fp4tune::search::CostModel::new(fp4tune::search::DeviceModel::h200());
+    let mut out = Vec::new();
+    for family in [Family::Sm90, Family::Sm120] {
+        let space = template::search_space(family, a_type);
+        if space.is_empty() {
+            continue;
+        }
+        out.push(template::default_config(family, a_type));
+        for &(n, k) in dims {
+            for &m in buckets {
+                let p = fp4tune::problem::GemmProblem::new(m, n, k, a_type);
+                let legal: Vec<GemmConfig> =
+                    space.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
+                out.extend(model.rank(&legal, &p).into_iter().take(2).map(|(c, _)| c));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[allow(clippy::too_many_arguments)]
 fn cmd_tune(
     shapes: Option<PathBuf>,
@@ -545,6 +602,8 @@ fn cmd_tune(
     a_type: AType,
     shard: Option<fp4tune::tune::run::Shard>,
     out: PathBuf,
+    strategy: fp4tune::search::StrategyKind,
+    budget: f64,
     timeout: u64,
     device: usize,
 ) -> Result<()> {
@@ -573,6 +632,7 @@ fn cmd_tune(
     if buckets.is_empty() {
         bail!("no token bucket of set `{}` is <= --max-m {max_m}", set.name);
     }
+    let common = common_configs(&dims, &buckets, a_type);
     let spec = TuneSpec {
         shapes: dims,
         buckets,
@@ -583,7 +643,23 @@ fn cmd_tune(
         exe: std::env::current_exe().context("locating the fp4tune executable for workers")?,
         device,
         candidate_timeout: std::time::Duration::from_secs(timeout),
-        planner: Box::new(|_, legal| Box::new(Exhaustive::new(legal))),
+        planner: {
+            Box::new(move |key, legal| -> Box<dyn run::Planner> {
+                let p = fp4tune::problem::GemmProblem::new(key.m, key.n, key.k, key.a_type);
+                match &strategy {
+                    fp4tune::search::StrategyKind::Exhaustive => Box::new(Exhaustive::new(legal)),
+                    kind => {
+                        let first: Vec<_> = common
+                            .iter()
+                            .filter(|c| c.family == key.family && legal.contains(c))
+                            .copied()
+                            .collect();
+                        let s = kind.build(legal, &p, fp4tune::search::Budget::fraction(budget));
+                        Box::new(run::StrategyPlanner::new(first, s, 16))
+                    }
+                }
+            })
+        },
         batch: 256,
     };
     let compiler = Compiler::with_default_cache()?;
@@ -665,5 +741,69 @@ fn cmd_tune(
     if !sel.choices.is_empty() {
         println!("geomean speedup of the tuned choice over the default configuration: {:.3}x over {} entries", (log_sum / sel.choices.len() as f64).exp(), sel.choices.len());
     }
+    // The dispatch table: one entry per key, with the tie band's runners-up.
+    let d = &output.device;
+    let mut table = fp4tune::table::Table::new(
+        fp4tune::table::DeviceIdentity {
+            name: d.name.clone(),
+            compute_capability: d.compute_capability,
+            sm_count: d.sm_count,
+        },
+        fp4tune::table::Toolchain { nvrtc: compiler.nvrtc_version(), driver: d.driver_version },
+        TimingPolicy::quick().describe(),
+    );
+    table.template_hashes.insert(output.family, output.template_hash.clone());
+    for c in &sel.choices {
+        let p = fp4tune::problem::GemmProblem::new(c.key.m, c.key.n, c.key.k, c.key.a_type);
+        let roof = (p.min_bytes() as f64 / (output.bandwidth_gbps * 1e3))
+            .max(p.flops() / (output.tensor_peak_tflops * 1e6));
+        table.entries.push(fp4tune::table::Entry {
+            key: fp4tune::table::TableKey {
+                op: c.key.op.clone(),
+                family: c.key.family,
+                a_type: c.key.a_type,
+                n: c.key.n,
+                k: c.key.k,
+                m: c.key.m,
+                experts: None,
+            },
+            config: c.config,
+            median_us: c.time.median,
+            interval_us: (c.time.lo, c.time.hi),
+            roofline_fraction: roof / c.time.median,
+            runners_up: c
+                .runners_up
+                .iter()
+                .map(|(rc, rs)| fp4tune::table::RunnerUp { config: *rc, median_us: rs.median })
+                .collect(),
+        });
+    }
+    if table.entries.is_empty() {
+        bail!(
+            "no candidate was timed successfully: no dispatch table written (see the log {})",
+            output.log_path.display()
+        );
+    }
+    let path = out.join(format!("{}.ron", run::sku_slug(&d.name)));
+    table.save(&path)?;
+    println!("wrote the dispatch table {}", path.display());
+    Ok(())
+}
+
+fn cmd_table_check(path: PathBuf, device: Option<usize>) -> Result<()> {
+    let table = fp4tune::table::Table::load(&path)?;
+    print!("{}", fp4tune::table::summary(&table));
+    if let Some(ordinal) = device {
+        let gpu = fp4tune::gpu::Gpu::open(ordinal)?;
+        let report = table.check_against(
+            gpu.info(),
+            fp4tune::table::MismatchPolicy::Warn,
+            &path.display().to_string(),
+        )?;
+        for w in report.warnings() {
+            println!("warning: {w}");
+        }
+    }
+    println!("{}: ok", path.display());
     Ok(())
 }

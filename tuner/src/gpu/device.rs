@@ -78,6 +78,13 @@ pub struct Kernel {
     func: CudaFunction,
 }
 
+impl Kernel {
+    /// The loaded function (for `gpu::raw`).
+    pub(super) fn function(&self) -> &CudaFunction {
+        &self.func
+    }
+}
+
 /// An open device with one stream that all work of this handle goes to.
 #[derive(Debug)]
 pub struct Gpu {
@@ -132,6 +139,11 @@ impl Gpu {
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The device's primary context (for `gpu::raw`).
+    pub(super) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
     }
 
     pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(

@@ -7,6 +7,7 @@ pub mod device;
 pub mod loader;
 pub mod nvrtc;
 pub mod params;
+pub mod raw;
 
 pub use device::{DeviceBuf, DeviceInfo, Gpu, GpuError, Graph, Kernel};
 pub use params::GemmParams;

@@ -41,6 +41,84 @@ impl Planner for Exhaustive {
     fn observe(&mut self, _: &GemmConfig, _: Option<f64>) {}
 }
 
+/// A search strategy driven in batches, after a fixed list of configurations every key measures
+/// (so the geomean default is chosen among configurations timed on all keys).
+pub struct StrategyPlanner {
+    first: std::collections::VecDeque<GemmConfig>,
+    strategy: Box<dyn crate::search::Strategy>,
+    /// At most this many strategy proposals per batch (adaptive strategies want small batches).
+    step: usize,
+    proposed: HashSet<GemmConfig>,
+    from_strategy: HashSet<GemmConfig>,
+    known: std::collections::HashMap<GemmConfig, Option<f64>>,
+}
+
+impl std::fmt::Debug for StrategyPlanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StrategyPlanner").field("strategy", &self.strategy.name()).finish()
+    }
+}
+
+impl StrategyPlanner {
+    pub fn new(
+        first: Vec<GemmConfig>,
+        strategy: Box<dyn crate::search::Strategy>,
+        step: usize,
+    ) -> Self {
+        Self {
+            first: first.into(),
+            strategy,
+            step: step.max(1),
+            proposed: HashSet::new(),
+            from_strategy: HashSet::new(),
+            known: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl Planner for StrategyPlanner {
+    fn next_batch(&mut self, max: usize) -> Vec<GemmConfig> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            match self.first.pop_front() {
+                Some(c) => {
+                    if self.proposed.insert(c) {
+                        out.push(c);
+                    }
+                }
+                None => break,
+            }
+        }
+        let mut from_strategy = 0;
+        while out.len() < max && from_strategy < self.step {
+            match self.strategy.next() {
+                Some(c) => {
+                    from_strategy += 1;
+                    if self.proposed.insert(c) {
+                        self.from_strategy.insert(c);
+                        out.push(c);
+                    } else if let Some(t) = self.known.get(&c) {
+                        // Already measured as a common configuration: answer from that.
+                        self.strategy.observe(c, *t);
+                    } else {
+                        // Common configuration still in flight: its result is forwarded later.
+                        self.from_strategy.insert(c);
+                    }
+                }
+                None => break,
+            }
+        }
+        out
+    }
+
+    fn observe(&mut self, config: &GemmConfig, median_us: Option<f64>) {
+        self.known.insert(*config, median_us);
+        if self.from_strategy.remove(config) {
+            self.strategy.observe(*config, median_us);
+        }
+    }
+}
+
 /// Which slice of a campaign this process runs (`--shard i/n`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shard {

@@ -1,0 +1,113 @@
+/* fp4tune: the C ABI of the NVFP4 GEMM runtime dispatcher (libfp4tune.so).
+ *
+ * Open a dispatch table (results/<sku>.ron) once at start-up: the dispatcher opens the device's
+ * primary context (the one the CUDA runtime and PyTorch use), checks the table against the device,
+ * compiles or loads from its cubin cache every kernel the table names, and loads them. Then launch
+ * GEMMs by shape on your device pointers and stream; the launch path does no allocation, no
+ * compilation and no synchronization.
+ *
+ *   Y[M, N] (bf16) = alpha * A[M, K] * W[N, K]^T
+ *
+ * Device data layout (see ARCHITECTURE.md, "Data layout"):
+ *   w     [N, K/2] bytes, element 2j in the low nibble (ModelOpt NVFP4 layout)
+ *   w_sf  UE4M3 block scales (one per 16 K elements) in the swizzled 128x4 layout:
+ *         rows padded to 128, scale columns (K/16) padded to 4; byte offset of (row r, column c):
+ *         ((r/128)*(Kp/4) + c/4)*512 + (r%32)*16 + ((r/32)%4)*4 + c%4,  Kp = K/16 rounded up to 4
+ *   a     FP4TUNE_A_BF16: bf16 [M, K] row-major; FP4TUNE_A_NVFP4: [M, K/2] codes like w
+ *   a_sf  FP4TUNE_A_NVFP4: swizzled scales like w_sf (rows padded to 128); FP4TUNE_A_BF16: unused (0)
+ *   y     bf16 [M, N] row-major
+ *   alpha weight_scale_2 (W4A16) or input_scale * weight_scale_2 (W4A4), applied last in fp32
+ *
+ * Errors: every function returning int returns an fp4tune_status; on failure
+ * fp4tune_last_error() holds a message for the calling thread. Thread safety: a dispatcher may be
+ * used by several threads at once; close it once, after all other calls returned. Split-K kernels
+ * share one workspace per dispatcher: order launches on different streams yourself.
+ *
+ * Build against it: cc app.c -I include -L target/release -lfp4tune (and -Wl,-rpath,...).
+ */
+#ifndef FP4TUNE_H
+#define FP4TUNE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FP4TUNE_API __attribute__((visibility("default")))
+#else
+#define FP4TUNE_API
+#endif
+
+#define FP4TUNE_ABI_VERSION 1
+
+typedef enum fp4tune_status {
+    FP4TUNE_OK = 0,
+    FP4TUNE_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad shape, unknown enum value */
+    FP4TUNE_ERR_TABLE = 2,            /* table unreadable, malformed, or not matching (policy error) */
+    FP4TUNE_ERR_DEVICE = 3,           /* no driver/device, unsupported compute capability */
+    FP4TUNE_ERR_COMPILE = 4,          /* NVRTC missing, cache folder unusable, a kernel failed to build */
+    FP4TUNE_ERR_LAUNCH = 5,           /* the driver refused the launch, or an asynchronous kernel error */
+    FP4TUNE_ERR_NO_KERNEL = 6,        /* no legal kernel for this shape, not even the default */
+    FP4TUNE_ERR_PANIC = 7             /* internal error; the message says where */
+} fp4tune_status;
+
+typedef enum fp4tune_a_type {
+    FP4TUNE_A_NVFP4 = 0, /* W4A4: activations NVFP4 (codes + swizzled scales) */
+    FP4TUNE_A_BF16 = 1   /* W4A16: activations bf16 */
+} fp4tune_a_type;
+
+typedef enum fp4tune_policy {
+    FP4TUNE_POLICY_WARN = 0,  /* mismatching table parts warn and fall back to family defaults */
+    FP4TUNE_POLICY_ERROR = 1, /* any device/template mismatch fails the open */
+    FP4TUNE_POLICY_IGNORE = 2 /* warn, but use every entry anyway */
+} fp4tune_policy;
+
+typedef struct Fp4tuneDispatcher fp4tune_dispatcher;
+
+/* FP4TUNE_ABI_VERSION of the library actually loaded. */
+FP4TUNE_API uint32_t fp4tune_abi_version(void);
+
+/* Message of the most recent failed call on this thread ("" if none); valid until the next
+ * failing call on this thread. */
+FP4TUNE_API const char* fp4tune_last_error(void);
+
+/* Open CUDA device `device` with the table at `table_path` (NULL: no table, family defaults for
+ * every shape). Cubin cache: $FP4TUNE_CACHE, else ~/.cache/fp4tune/cubin (created if missing).
+ * Mismatch policy: warn. On success *out is the handle; on failure *out is NULL. */
+FP4TUNE_API int fp4tune_open(const char* table_path, int device, fp4tune_dispatcher** out);
+
+/* fp4tune_open with options: cache_dir (NULL: default), policy (fp4tune_policy), max_m (the split-K
+ * workspace is sized at open for M up to this; 0: 8192; larger M grows it on first use). */
+FP4TUNE_API int fp4tune_open_ex(const char* table_path, int device, const char* cache_dir,
+                                int policy, uint32_t max_m, fp4tune_dispatcher** out);
+
+/* Launch Y = alpha * A * W^T with the table's kernel for (m, n, k, a_type) on `stream` (a
+ * CUstream / cudaStream_t as an integer, 0 = legacy default stream). Pointers are device addresses
+ * (cast with (uint64_t)(uintptr_t)ptr). Asynchronous; `a_sf` may be 0 for FP4TUNE_A_BF16. */
+FP4TUNE_API int fp4tune_gemm(const fp4tune_dispatcher* d, uint64_t a, uint64_t a_sf, uint64_t w,
+                             uint64_t w_sf, uint64_t y, int32_t m, int32_t n, int32_t k,
+                             int a_type, float alpha, uint64_t stream);
+
+/* Write the configuration this shape would launch and why (exact, nearest bucket, common,
+ * default) into buf (NUL-terminated, truncated to len). */
+FP4TUNE_API int fp4tune_route(const fp4tune_dispatcher* d, int32_t m, int32_t n, int32_t k,
+                              int a_type, char* buf, size_t len);
+
+/* Write the start-up report (kernels compiled / from cache, start-up time, warnings) and the
+ * shapes that fell back so far into buf (NUL-terminated, truncated to len). */
+FP4TUNE_API int fp4tune_report(const fp4tune_dispatcher* d, char* buf, size_t len);
+
+/* Wait for `stream` (0 = legacy default stream); reports asynchronous kernel errors. */
+FP4TUNE_API int fp4tune_synchronize(const fp4tune_dispatcher* d, uint64_t stream);
+
+/* Wait for the device, unload the kernels, free the handle. NULL is ignored. */
+FP4TUNE_API void fp4tune_close(fp4tune_dispatcher* d);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FP4TUNE_H */

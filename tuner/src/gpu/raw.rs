@@ -1,0 +1,86 @@
+//! Launches on caller-provided raw CUDA streams (serving code's streams, e.g. PyTorch's current
+//! stream) in the device's primary context, the context PyTorch and the CUDA runtime use, so
+//! device pointers from either are valid here.
+
+use super::device::{drv, Gpu, GpuError, Kernel};
+use super::params::GemmParams;
+use crate::template::LaunchDims;
+use cudarc::driver::{result, sys};
+use std::ffi::c_void;
+
+/// A raw `CUstream` handle as an integer (0 = the legacy default stream).
+pub type RawStream = u64;
+
+impl Gpu {
+    /// Make the device's primary context current on the calling thread (a cheap check when it
+    /// already is, which is the common case on a serving thread).
+    pub fn bind_to_thread(&self) -> Result<(), GpuError> {
+        self.context().bind_to_thread().map_err(drv("cuCtxSetCurrent"))
+    }
+
+    /// Launch `kernel` with one [`GemmParams`] on the raw stream `stream`. Makes the primary
+    /// context current first; does nothing else (no allocation, no synchronization).
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of this device's primary context. `params` must describe
+    /// device buffers of this context large enough for the launch `dims` (the GEMM contract in
+    /// templates/common/params.cuh), alive until the work on `stream` completes, and `kernel` must
+    /// have been loaded by this `Gpu` and take exactly one `GemmParams` by value.
+    pub unsafe fn launch_on_stream(
+        &self,
+        kernel: &Kernel,
+        dims: LaunchDims,
+        params: &GemmParams,
+        stream: RawStream,
+    ) -> Result<(), GpuError> {
+        self.bind_to_thread()?;
+        let mut args = [params as *const GemmParams as *mut c_void];
+        // SAFETY: the function handle is alive (kept by `kernel`'s module); `args` holds one pointer
+        // to a GemmParams that outlives this call (cuLaunchKernel copies the argument bytes before
+        // returning); buffer and stream validity are the caller's contract above.
+        unsafe {
+            result::launch_kernel(
+                kernel.function().cu_function(),
+                dims.grid,
+                dims.block,
+                dims.smem_bytes,
+                stream as sys::CUstream,
+                &mut args,
+            )
+        }
+        .map_err(drv("cuLaunchKernel"))
+    }
+
+    /// Block until all work on `stream` has finished (surfaces asynchronous launch errors).
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of this device's primary context.
+    pub unsafe fn synchronize_stream(&self, stream: RawStream) -> Result<(), GpuError> {
+        self.bind_to_thread()?;
+        // SAFETY: the context is current; the stream handle is valid per the contract above.
+        unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) }
+            .result()
+            .map_err(drv("cuStreamSynchronize"))
+    }
+
+    /// Whether `stream` is being captured into a CUDA graph (then nothing may synchronize it).
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of this device's primary context.
+    pub unsafe fn stream_is_capturing(&self, stream: RawStream) -> Result<bool, GpuError> {
+        self.bind_to_thread()?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the context is current; `status` is valid for one write; stream per contract.
+        unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) }
+            .result()
+            .map_err(drv("cuStreamIsCapturing"))?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Block until all work of the whole context (every stream, the caller's included) finished.
+    pub fn synchronize_device(&self) -> Result<(), GpuError> {
+        self.bind_to_thread()?;
+        // SAFETY: the primary context is current on this thread.
+        unsafe { sys::cuCtxSynchronize() }.result().map_err(drv("cuCtxSynchronize"))
+    }
+}

@@ -1,0 +1,504 @@
+//! The dispatcher: kernels loaded at open, routes by shape, launches on the caller's stream.
+
+use super::error::RuntimeError;
+use super::plan::{origins, Plan};
+use crate::compile::cache::DiskCache;
+use crate::compile::Compiler;
+use crate::gpu::raw::RawStream;
+use crate::gpu::{DeviceBuf, DeviceInfo, GemmParams, Gpu, Kernel};
+use crate::problem::{AType, GemmProblem};
+use crate::table::{Fallback, MismatchPolicy, Table, OP_GEMM};
+use crate::template::{Family, GemmConfig};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// How to open a dispatcher.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// CUBIN cache folder; `None`: [`DiskCache::default_dir`] (`$FP4TUNE_CACHE`, else
+    /// `~/.cache/fp4tune/cubin`). Created when missing.
+    pub cache_dir: Option<PathBuf>,
+    /// What a table made on another device or with other template sources does.
+    pub policy: MismatchPolicy,
+    /// Largest M the split-K workspace is sized for at open (larger M grows it on first use).
+    pub max_m: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { device: 0, cache_dir: None, policy: MismatchPolicy::Warn, max_m: 8192 }
+    }
+}
+
+/// How a launch's configuration was chosen (cheap to copy; the hot path returns it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteKind {
+    Exact,
+    NearestBucket {
+        bucket: u32,
+    },
+    /// The table's common configuration (shape not in the table).
+    Common,
+    /// The family default (shape not in the table, or the table's family disabled).
+    Default,
+}
+
+/// The configuration a launch uses and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub config: GemmConfig,
+    pub kind: RouteKind,
+}
+
+/// One GEMM's device operands (raw device addresses of the caller's buffers, in the layout of
+/// ARCHITECTURE.md "Data layout") and sizes: Y[M, N] = alpha * A[M, K] * W[N, K]^T.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GemmArgs {
+    pub a: u64,
+    /// W4A4: A's swizzled scales; W4A16: unused (may be 0).
+    pub a_sf: u64,
+    pub w: u64,
+    pub w_sf: u64,
+    pub y: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub a_type: AType,
+    pub alpha: f32,
+}
+
+/// What start-up did and how long it took.
+#[derive(Debug, Clone)]
+pub struct StartupReport {
+    pub device: String,
+    pub family: Family,
+    /// The table's path, or `None` when opened without a table.
+    pub table: Option<PathBuf>,
+    pub entries: usize,
+    /// Shapes (N, K, A type) with routes.
+    pub shapes: usize,
+    pub kernels: usize,
+    pub compiled: usize,
+    pub from_disk_cache: usize,
+    pub from_memory_cache: usize,
+    pub cache_dir: Option<PathBuf>,
+    pub compile_s: f64,
+    pub load_s: f64,
+    pub total_s: f64,
+    pub workspace_bytes: usize,
+    pub warnings: Vec<String>,
+}
+
+impl fmt::Display for StartupReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let table = self.table.as_ref().map_or("none".to_string(), |p| p.display().to_string());
+        writeln!(
+            f,
+            "fp4tune dispatcher on {} ({}): table {table}, {} entries, {} shapes",
+            self.device, self.family, self.entries, self.shapes
+        )?;
+        writeln!(
+            f,
+            "  {} kernels: {} compiled, {} from the disk cache, {} from memory ({})",
+            self.kernels,
+            self.compiled,
+            self.from_disk_cache,
+            self.from_memory_cache,
+            self.cache_dir
+                .as_ref()
+                .map_or("no disk cache".to_string(), |d| d.display().to_string())
+        )?;
+        write!(
+            f,
+            "  start-up {:.3} s (compile {:.3} s, load {:.3} s), split-K workspace {} bytes",
+            self.total_s, self.compile_s, self.load_s, self.workspace_bytes
+        )?;
+        for w in &self.warnings {
+            write!(f, "\n  warning: {w}")?;
+        }
+        Ok(())
+    }
+}
+
+/// (N, K, A type).
+type Shape = (u32, u32, AType);
+
+#[derive(Debug)]
+struct Loaded {
+    config: GemmConfig,
+    kernel: Kernel,
+}
+
+#[derive(Debug)]
+struct Workspace {
+    floats: DeviceBuf<f32>,
+    counters: DeviceBuf<u32>,
+}
+
+impl Workspace {
+    fn bytes(&self) -> usize {
+        self.floats.bytes() + self.counters.bytes()
+    }
+}
+
+/// An open device with every kernel of a dispatch table loaded. `Send + Sync`: share one per
+/// device across serving threads.
+#[derive(Debug)]
+pub struct Dispatcher {
+    gpu: Gpu,
+    plan: Plan,
+    kernels: Vec<Loaded>,
+    by_config: HashMap<GemmConfig, usize>,
+    /// Per (N, K, A type): (bucket, kernel index), buckets ascending.
+    routes: HashMap<Shape, Vec<(u32, usize)>>,
+    workspace: Mutex<Workspace>,
+    /// First warning of each shape that fell back, and how many launches took it.
+    fallbacks: Mutex<BTreeMap<Shape, (String, u64)>>,
+    report: StartupReport,
+}
+
+impl Dispatcher {
+    /// Open device `options.device`, load and check the table at `table_path`, build every
+    /// kernel it names (or take it from the CUBIN cache) and load it.
+    pub fn open(table_path: impl AsRef<Path>, options: &Options) -> Result<Self, RuntimeError> {
+        let path = table_path.as_ref();
+        let table = Table::load(path)?;
+        Self::open_with(Some((&table, path)), options)
+    }
+
+    /// Open without a tuned table: every shape uses its family default.
+    pub fn open_untuned(options: &Options) -> Result<Self, RuntimeError> {
+        Self::open_with(None, options)
+    }
+
+    /// Open with an in-memory table (`origin` names it in messages).
+    pub fn open_with(
+        table: Option<(&Table, &Path)>,
+        options: &Options,
+    ) -> Result<Self, RuntimeError> {
+        let t0 = Instant::now();
+        let gpu = Gpu::open(options.device)?;
+        let origin = table.map_or("-".to_string(), |(_, p)| p.display().to_string());
+        let mut plan =
+            Plan::new(table.map(|(t, _)| t), &origin, gpu.info(), options.policy, options.max_m)?;
+        let cache_dir = options.cache_dir.clone().unwrap_or_else(DiskCache::default_dir);
+        let compiler = Compiler::new(Some(cache_dir.clone())).map_err(|error| {
+            RuntimeError::Compiler { cache_dir: Some(cache_dir.clone()), error }
+        })?;
+        let t_compile = Instant::now();
+        let built = plan.compile(&compiler)?;
+        let compile_s = t_compile.elapsed().as_secs_f64();
+        let t_load = Instant::now();
+        let mut kernels = Vec::with_capacity(built.len());
+        let mut by_config = HashMap::with_capacity(built.len());
+        for (config, compiled) in &built {
+            let kernel = gpu.load(compiled, config.smem_bytes())?;
+            by_config.insert(*config, kernels.len());
+            kernels.push(Loaded { config: *config, kernel });
+        }
+        let mut routes = HashMap::with_capacity(plan.routes.len());
+        for (shape, buckets) in &plan.routes {
+            let mut r = Vec::with_capacity(buckets.len());
+            for (bucket, config) in buckets {
+                let idx =
+                    *by_config.get(config).ok_or_else(|| RuntimeError::NotLoaded(config.name()))?;
+                r.push((*bucket, idx));
+            }
+            routes.insert(*shape, r);
+        }
+        let workspace = Workspace {
+            floats: gpu.alloc_zeros::<f32>(plan.workspace_floats)?,
+            counters: gpu.alloc_zeros::<u32>(plan.counter_words)?,
+        };
+        gpu.synchronize()?;
+        let load_s = t_load.elapsed().as_secs_f64();
+        let (compiled, from_disk_cache, from_memory_cache) = origins(&built);
+        let report = StartupReport {
+            device: gpu.info().name.clone(),
+            family: plan.family,
+            table: table.map(|(_, p)| p.to_path_buf()),
+            entries: plan.entries,
+            shapes: routes.len(),
+            kernels: kernels.len(),
+            compiled,
+            from_disk_cache,
+            from_memory_cache,
+            cache_dir: Some(cache_dir),
+            compile_s,
+            load_s,
+            total_s: t0.elapsed().as_secs_f64(),
+            workspace_bytes: workspace.bytes(),
+            warnings: plan.warnings.clone(),
+        };
+        Ok(Self {
+            gpu,
+            plan,
+            kernels,
+            by_config,
+            routes,
+            workspace: Mutex::new(workspace),
+            fallbacks: Mutex::new(BTreeMap::new()),
+            report,
+        })
+    }
+
+    pub fn report(&self) -> &StartupReport {
+        &self.report
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        self.gpu.info()
+    }
+
+    /// Current size of the split-K workspace and counters, in bytes.
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace.lock().unwrap_or_else(|p| p.into_inner()).bytes()
+    }
+
+    pub fn family(&self) -> Family {
+        self.plan.family
+    }
+
+    /// Every shape that fell back to a common or default configuration so far: one warning each,
+    /// with the number of launches that took it.
+    pub fn fallbacks(&self) -> Vec<String> {
+        let f = self.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
+        f.values().map(|(w, n)| format!("{w} ({n} launches)")).collect()
+    }
+
+    /// The configuration a GEMM of this shape launches, and why (no launch).
+    pub fn route(&self, m: u32, n: u32, k: u32, a_type: AType) -> Result<Route, RuntimeError> {
+        self.route_index(&GemmProblem::new(m, n, k, a_type))
+            .map(|(i, kind)| Route { config: self.kernels[i].config, kind })
+    }
+
+    fn route_index(&self, p: &GemmProblem) -> Result<(usize, RouteKind), RuntimeError> {
+        if let Some(buckets) = self.routes.get(&(p.n, p.k, p.a_type)) {
+            let i = buckets.partition_point(|(m, _)| *m < p.m).min(buckets.len() - 1);
+            let (bucket, idx) = buckets[i];
+            if self.kernels[idx].config.check_problem(p).is_ok() {
+                let kind = if bucket == p.m {
+                    RouteKind::Exact
+                } else {
+                    RouteKind::NearestBucket { bucket }
+                };
+                return Ok((idx, kind));
+            }
+        }
+        self.route_slow(p)
+    }
+
+    /// Shapes without a usable route: the table's lookup with its fallback order, recorded.
+    #[cold]
+    fn route_slow(&self, p: &GemmProblem) -> Result<(usize, RouteKind), RuntimeError> {
+        let resolved = self.plan.lookup.resolve(OP_GEMM, self.plan.family, p, None)?;
+        let idx = *self
+            .by_config
+            .get(&resolved.config)
+            .ok_or_else(|| RuntimeError::NotLoaded(resolved.config.name()))?;
+        let kind = match resolved.fallback {
+            Fallback::Exact => RouteKind::Exact,
+            Fallback::NearestBucket { bucket } => RouteKind::NearestBucket { bucket },
+            Fallback::Common { .. } => RouteKind::Common,
+            Fallback::Default { .. } => RouteKind::Default,
+        };
+        if let Some(w) = resolved.warning(OP_GEMM, p) {
+            let mut f = self.fallbacks.lock().unwrap_or_else(|e| e.into_inner());
+            f.entry((p.n, p.k, p.a_type)).or_insert((w, 0)).1 += 1;
+        }
+        Ok((idx, kind))
+    }
+
+    /// Launch Y = alpha * A * W^T with the table's kernel for this shape on `stream`.
+    ///
+    /// # Safety
+    /// The pointers must be device addresses in this device's primary context of buffers holding
+    /// at least the data layout's sizes for (m, n, k) (W codes `n*k/2` bytes, W scales the
+    /// swizzled size with rows padded to 128, A `m*k*2` bytes (W4A16) or `m*k/2` + swizzled scales
+    /// (W4A4), Y `m*n*2` bytes), alive until the launch completes; `stream` must be 0 or a live
+    /// stream of that context.
+    pub unsafe fn gemm(&self, args: &GemmArgs, stream: RawStream) -> Result<Route, RuntimeError> {
+        validate(args)?;
+        let p = GemmProblem::new(args.m, args.n, args.k, args.a_type);
+        let (idx, kind) = self.route_index(&p)?;
+        let loaded = &self.kernels[idx];
+        let config = loaded.config;
+        let mut params = GemmParams {
+            a: args.a,
+            a_sf: args.a_sf,
+            w: args.w,
+            w_sf: args.w_sf,
+            y: args.y,
+            workspace: 0,
+            counters: 0,
+            m: args.m as i32,
+            n: args.n as i32,
+            k: args.k as i32,
+            alpha: args.alpha,
+        };
+        let dims = config.launch_dims(&p);
+        if config.split_k > 1 {
+            let floats = config.workspace_floats(&p);
+            let counters = config.counter_words(&p);
+            let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+            if ws.floats.len() < floats || ws.counters.len() < counters {
+                // SAFETY: stream validity is the caller's contract.
+                unsafe { self.grow(&mut ws, floats, counters, stream)? };
+            }
+            params.workspace = ws.floats.ptr();
+            params.counters = ws.counters.ptr();
+            // SAFETY: caller's buffer/stream contract; the workspace and counters hold at least
+            // what this launch needs (checked above), are zero between launches (the kernel leaves
+            // the counters zeroed) and outlive the launch (freed only after a device
+            // synchronization); the lock orders split-K launches issued from the host.
+            unsafe { self.gpu.launch_on_stream(&loaded.kernel, dims, &params, stream)? };
+        } else {
+            // SAFETY: caller's buffer/stream contract; no workspace is used without split-K.
+            unsafe { self.gpu.launch_on_stream(&loaded.kernel, dims, &params, stream)? };
+        }
+        Ok(Route { config, kind })
+    }
+
+    /// Grow the split-K workspace (slow path): refused during graph capture; otherwise waits for
+    /// the whole device (the old buffers may be in use on any stream), then reallocates zeroed.
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of the primary context.
+    #[cold]
+    unsafe fn grow(
+        &self,
+        ws: &mut Workspace,
+        floats: usize,
+        counters: usize,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let floats = floats.max(ws.floats.len());
+        let counters = counters.max(ws.counters.len());
+        // SAFETY: forwarded stream contract.
+        if unsafe { self.gpu.stream_is_capturing(stream)? } {
+            return Err(RuntimeError::WorkspaceDuringCapture {
+                needed_bytes: floats * 4 + counters * 4,
+                have_bytes: ws.bytes(),
+            });
+        }
+        self.gpu.synchronize_device()?;
+        let new = Workspace {
+            floats: self.gpu.alloc_zeros::<f32>(floats.max(ws.floats.len() * 2))?,
+            counters: self.gpu.alloc_zeros::<u32>(counters.max(ws.counters.len() * 2))?,
+        };
+        self.gpu.synchronize()?;
+        *ws = new;
+        Ok(())
+    }
+
+    /// Wait for `stream` (0 = the legacy default stream); surfaces asynchronous kernel errors.
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of this device's primary context.
+    pub unsafe fn synchronize(&self, stream: RawStream) -> Result<(), RuntimeError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.gpu.synchronize_stream(stream) }.map_err(Into::into)
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        // Kernels of ours may still run on the caller's streams: wait before the modules and the
+        // workspace go. Errors cannot be reported from a drop and are ignored.
+        let _ = self.gpu.synchronize_device();
+    }
+}
+
+fn validate(a: &GemmArgs) -> Result<(), RuntimeError> {
+    let bad = |s: String| Err(RuntimeError::InvalidArgument(s));
+    if a.m == 0 || a.n == 0 || a.k == 0 {
+        return bad(format!("empty GEMM M={} N={} K={}", a.m, a.n, a.k));
+    }
+    let limit = i32::MAX as u32;
+    if a.m > limit || a.n > limit || a.k > limit {
+        return bad(format!("M={} N={} K={} must fit in a signed 32-bit int", a.m, a.n, a.k));
+    }
+    if a.k % 16 != 0 {
+        return bad(format!("K={} is not a multiple of the NVFP4 block size 16", a.k));
+    }
+    for (name, ptr) in [("a", a.a), ("w", a.w), ("w_sf", a.w_sf), ("y", a.y)] {
+        if ptr == 0 {
+            return bad(format!("null device pointer `{name}`"));
+        }
+    }
+    if a.a_type == AType::Nvfp4 && a.a_sf == 0 {
+        return bad("null device pointer `a_sf` (W4A4 needs the activation scales)".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> GemmArgs {
+        GemmArgs {
+            a: 1,
+            a_sf: 0,
+            w: 2,
+            w_sf: 3,
+            y: 4,
+            m: 1,
+            n: 512,
+            k: 6144,
+            a_type: AType::Bf16,
+            alpha: 1.0,
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_before_any_launch() {
+        assert!(validate(&args()).is_ok());
+        let check = |f: &dyn Fn(&mut GemmArgs), want: &str| {
+            let mut a = args();
+            f(&mut a);
+            let e = validate(&a).unwrap_err().to_string();
+            assert!(e.contains(want), "want {want:?} in {e}");
+        };
+        check(&|a| a.m = 0, "empty GEMM");
+        check(&|a| a.k = 100, "multiple of the NVFP4 block size");
+        check(&|a| a.n = u32::MAX, "signed 32-bit");
+        check(&|a| a.w_sf = 0, "`w_sf`");
+        check(&|a| a.a_type = AType::Nvfp4, "`a_sf`");
+    }
+
+    #[test]
+    fn dispatcher_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Dispatcher>();
+    }
+
+    #[test]
+    fn startup_report_reads_well() {
+        let r = StartupReport {
+            device: "NVIDIA H200".into(),
+            family: Family::Sm90,
+            table: Some("results/h200.ron".into()),
+            entries: 28,
+            shapes: 2,
+            kernels: 9,
+            compiled: 2,
+            from_disk_cache: 7,
+            from_memory_cache: 0,
+            cache_dir: Some("/tmp/c".into()),
+            compile_s: 0.5,
+            load_s: 0.01,
+            total_s: 0.7,
+            workspace_bytes: 4096,
+            warnings: vec!["w1".into()],
+        };
+        let s = r.to_string();
+        assert!(s.contains("9 kernels: 2 compiled, 7 from the disk cache"), "{s}");
+        assert!(s.contains("warning: w1"), "{s}");
+    }
+}

@@ -1,0 +1,36 @@
+//! Errors of the runtime dispatcher.
+
+use crate::compile::CompileError;
+use crate::gpu::GpuError;
+use crate::table::{LookupError, TableError};
+use std::path::PathBuf;
+
+/// Everything that can fail opening a dispatcher or launching through it.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Table(#[from] TableError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("device {name:?} has compute capability {}.{}: fp4tune has kernel families for 9.0 (sm90) and 12.0 (sm120)",
+        compute_capability.0, compute_capability.1)]
+    UnsupportedDevice { name: String, compute_capability: (u32, u32) },
+    #[error("setting up the kernel compiler (cubin cache {}): {error}",
+        cache_dir.as_ref().map_or("none".to_string(), |d| d.display().to_string()))]
+    Compiler { cache_dir: Option<PathBuf>, error: CompileError },
+    #[error("rendering kernel {config}: {reason}")]
+    Render { config: String, reason: String },
+    #[error("compiling kernel {config} named by the table: {error}")]
+    Compile { config: String, error: CompileError },
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error(
+        "the split-K workspace must grow to {needed_bytes} bytes (has {have_bytes}) while the stream is \
+         being captured into a CUDA graph; launch this shape once before capturing"
+    )]
+    WorkspaceDuringCapture { needed_bytes: usize, have_bytes: usize },
+    #[error("internal error: configuration {0} was chosen but not loaded")]
+    NotLoaded(String),
+}

@@ -1,0 +1,199 @@
+//! GPU tests of the dispatcher (need a CUDA GPU and NVRTC; `--features gpu`).
+
+use super::*;
+use crate::format::{quantize_activations, quantize_weight, reference_gemm, GemmA, Nvfp4Matrix};
+use crate::gpu::{DeviceBuf, Gpu};
+use crate::problem::{AType, GemmProblem};
+use crate::table::{DeviceIdentity, Entry, Table, TableKey, Toolchain};
+use crate::template::{default_config, family_template_hash, search_space, GemmConfig};
+use half::bf16;
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+
+struct Operands {
+    w: Nvfp4Matrix,
+    a_bf16: Vec<bf16>,
+    a_fp4: Option<Nvfp4Matrix>,
+}
+
+fn operands(p: &GemmProblem, seed: u64) -> Operands {
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let wf: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let w = quantize_weight(&wf, n, k).unwrap();
+    let a_bf16: Vec<bf16> =
+        (0..m * k).map(|_| bf16::from_f32(rng.random_range(-2.0f32..2.0))).collect();
+    let a_fp4 = (p.a_type == AType::Nvfp4).then(|| {
+        let amax = a_bf16.iter().fold(0f32, |acc, v| acc.max(v.to_f32().abs()));
+        quantize_activations(&a_bf16, m, k, amax / (6.0 * 448.0)).unwrap()
+    });
+    Operands { w, a_bf16, a_fp4 }
+}
+
+/// Run `p` through the dispatcher on stream 0 and compare with the CPU reference; returns the
+/// route taken.
+fn run(gpu: &Gpu, d: &Dispatcher, p: GemmProblem, seed: u64) -> Route {
+    let o = operands(&p, seed);
+    let reference = match &o.a_fp4 {
+        Some(a) => reference_gemm(GemmA::Nvfp4(a), &o.w).unwrap(),
+        None => reference_gemm(
+            GemmA::Bf16 { data: &o.a_bf16, rows: p.m as usize, cols: p.k as usize },
+            &o.w,
+        )
+        .unwrap(),
+    };
+    let dw = gpu.upload(&o.w.codes).unwrap();
+    let dwsf = gpu.upload(&o.w.scales_swizzled()).unwrap();
+    let (da, dasf): (DeviceBuf<u8>, Option<DeviceBuf<u8>>) = match &o.a_fp4 {
+        Some(a) => (gpu.upload(&a.codes).unwrap(), Some(gpu.upload(&a.scales_swizzled()).unwrap())),
+        None => (
+            gpu.upload(
+                &o.a_bf16.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect::<Vec<u8>>(),
+            )
+            .unwrap(),
+            None,
+        ),
+    };
+    let dy = gpu.alloc_zeros::<u16>((p.m * p.n) as usize).unwrap();
+    gpu.synchronize().unwrap();
+    let args = GemmArgs {
+        a: da.ptr(),
+        a_sf: dasf.as_ref().map_or(0, |b| b.ptr()),
+        w: dw.ptr(),
+        w_sf: dwsf.ptr(),
+        y: dy.ptr(),
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        a_type: p.a_type,
+        alpha: reference.alpha,
+    };
+    // SAFETY: the buffers are live device allocations of the layout's sizes for p, kept until
+    // after the synchronization; stream 0 is the legacy default stream.
+    let route = unsafe { d.gemm(&args, 0) }.unwrap();
+    // SAFETY: as above.
+    unsafe { d.synchronize(0) }.unwrap();
+    let y = gpu.download(&dy).unwrap();
+    let max_ref = reference.y_f32.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let max_err = y
+        .iter()
+        .zip(&reference.y_f32)
+        .map(|(g, r)| (bf16::from_bits(*g).to_f32() - r).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        max_err <= max_ref * 2f32.powi(-7),
+        "{p} with {} ({:?}): max |err| {max_err} vs max |ref| {max_ref}",
+        route.config,
+        route.kind
+    );
+    route
+}
+
+/// A table for this device with (512, 6144) W4A16 at buckets 1 and 16; bucket 16 uses a split-K
+/// configuration when the family has one.
+fn table_for(gpu: &Gpu) -> (Table, GemmConfig, GemmConfig) {
+    let info = gpu.info();
+    let family = super::plan::family_for(info).unwrap();
+    let d = default_config(family, AType::Bf16);
+    let p16 = GemmProblem::new(16, 512, 6144, AType::Bf16);
+    let split = search_space(family, AType::Bf16)
+        .into_iter()
+        .find(|c| c.split_k > 1 && c.check_problem(&p16).is_ok())
+        .unwrap_or(d);
+    let mut t = Table::new(
+        DeviceIdentity {
+            name: info.name.clone(),
+            compute_capability: info.compute_capability,
+            sm_count: info.sm_count,
+        },
+        Toolchain { nvrtc: (13, 0), driver: info.driver_version },
+        "test".into(),
+    );
+    t.template_hashes.insert(family, family_template_hash(family));
+    let entry = |m, config| Entry {
+        key: TableKey::gemm(family, AType::Bf16, 512, 6144, m),
+        config,
+        median_us: 5.0,
+        interval_us: (4.9, 5.1),
+        roofline_fraction: 0.3,
+        runners_up: vec![],
+    };
+    t.entries = vec![entry(1, d), entry(16, split)];
+    t.validate("test").unwrap();
+    (t, d, split)
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn gemm_through_the_table_matches_the_reference() {
+    let gpu = Gpu::open(0).unwrap();
+    let (table, d, split) = table_for(&gpu);
+    let cache = tempfile::tempdir().unwrap();
+    // Workspace sized for M <= 16 only, so M = 200 on the split-K route must grow it.
+    let options =
+        Options { cache_dir: Some(cache.path().join("cubin")), max_m: 16, ..Options::default() };
+    let disp = Dispatcher::open_with(Some((&table, Path::new("test.ron"))), &options).unwrap();
+    let r = disp.report();
+    assert!(r.compiled >= 1 && r.from_disk_cache == 0, "{r}");
+    assert_eq!(r.shapes, 1);
+    let bf = |m| GemmProblem::new(m, 512, 6144, AType::Bf16);
+    let route = run(&gpu, &disp, bf(1), 1);
+    assert_eq!((route.config, route.kind), (d, RouteKind::Exact));
+    let route = run(&gpu, &disp, bf(5), 2);
+    assert_eq!((route.config, route.kind), (split, RouteKind::NearestBucket { bucket: 16 }));
+    run(&gpu, &disp, bf(16), 3);
+    let before = disp.workspace_bytes();
+    run(&gpu, &disp, bf(200), 4);
+    if split.split_k > 1 {
+        assert!(disp.workspace_bytes() > before, "the workspace grew");
+    }
+    run(&gpu, &disp, bf(200), 5); // again, on the grown workspace (counters left zeroed)
+                                  // A shape the table does not know: the common configuration or the default, recorded.
+    let route = run(&gpu, &disp, GemmProblem::new(3, 6144, 256, AType::Bf16), 6);
+    assert!(matches!(route.kind, RouteKind::Common | RouteKind::Default), "{route:?}");
+    assert_eq!(disp.fallbacks().len(), 1, "{:?}", disp.fallbacks());
+    drop(disp);
+    // A second open finds every kernel in the disk cache.
+    let disp = Dispatcher::open_with(Some((&table, Path::new("test.ron"))), &options).unwrap();
+    assert_eq!(disp.report().compiled, 0, "{}", disp.report());
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn untuned_dispatcher_runs_both_activation_types_with_defaults() {
+    let gpu = Gpu::open(0).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let options = Options { cache_dir: Some(cache.path().to_path_buf()), ..Options::default() };
+    let disp = Dispatcher::open_untuned(&options).unwrap();
+    let family = disp.family();
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        let p = GemmProblem::new(7, 512, 6144, a_type);
+        if default_config(family, a_type).check_problem(&p).is_err() {
+            continue; // the family has no kernel for this activation type
+        }
+        let route = run(&gpu, &disp, p, 11);
+        assert_eq!(route.kind, RouteKind::Default);
+    }
+    // Bad arguments are refused, not launched.
+    let args = GemmArgs {
+        a: 0,
+        a_sf: 0,
+        w: 1,
+        w_sf: 1,
+        y: 1,
+        m: 1,
+        n: 512,
+        k: 6144,
+        a_type: AType::Bf16,
+        alpha: 1.0,
+    };
+    // SAFETY: refused before any launch (null `a`).
+    let e = unsafe { disp.gemm(&args, 0) }.unwrap_err();
+    assert!(e.to_string().contains("null device pointer `a`"), "{e}");
+}

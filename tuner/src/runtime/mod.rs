@@ -1,0 +1,54 @@
+//! The runtime dispatcher serving code links (Rust directly, C and Python through `ffi`): open a
+//! dispatch table, compile or load every kernel it names, then launch the right one by shape.
+//!
+//! # Start-up ([`Dispatcher::open`])
+//! 1. open the device (its primary context: the one PyTorch and the CUDA runtime use, so their
+//!    device pointers and streams work here);
+//! 2. load and validate the table, check it against the device and the compiled-in template
+//!    sources ([`crate::table::MismatchPolicy`]);
+//! 3. plan ([`Plan`], GPU-free): per (N, K, A type) the table's buckets for the device's family, the
+//!    common configurations and the family defaults (so every fallback is already loaded), and
+//!    the split-K workspace the table needs up to `Options::max_m`;
+//! 4. render and compile every planned kernel in parallel through [`crate::compile::Compiler`] and
+//!    its on-disk CUBIN cache (a missing cache folder is created; one that cannot be created is an
+//!    error naming it), load them, allocate the workspace, and report the start-up time
+//!    ([`StartupReport`]).
+//!
+//! No tuning, no search, no benchmarking here: `runtime` depends on `table`, `template`,
+//! `compile` and `gpu` only.
+//!
+//! # Launch ([`Dispatcher::gemm`])
+//! A `HashMap` lookup of (N, K, A type), a binary search over the shape's buckets (smallest
+//! bucket >= M, else the largest), the configuration's problem check, one `cuLaunchKernel` on the
+//! caller's stream. Nothing is allocated, compiled or synchronized on this path. Shapes the table
+//! does not know take a slower path (the table's lookup with fallback, ~1 us) and are recorded once
+//! each as a warning ([`Dispatcher::fallbacks`]).
+//!
+//! Split-K kernels share one workspace and one set of tile counters owned by the dispatcher, sized
+//! at open for the table's needs up to `max_m`. A launch that needs more grows them under the lock
+//! outside the hot path: it synchronizes the device, so it is refused while the caller's stream is
+//! being captured into a CUDA graph (warm every shape up before capturing, as serving engines do).
+//! Split-K launches on *different* streams must be ordered by the caller (they share the
+//! counters); launches on one stream, or without split-K, need nothing.
+//!
+//! # Grouped MoE (planned; no format or API break)
+//! The grouped operation (all experts of a layer in one launch) will be
+//! `Dispatcher::grouped_gemm(&GroupedGemmArgs, stream)` with stacked expert weights `w`
+//! `[E, N, K/2]` and scales (one swizzled block per expert), activations sorted by expert with a
+//! device array of E+1 row offsets, per-expert alphas, and E. Its kernels take a new parameter
+//! block (`GroupedGemmParams`, next to `GemmParams` in params.cuh) and render from the same
+//! `GemmConfig`. Its table entries use `op: "grouped_gemm"` and `experts: Some(E)` (see
+//! [`crate::table`]); the plan gains a second route map keyed by (E, N, K, A type) with M = rows
+//! per active expert, and the workspace sizing takes the maximum over both. The C ABI gains
+//! `fp4tune_grouped_gemm` next to `fp4tune_gemm`; existing symbols do not change.
+
+mod dispatcher;
+mod error;
+mod plan;
+
+#[cfg(test)]
+mod gpu_tests;
+
+pub use dispatcher::{Dispatcher, GemmArgs, Options, Route, RouteKind, StartupReport};
+pub use error::RuntimeError;
+pub use plan::{Plan, PlannedKernel};

@@ -1,0 +1,77 @@
+//! The dispatch table (`results/<sku>.ron`): schema, validation, device checks, lookup with fallback.
+//!
+//! A table is what a tuning run hands to serving code: for every (operation, kernel family,
+//! activation type, N, K, token bucket) the configuration that won, with its median time, its
+//! confidence interval, its roofline fraction and the runners-up that tied with it. It records the
+//! device, the toolchain, the template-source hash of every family and the timing policy, so a
+//! table made on another GPU or with other kernel sources is detected at load time
+//! ([`Table::check_against`]).
+//!
+//! # Format (schema version 1)
+//!
+//! ```text
+//! (
+//!     schema_version: 1,
+//!     device: (name: "NVIDIA H200", compute_capability: (9, 0), sm_count: 132),
+//!     toolchain: (nvrtc: (13, 0), driver: (13, 0)),
+//!     template_hashes: {Sm90: "3f1c..."},
+//!     timing_policy: "graph-replay cold-L2 x4 ...",
+//!     entries: [
+//!         (
+//!             key: (op: "gemm", family: Sm90, a_type: Bf16, n: 512, k: 6144, m: 1),
+//!             config: (family: Sm90, a_type: Bf16, block_m: 16, ...),
+//!             median_us: 3.1, interval_us: (3.0, 3.2), roofline_fraction: 0.41,
+//!             runners_up: [(config: (...), median_us: 3.15)],
+//!         ),
+//!     ],
+//! )
+//! ```
+//!
+//! # Lookup order ([`Lookup::resolve`])
+//!
+//! 1. exact: an entry of the same (op, family, a_type, N, K) at bucket M;
+//! 2. nearest bucket of the same shape: the smallest bucket >= M, else the largest (then the
+//!    remaining buckets, larger ones first ascending, then smaller ones descending, until one is
+//!    legal for the problem);
+//! 3. the table's common configuration: among the winners of the same (op, family, a_type), the one
+//!    that wins most entries (ties: most runner-up appearances, then the smallest configuration in
+//!    `GemmConfig`'s order), the first in that ranking that is legal for the problem;
+//! 4. the family default ([`crate::template::default_config`]).
+//!
+//! Steps 3 and 4 come with a [`Fallback`] that says what was missing (the shape, or a family
+//! disabled by a device/template mismatch, or no legal entry), so the caller can warn.
+//!
+//! # The grouped MoE operation (planned, no format break)
+//!
+//! All experts of one MoE layer in one launch ("grouped_gemm": stacked expert weights
+//! `[E, N, K/2]` + stacked swizzled scales, tokens sorted by expert with an offsets array) fits
+//! this format as it is:
+//! - its entries use `op: "grouped_gemm"` and the optional key field `experts: Some(E)` (the
+//!   number of experts of the layer on this GPU; absent, i.e. `None`, for `"gemm"`), with N, K per
+//!   expert and `m` the token bucket *per active expert* (total routed rows / active experts);
+//! - the configuration stays a [`crate::template::GemmConfig`]; knobs a grouped kernel adds
+//!   (persistent CTAs, tile scheduling) become new `GemmConfig` fields with `#[serde(default)]`, so
+//!   schema-1 tables still load;
+//! - lookups take the op as a string, so step 1-4 above apply unchanged to `"grouped_gemm"`;
+//!   tables written now already carry the `op` field, and readers that do not know an op refuse the
+//!   table with a message naming it (see [`KNOWN_OPS`]).
+
+mod check;
+mod lookup;
+mod schema;
+mod summary;
+
+pub use check::{Mismatch, MismatchPolicy, TableCheck};
+pub use lookup::{Fallback, Lookup, LookupError, Missing, Resolved};
+pub use schema::{
+    DeviceIdentity, Entry, RunnerUp, Table, TableError, TableKey, Toolchain, KNOWN_OPS, OP_GEMM,
+    OP_GROUPED_GEMM, TABLE_SCHEMA_VERSION,
+};
+pub use summary::summary;
+
+/// Fixtures other modules' tests build on (a small legal table, fabricated devices).
+#[cfg(test)]
+pub(crate) mod tests_support {
+    pub(crate) use super::check::tests::device;
+    pub(crate) use super::schema::tests::sample;
+}

@@ -1,0 +1,512 @@
+//! The table's persisted types, reading (with validation), and stable pretty writing.
+
+use crate::compile::cache::write_atomic;
+use crate::problem::{AType, GemmProblem};
+use crate::template::{Family, GemmConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Version of the table format; readers refuse other versions.
+pub const TABLE_SCHEMA_VERSION: u32 = 1;
+
+/// One weight matrix per launch.
+pub const OP_GEMM: &str = "gemm";
+/// All experts of a MoE layer in one launch (planned; see the module docs).
+pub const OP_GROUPED_GEMM: &str = "grouped_gemm";
+/// Operations this version understands; a table naming another one is refused.
+pub const KNOWN_OPS: &[&str] = &[OP_GEMM, OP_GROUPED_GEMM];
+
+/// The GPU a table was measured on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceIdentity {
+    pub name: String,
+    pub compute_capability: (u32, u32),
+    pub sm_count: u32,
+}
+
+/// Compiler and driver versions at measurement time (informational; kernels are recompiled).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Toolchain {
+    pub nvrtc: (i32, i32),
+    pub driver: (i32, i32),
+}
+
+/// What an entry is about: one operation on one weight shape at one token bucket. Field for field
+/// `tune::log::TuneKey` plus the optional `experts` (grouped MoE; `None` for plain GEMMs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TableKey {
+    /// [`OP_GEMM`] or [`OP_GROUPED_GEMM`].
+    pub op: String,
+    pub family: Family,
+    pub a_type: AType,
+    pub n: u32,
+    pub k: u32,
+    /// Token bucket: the M the configuration was measured at (per expert for grouped ops).
+    pub m: u32,
+    /// Experts of the layer on this GPU, for grouped ops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<u32>,
+}
+
+impl TableKey {
+    /// A plain GEMM key.
+    pub fn gemm(family: Family, a_type: AType, n: u32, k: u32, m: u32) -> Self {
+        Self { op: OP_GEMM.into(), family, a_type, n, k, m, experts: None }
+    }
+
+    pub fn problem(&self) -> GemmProblem {
+        GemmProblem::new(self.m, self.n, self.k, self.a_type)
+    }
+}
+
+impl fmt::Display for TableKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} N={} K={} M={}",
+            self.op, self.family, self.a_type, self.n, self.k, self.m
+        )?;
+        if let Some(e) = self.experts {
+            write!(f, " E={e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A configuration that tied with the winner (inside the tie band).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunnerUp {
+    pub config: GemmConfig,
+    pub median_us: f64,
+}
+
+/// The selected configuration of one key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub key: TableKey,
+    pub config: GemmConfig,
+    /// Median time per launch, microseconds.
+    pub median_us: f64,
+    /// Confidence interval of the median (lo, hi), microseconds.
+    pub interval_us: (f64, f64),
+    /// Achieved fraction of the binding roofline limit (memory or compute), 0..=1 nominally.
+    pub roofline_fraction: f64,
+    /// Configurations within the tie band, fastest first.
+    #[serde(default)]
+    pub runners_up: Vec<RunnerUp>,
+}
+
+/// A dispatch table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Table {
+    pub schema_version: u32,
+    pub device: DeviceIdentity,
+    pub toolchain: Toolchain,
+    /// `template::family_template_hash` of every family the entries use.
+    pub template_hashes: BTreeMap<Family, String>,
+    /// The timing policy the medians were measured under, in words.
+    pub timing_policy: String,
+    pub entries: Vec<Entry>,
+}
+
+/// Everything that can go wrong reading, checking or writing a table. `origin` names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("{}: cannot read the dispatch table: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: cannot write the dispatch table: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}:{line}:{column}: malformed dispatch table (RON): {message}")]
+    Syntax { origin: String, line: usize, column: usize, message: String },
+    #[error(
+        "{origin}: unsupported dispatch-table schema_version {found} (this fp4tune reads schema_version {expected}); \
+         re-run the tuning or use a matching fp4tune"
+    )]
+    SchemaVersion { origin: String, found: u32, expected: u32 },
+    #[error("{origin}: the dispatch table has no entries")]
+    Empty { origin: String },
+    #[error("{origin}: {at}: {reason}")]
+    Invalid { origin: String, at: String, reason: String },
+    #[error("{origin}: the table does not match this device or these kernel sources:\n  {}",
+        mismatches.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("\n  "))]
+    Mismatch { origin: String, mismatches: Vec<super::Mismatch> },
+}
+
+/// Only the version, read first so a table of another schema gets a version error, not a field error.
+#[derive(Deserialize)]
+struct VersionProbe {
+    schema_version: u32,
+}
+
+impl Table {
+    /// An empty table for `device` (entries are added by the tuner's selection step).
+    pub fn new(device: DeviceIdentity, toolchain: Toolchain, timing_policy: String) -> Self {
+        Self {
+            schema_version: TABLE_SCHEMA_VERSION,
+            device,
+            toolchain,
+            template_hashes: BTreeMap::new(),
+            timing_policy,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Read, parse and validate the table at `path` (see [`Table::validate`]).
+    pub fn load(path: &Path) -> Result<Table, TableError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| TableError::Read { path: path.to_path_buf(), source })?;
+        Table::from_ron_str(&text, &path.display().to_string())
+    }
+
+    /// Parse and validate a table; `origin` (a path or a label) names it in errors.
+    pub fn from_ron_str(text: &str, origin: &str) -> Result<Table, TableError> {
+        let ron_err = |e: ron::error::SpannedError| TableError::Syntax {
+            origin: origin.to_string(),
+            line: e.span.start.line,
+            column: e.span.start.col,
+            message: e.code.to_string(),
+        };
+        // Unknown fields are ignored by the probe; a truncated file fails here with its position.
+        let probe: VersionProbe = ron::Options::default().from_str(text).map_err(ron_err)?;
+        if probe.schema_version != TABLE_SCHEMA_VERSION {
+            return Err(TableError::SchemaVersion {
+                origin: origin.to_string(),
+                found: probe.schema_version,
+                expected: TABLE_SCHEMA_VERSION,
+            });
+        }
+        let table: Table = ron::Options::default().from_str(text).map_err(ron_err)?;
+        table.validate(origin)?;
+        Ok(table)
+    }
+
+    /// Every rule of the schema: version; at least one entry; known ops (`experts` present exactly
+    /// for grouped ops); N, K, M > 0 and K a multiple of 16; each key's family and A type equal to
+    /// its configuration's; every configuration (winner and runners-up) legal for its key's problem
+    /// (`GemmConfig::check_problem`); finite, positive times with lo <= hi; no duplicate keys; a
+    /// template hash for every family used; every family's architecture equal to the device's
+    /// compute capability.
+    pub fn validate(&self, origin: &str) -> Result<(), TableError> {
+        let invalid = |at: String, reason: String| TableError::Invalid {
+            origin: origin.to_string(),
+            at,
+            reason,
+        };
+        if self.schema_version != TABLE_SCHEMA_VERSION {
+            return Err(TableError::SchemaVersion {
+                origin: origin.to_string(),
+                found: self.schema_version,
+                expected: TABLE_SCHEMA_VERSION,
+            });
+        }
+        if self.entries.is_empty() {
+            return Err(TableError::Empty { origin: origin.to_string() });
+        }
+        let mut seen = HashSet::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            let at = || format!("entry {} ({})", i + 1, e.key);
+            let key = &e.key;
+            if !KNOWN_OPS.contains(&key.op.as_str()) {
+                return Err(invalid(
+                    at(),
+                    format!(
+                        "unknown op {:?} (this fp4tune knows {})",
+                        key.op,
+                        KNOWN_OPS.join(", ")
+                    ),
+                ));
+            }
+            match (key.op.as_str(), key.experts) {
+                (OP_GEMM, Some(_)) => {
+                    return Err(invalid(at(), "op \"gemm\" takes no `experts` field".into()))
+                }
+                (OP_GROUPED_GEMM, None | Some(0)) => {
+                    return Err(invalid(
+                        at(),
+                        "op \"grouped_gemm\" needs `experts: Some(E)`, E > 0".into(),
+                    ))
+                }
+                _ => {}
+            }
+            if key.n == 0 || key.k == 0 || key.m == 0 {
+                return Err(invalid(at(), "N, K and M must be positive".into()));
+            }
+            if key.k % 16 != 0 {
+                return Err(invalid(at(), format!("K = {} is not a multiple of 16", key.k)));
+            }
+            if !seen.insert(key) {
+                return Err(invalid(
+                    at(),
+                    "duplicate key (an earlier entry has the same key)".into(),
+                ));
+            }
+            let problem = key.problem();
+            let configs = std::iter::once((&e.config, "config"))
+                .chain(e.runners_up.iter().map(|r| (&r.config, "runner-up")));
+            for (c, what) in configs {
+                let sizes = [
+                    c.block_m, c.block_n, c.block_k, c.warps_m, c.warps_n, c.warps_k, c.stages,
+                    c.split_k,
+                ];
+                if sizes.contains(&0) {
+                    return Err(invalid(at(), format!("illegal {what}: {c}: tile sizes, warps, stages and split_k must be positive")));
+                }
+                if c.family != key.family || c.a_type != key.a_type {
+                    return Err(invalid(
+                        at(),
+                        format!(
+                            "{what} {c} is for {} {}, the key for {} {}",
+                            c.family, c.a_type, key.family, key.a_type
+                        ),
+                    ));
+                }
+                c.check_problem(&problem)
+                    .map_err(|err| invalid(at(), format!("illegal {what}: {err}")))?;
+            }
+            let t = [e.median_us, e.interval_us.0, e.interval_us.1];
+            if t.iter().any(|x| !x.is_finite() || *x <= 0.0) || e.interval_us.0 > e.interval_us.1 {
+                return Err(invalid(
+                    at(),
+                    format!(
+                        "times must be finite and positive with lo <= hi: median {} interval ({}, {})",
+                        e.median_us, e.interval_us.0, e.interval_us.1
+                    ),
+                ));
+            }
+            if !e.roofline_fraction.is_finite() || e.roofline_fraction < 0.0 {
+                return Err(invalid(
+                    at(),
+                    format!(
+                        "roofline_fraction {} is not a finite number >= 0",
+                        e.roofline_fraction
+                    ),
+                ));
+            }
+            if let Some(r) =
+                e.runners_up.iter().find(|r| !r.median_us.is_finite() || r.median_us <= 0.0)
+            {
+                return Err(invalid(
+                    at(),
+                    format!("runner-up {} has median {}", r.config, r.median_us),
+                ));
+            }
+            if !self.template_hashes.contains_key(&key.family) {
+                return Err(invalid(
+                    at(),
+                    format!("no template hash recorded for family {}", key.family),
+                ));
+            }
+            let cc = key.family.arch().compute_capability();
+            if cc != self.device.compute_capability {
+                return Err(invalid(
+                    at(),
+                    format!(
+                        "family {} runs on compute capability {}.{}, the table's device {} is {}.{}",
+                        key.family, cc.0, cc.1, self.device.name, self.device.compute_capability.0,
+                        self.device.compute_capability.1
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stable, pretty RON: entries sorted by key, one key and one configuration per line. Parses
+    /// back with [`Table::from_ron_str`] to an equal table (entries sorted).
+    pub fn to_ron_string(&self) -> String {
+        use std::fmt::Write;
+        fn one<T: Serialize>(value: &T) -> String {
+            let inline = ron::ser::PrettyConfig::new()
+                .new_line("")
+                .indentor("")
+                .separator(" ")
+                .compact_arrays(true)
+                .compact_structs(true)
+                .compact_maps(true);
+            // Plain structs, strings, numbers and maps with enum keys: serialization cannot fail.
+            ron::ser::to_string_pretty(value, inline).unwrap_or_default()
+        }
+        let mut entries: Vec<&Entry> = self.entries.iter().collect();
+        entries.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut out = String::new();
+        let _ = writeln!(out, "(");
+        let _ = writeln!(out, "    schema_version: {},", self.schema_version);
+        let _ = writeln!(out, "    device: {},", one(&self.device));
+        let _ = writeln!(out, "    toolchain: {},", one(&self.toolchain));
+        let _ = writeln!(out, "    template_hashes: {},", one(&self.template_hashes));
+        let _ = writeln!(out, "    timing_policy: {},", one(&self.timing_policy));
+        let _ = writeln!(out, "    entries: [");
+        for e in entries {
+            let _ = writeln!(out, "        (");
+            let _ = writeln!(out, "            key: {},", one(&e.key));
+            let _ = writeln!(out, "            config: {},", one(&e.config));
+            let _ = writeln!(out, "            median_us: {},", one(&e.median_us));
+            let _ = writeln!(out, "            interval_us: {},", one(&e.interval_us));
+            let _ = writeln!(out, "            roofline_fraction: {},", one(&e.roofline_fraction));
+            if e.runners_up.is_empty() {
+                let _ = writeln!(out, "            runners_up: [],");
+            } else {
+                let _ = writeln!(out, "            runners_up: [");
+                for r in &e.runners_up {
+                    let _ = writeln!(out, "                {},", one(r));
+                }
+                let _ = writeln!(out, "            ],");
+            }
+            let _ = writeln!(out, "        ),");
+        }
+        let _ = writeln!(out, "    ],");
+        let _ = writeln!(out, ")");
+        out
+    }
+
+    /// Validate, then write atomically (temporary file + rename), creating the folder.
+    pub fn save(&self, path: &Path) -> Result<(), TableError> {
+        self.validate(&path.display().to_string())?;
+        let io = |source| TableError::Write { path: path.to_path_buf(), source };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        write_atomic(path, self.to_ron_string().as_bytes()).map_err(io)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::template::{default_config, search_space};
+
+    /// A small legal table: (N=512, K=6144) at buckets 1, 16, 256 and (N=6144, K=256) at 1.
+    pub(crate) fn sample() -> Table {
+        let space = search_space(Family::Sm90, AType::Bf16);
+        let c0 = default_config(Family::Sm90, AType::Bf16);
+        let c1 = *space.iter().find(|c| **c != c0).unwrap_or(&c0);
+        let mut t = Table::new(
+            DeviceIdentity {
+                name: "NVIDIA H200".into(),
+                compute_capability: (9, 0),
+                sm_count: 132,
+            },
+            Toolchain { nvrtc: (13, 0), driver: (13, 0) },
+            "graph replay, cold L2 (4x rotation), interleaved, median of 50".into(),
+        );
+        t.template_hashes.insert(Family::Sm90, crate::template::family_template_hash(Family::Sm90));
+        let entry = |n, k, m, c: GemmConfig, us: f64| Entry {
+            key: TableKey::gemm(Family::Sm90, AType::Bf16, n, k, m),
+            config: c,
+            median_us: us,
+            interval_us: (us * 0.98, us * 1.02),
+            roofline_fraction: 0.25,
+            runners_up: vec![RunnerUp { config: c0, median_us: us * 1.01 }],
+        };
+        t.entries = vec![
+            entry(512, 6144, 16, c1, 4.5),
+            entry(512, 6144, 1, c1, 3.25),
+            entry(512, 6144, 256, c0, 9.0),
+            entry(6144, 256, 1, c1, 2.0),
+        ];
+        t
+    }
+
+    fn err(text: &str) -> String {
+        Table::from_ron_str(text, "results/h200.ron").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn round_trip_is_stable_and_sorted() {
+        let t = sample();
+        let text = t.to_ron_string();
+        let back = Table::from_ron_str(&text, "mem").unwrap();
+        let mut sorted = t.clone();
+        sorted.entries.sort_by(|a, b| a.key.cmp(&b.key));
+        assert_eq!(back, sorted);
+        assert_eq!(back.to_ron_string(), text, "writing is stable");
+        assert!(!text.contains("experts"), "absent optional key fields are not written:\n{text}");
+        // Through the file system, atomically, creating the folder.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results/h200.ron");
+        t.save(&path).unwrap();
+        assert_eq!(Table::load(&path).unwrap(), sorted);
+    }
+
+    #[test]
+    fn grouped_entries_fit_the_same_format() {
+        let mut t = sample();
+        let mut e = t.entries[0].clone();
+        e.key.op = OP_GROUPED_GEMM.into();
+        e.key.experts = Some(256);
+        t.entries.push(e);
+        let back = Table::from_ron_str(&t.to_ron_string(), "mem").unwrap();
+        assert!(back.entries.iter().any(|e| e.key.experts == Some(256)));
+        // A grouped entry without its expert count is refused.
+        let mut bad = t.clone();
+        bad.entries.last_mut().unwrap().key.experts = None;
+        let e = bad.validate("x").unwrap_err().to_string();
+        assert!(e.contains("experts"), "{e}");
+    }
+
+    #[test]
+    fn truncated_table_names_file_line_and_column() {
+        let text = sample().to_ron_string();
+        let cut = &text[..text.len() * 2 / 3];
+        let e = err(cut);
+        assert!(e.starts_with("results/h200.ron:"), "{e}");
+        assert!(e.contains("malformed dispatch table"), "{e}");
+        let line: usize = e.split(':').nth(1).unwrap().parse().unwrap();
+        assert!(line > 5, "points into the file: {e}");
+        assert!(err("").contains("results/h200.ron:1:"), "empty file is a syntax error");
+    }
+
+    #[test]
+    fn unknown_schema_version_is_refused_clearly() {
+        let text = sample().to_ron_string().replace("schema_version: 1,", "schema_version: 7,");
+        let e = err(&text);
+        assert!(e.contains("unsupported dispatch-table schema_version 7"), "{e}");
+        assert!(e.contains("reads schema_version 1"), "{e}");
+        // A newer schema with fields we do not know still gets the version error, not a field error.
+        let text = text.replace("entries: [", "new_field: 3, entries: [");
+        assert!(err(&text).contains("schema_version 7"));
+    }
+
+    #[test]
+    fn hand_edited_illegal_config_is_refused_naming_the_entry() {
+        let t = sample();
+        let text = t.to_ron_string();
+        // block_k 0 is illegal for every family.
+        let first = format!("block_k: {}", t.entries[0].config.block_k);
+        let text = text.replacen(&first, "block_k: 0", 1);
+        let e = err(&text);
+        assert!(e.contains("entry 1 ("), "{e}");
+        assert!(e.contains("illegal config"), "{e}");
+    }
+
+    #[test]
+    fn inconsistent_tables_are_refused() {
+        let check = |f: &dyn Fn(&mut Table), want: &str| {
+            let mut t = sample();
+            f(&mut t);
+            let e = t.validate("t.ron").unwrap_err().to_string();
+            assert!(e.contains(want), "want {want:?} in: {e}");
+        };
+        check(&|t| t.entries.clear(), "has no entries");
+        check(&|t| t.entries.push(t.entries[0].clone()), "duplicate key");
+        check(&|t| t.entries[0].key.op = "conv".into(), "unknown op \"conv\"");
+        check(&|t| t.entries[0].key.a_type = AType::Nvfp4, "the key for sm90 w4a4");
+        check(&|t| t.entries[0].key.k = 100, "not a multiple of 16");
+        check(&|t| t.entries[0].key.m = 0, "must be positive");
+        check(&|t| t.entries[0].median_us = f64::NAN, "finite and positive");
+        check(&|t| t.entries[0].interval_us = (5.0, 4.0), "lo <= hi");
+        check(&|t| t.template_hashes.clear(), "no template hash");
+        check(&|t| t.device.compute_capability = (12, 0), "runs on compute capability 9.0");
+        check(&|t| t.entries[0].runners_up[0].config.stages = 0, "illegal runner-up");
+    }
+}

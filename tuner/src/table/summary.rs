@@ -1,0 +1,69 @@
+//! A human summary of a table (what `fp4tune table --check FILE` prints).
+
+use super::schema::Table;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// Device, toolchain, policy, template hashes, then one line per shape: its buckets, the number of
+/// distinct winning configurations, and the median time range.
+pub fn summary(table: &Table) -> String {
+    let mut out = String::new();
+    let d = &table.device;
+    let _ = writeln!(
+        out,
+        "device: {} (compute capability {}.{}, {} SMs)",
+        d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
+    );
+    let t = &table.toolchain;
+    let _ = writeln!(
+        out,
+        "toolchain: NVRTC {}.{}, driver {}.{}",
+        t.nvrtc.0, t.nvrtc.1, t.driver.0, t.driver.1
+    );
+    let _ = writeln!(out, "timing policy: {}", table.timing_policy);
+    for (family, hash) in &table.template_hashes {
+        let _ = writeln!(out, "templates {family}: {}", &hash[..hash.len().min(16)]);
+    }
+    type Shape = (String, String, String, u32, u32, Option<u32>);
+    let mut shapes: BTreeMap<Shape, Vec<&super::Entry>> = BTreeMap::new();
+    for e in &table.entries {
+        let k = &e.key;
+        let shape = (k.op.clone(), k.family.to_string(), k.a_type.to_string(), k.n, k.k, k.experts);
+        shapes.entry(shape).or_default().push(e);
+    }
+    let _ = writeln!(out, "entries: {} over {} shapes", table.entries.len(), shapes.len());
+    for ((op, family, a_type, n, k, experts), mut entries) in shapes {
+        entries.sort_by_key(|e| e.key.m);
+        let buckets: Vec<String> = entries.iter().map(|e| e.key.m.to_string()).collect();
+        let mut configs: Vec<_> = entries.iter().map(|e| e.config).collect();
+        configs.sort();
+        configs.dedup();
+        let lo = entries.iter().map(|e| e.median_us).fold(f64::INFINITY, f64::min);
+        let hi = entries.iter().map(|e| e.median_us).fold(0.0, f64::max);
+        let e = experts.map(|e| format!(" E={e}")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {op} {family} {a_type} N={n} K={k}{e}: {} entries, buckets [{}], {} distinct configs, median {lo:.2}..{hi:.2} us",
+            entries.len(),
+            buckets.join(", "),
+            configs.len(),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::schema::tests::sample;
+
+    #[test]
+    fn summary_lists_device_shapes_and_buckets() {
+        let s = summary(&sample());
+        assert!(s.starts_with("device: NVIDIA H200 (compute capability 9.0, 132 SMs)"), "{s}");
+        assert!(s.contains("entries: 4 over 2 shapes"), "{s}");
+        assert!(s.contains("gemm sm90 w4a16 N=512 K=6144: 3 entries, buckets [1, 16, 256]"), "{s}");
+        assert!(s.contains("N=6144 K=256: 1 entries, buckets [1]"), "{s}");
+        assert!(s.contains("median 3.25..9.00 us"), "{s}");
+    }
+}
