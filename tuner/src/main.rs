@@ -633,6 +633,7 @@ fn cmd_tune(
         bail!("no token bucket of set `{}` is <= --max-m {max_m}", set.name);
     }
     let common = common_configs(&dims, &buckets, a_type);
+    let exhaustive = matches!(strategy, fp4tune::search::StrategyKind::Exhaustive);
     let spec = TuneSpec {
         shapes: dims,
         buckets,
@@ -661,6 +662,7 @@ fn cmd_tune(
             })
         },
         batch: 256,
+        precompile: exhaustive,
     };
     let compiler = Compiler::with_default_cache()?;
     let mp = indicatif::MultiProgress::new();

@@ -169,6 +169,9 @@ pub struct TuneSpec {
     pub planner: Box<dyn Fn(&TuneKey, Vec<GemmConfig>) -> Box<dyn Planner>>,
     /// Candidates sent to the worker per request.
     pub batch: usize,
+    /// Compile every configuration any key may need before measuring (worth it when the planner
+    /// is exhaustive; budgeted planners let the worker compile each batch in parallel instead).
+    pub precompile: bool,
 }
 
 impl std::fmt::Debug for TuneSpec {
@@ -356,9 +359,11 @@ pub fn run(
             keys.iter().any(|k| c.check_problem(&GemmProblem::new(k.m, k.n, k.k, k.a_type)).is_ok())
         })
         .collect();
-    progress(Event::Compiling(needed.len()));
-    let sources: Vec<_> = needed.iter().filter_map(|c| c.render().ok()).collect();
-    let _ = compiler.compile_many(&sources);
+    if spec.precompile {
+        progress(Event::Compiling(needed.len()));
+        let sources: Vec<_> = needed.iter().filter_map(|c| c.render().ok()).collect();
+        let _ = compiler.compile_many(&sources);
+    }
 
     let mut writer = log::Writer::open(&log_path)?;
     let mut new_records = 0usize;
