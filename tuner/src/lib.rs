@@ -5,6 +5,7 @@ pub mod compile;
 pub mod error;
 pub mod format;
 pub mod gpu;
+pub mod model;
 pub mod problem;
 pub mod shapes;
 pub mod template;
