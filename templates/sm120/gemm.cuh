@@ -17,6 +17,8 @@ namespace sm120 {
 using Mma = SM120_16x8x64_F32E2M1E2M1F32_UE4M3_4X;
 
 // Selectors must be immediates: the switch folds away once the caller's loops are unrolled.
+// thread-id-a is always 0 here (see sfa_row); thread-id-b j picks the SF_B word of MMA tile
+// 4 * group + j from lane % 4 == j, so one 32-bit load serves four n8 tiles.
 __device__ __forceinline__ void mma_sel(int tid_a, int tid_b, float (&d)[4], const uint32_t (&a)[4],
                                         const uint32_t (&b)[2], uint32_t sfa, uint32_t sfb) {
     switch (tid_a * 4 + tid_b) {
@@ -37,14 +39,13 @@ __device__ __forceinline__ void mma_sel(int tid_a, int tid_b, float (&d)[4], con
 template <class Cfg>
 __device__ __forceinline__ void compute_stage(float (&acc)[Cfg::MMA_P][Cfg::MMA_Q][4], uint32_t stage,
                                               int warp_p0, int warp_q0, int wk, int lane) {
-    constexpr int SFA_WORDS = (Cfg::MMA_P + 1) / 2;
     constexpr int SFB_WORDS = (Cfg::MMA_Q + 3) / 4;
 #pragma unroll
     for (int i = 0; i < Cfg::K_STEPS_PER_WARP; ++i) {
         const int step = wk * Cfg::K_STEPS_PER_WARP + i;
         uint32_t a[Cfg::MMA_P][4];
         uint32_t b[Cfg::MMA_Q][2];
-        uint32_t sfa[SFA_WORDS];
+        uint32_t sfa[Cfg::MMA_P];
         uint32_t sfb[SFB_WORDS];
 #pragma unroll
         for (int mp = 0; mp < Cfg::MMA_P; ++mp)
@@ -64,8 +65,8 @@ __device__ __forceinline__ void compute_stage(float (&acc)[Cfg::MMA_P][Cfg::MMA_
             }
         }
 #pragma unroll
-        for (int w = 0; w < SFA_WORDS; ++w)
-            sfa[w] = lds_u32(stage + Cfg::P_SF_OFFSET + 4 * (step * Cfg::TILE_P + sfa_row<Cfg>(warp_p0, w, lane)));
+        for (int mp = 0; mp < Cfg::MMA_P; ++mp)
+            sfa[mp] = lds_u32(stage + Cfg::P_SF_OFFSET + 4 * (step * Cfg::TILE_P + sfa_row<Cfg>(warp_p0, mp, lane)));
 #pragma unroll
         for (int w = 0; w < SFB_WORDS; ++w)
             sfb[w] = lds_u32(stage + Cfg::Q_SF_OFFSET + 4 * (step * Cfg::TILE_Q + sfb_row<Cfg>(warp_q0, w, lane)));
@@ -73,7 +74,7 @@ __device__ __forceinline__ void compute_stage(float (&acc)[Cfg::MMA_P][Cfg::MMA_
         for (int mp = 0; mp < Cfg::MMA_P; ++mp)
 #pragma unroll
             for (int mq = 0; mq < Cfg::MMA_Q; ++mq)
-                mma_sel(mp & 1, mq & 3, acc[mp][mq], a[mp], b[mq], sfa[mp >> 1], sfb[mq >> 2]);
+                mma_sel(0, mq & 3, acc[mp][mq], a[mp], b[mq], sfa[mp], sfb[mq >> 2]);
     }
 }
 

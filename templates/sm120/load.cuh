@@ -91,14 +91,13 @@ __device__ __forceinline__ int b_frag_offset(int warp_q0, int mq, int step, int 
     return code_offset<Cfg>(row, chunk);
 }
 
-// Tile row whose SF_A word this lane holds for the MMA-tile pair `pair` (tiles 2*pair, 2*pair + 1):
-// lanes % 4 in {0, 1} serve tile 2*pair (thread-id-a 0), {2, 3} tile 2*pair + 1 (thread-id-a 1);
-// even lanes row g, odd lanes row g + 8.
+// Tile row whose SF_A word this lane holds for MMA tile `mp`: even lanes row g, odd lanes row g + 8,
+// lanes 2 and 3 of each quad duplicating lanes 0 and 1. The MMA is issued with thread-id-a 0 (lanes
+// 0 and 1, the convention CUTLASS uses); the duplicate makes thread-id-a 1 read the same words, so
+// the kernel does not depend on the order of lanes 2 and 3, which only the PTX figure documents.
 template <class Cfg>
-__device__ __forceinline__ int sfa_row(int warp_p0, int pair, int lane) {
-    int tile = 2 * pair + ((lane >> 1) & 1);
-    tile = tile < Cfg::MMA_P ? tile : Cfg::MMA_P - 1;
-    return warp_p0 + tile * 16 + (lane >> 2) + (lane & 1) * 8;
+__device__ __forceinline__ int sfa_row(int warp_p0, int mp, int lane) {
+    return warp_p0 + mp * 16 + (lane >> 2) + (lane & 1) * 8;
 }
 
 // Tile row (column of the MMA) whose SF_B word this lane holds for MMA tiles 4*group .. 4*group+3:

@@ -214,6 +214,7 @@ impl GemmConfig {
 
 pub mod sm120;
 pub mod sm120_fragments;
+pub mod sm120_report;
 pub mod sm90;
 
 impl GemmConfig {

@@ -174,10 +174,10 @@ pub fn b_frag_offset(l: &Sm120Layout, warp_q0: u32, mq: u32, step: u32, lane: u3
     code_offset(l, row, chunk)
 }
 
-/// `sfa_row` of the template: tile row whose SF_A word `lane` loads for MMA-tile pair `pair`.
-pub fn tmpl_sfa_row(l: &Sm120Layout, warp_p0: u32, pair: u32, lane: u32) -> u32 {
-    let tile = (2 * pair + ((lane >> 1) & 1)).min(l.mma_p - 1);
-    warp_p0 + tile * 16 + (lane >> 2) + (lane & 1) * 8
+/// `sfa_row` of the template: tile row whose SF_A word `lane` loads for MMA tile `mp` (lanes 2, 3
+/// of a quad duplicate lanes 0, 1, so either thread-id-a reads the same words).
+pub fn tmpl_sfa_row(_l: &Sm120Layout, warp_p0: u32, mp: u32, lane: u32) -> u32 {
+    warp_p0 + mp * 16 + (lane >> 2) + (lane & 1) * 8
 }
 
 /// `sfb_row` of the template: tile row (MMA column) whose SF_B word `lane` loads for tile group `group`.
@@ -186,9 +186,11 @@ pub fn tmpl_sfb_row(l: &Sm120Layout, warp_q0: u32, group: u32, lane: u32) -> u32
     warp_q0 + tile * 8 + (lane >> 2)
 }
 
-/// Selectors of MMA tile (mp, mq): (thread-id-a, thread-id-b) and the indices of its scale words.
+/// Selectors of MMA tile (mp, mq): (thread-id-a, thread-id-b) and the indices of its scale words
+/// (`compute_stage`: one SF_A word per m16 tile with thread-id-a 0, one SF_B word per four n8 tiles
+/// with thread-id-b mq % 4).
 pub fn selectors(mp: u32, mq: u32) -> (u32, u32, usize, usize) {
-    (mp & 1, mq & 3, (mp >> 1) as usize, (mq >> 2) as usize)
+    (0, mq & 3, mp as usize, (mq >> 2) as usize)
 }
 
 /// Warp position (wp, wq, wk) of warp `warp` (`gemm`: wq fastest, then wp, then wk).
@@ -554,7 +556,7 @@ fn compute_step(
                 }
             }
         }
-        let sfa: Vec<[u32; LANES]> = (0..l.mma_p.div_ceil(2))
+        let sfa: Vec<[u32; LANES]> = (0..l.mma_p)
             .map(|w| {
                 std::array::from_fn(|lane| {
                     let row = (math.sfa_row)(l, warp_p0, w, lane as u32);
@@ -787,18 +789,26 @@ mod tests {
             code_offset(l, row, 2 * step + 1 - ((lane >> 3) & 1))
         }
         assert!(wrong(IndexMath { b_frag: b_swapped, ..t }) > 0.0);
-        // Selectors ignored (always thread 0): tiles 1, 3 use their neighbours' scales.
-        let sel0 = |mp: u32, mq: u32| (0, 0, (mp >> 1) as usize, (mq >> 2) as usize);
-        assert!(wrong(IndexMath { selectors: sel0, ..t }) > 0.0);
-        // thread-id-a right but thread-id-b always 0.
-        let selb0 = |mp: u32, mq: u32| (mp & 1, 0, (mp >> 1) as usize, (mq >> 2) as usize);
+        // thread-id-b always 0: n8 tile 1 uses tile 0's scales.
+        let selb0 = |mp: u32, mq: u32| (0, 0, mp as usize, (mq >> 2) as usize);
         assert!(wrong(IndexMath { selectors: selb0, ..t }) > 0.0);
+        // One SF_A word shared by two m16 tiles without switching thread-id-a.
+        let sfa_shared = |_mp: u32, mq: u32| (0, mq & 3, 0, (mq >> 2) as usize);
+        assert!(wrong(IndexMath { selectors: sfa_shared, ..t }) > 0.0);
+        // thread-id-a 1 reads lanes 2, 3, which duplicate lanes 0, 1: the same result, so the
+        // kernel does not depend on the lane order behind thread-id-a 1.
+        let tida1 = |mp: u32, mq: u32| (1, mq & 3, mp as usize, (mq >> 2) as usize);
+        assert_eq!(wrong(IndexMath { selectors: tida1, ..t }), 0.0);
         // SF_A row g + 8 taken from row g.
-        fn sfa_no8(l: &Sm120Layout, p0: u32, pair: u32, lane: u32) -> u32 {
-            let tile = (2 * pair + ((lane >> 1) & 1)).min(l.mma_p - 1);
-            p0 + tile * 16 + (lane >> 2)
+        fn sfa_no8(_l: &Sm120Layout, p0: u32, mp: u32, lane: u32) -> u32 {
+            p0 + mp * 16 + (lane >> 2)
         }
         assert!(wrong(IndexMath { sfa_row: sfa_no8, ..t }) > 0.0);
+        // SF_A of the wrong m16 tile.
+        fn sfa_tile0(_l: &Sm120Layout, p0: u32, _mp: u32, lane: u32) -> u32 {
+            p0 + (lane >> 2) + (lane & 1) * 8
+        }
+        assert!(wrong(IndexMath { sfa_row: sfa_tile0, ..t }) > 0.0);
         // SF_B tile per lane % 4 reversed.
         fn sfb_rev(l: &Sm120Layout, q0: u32, group: u32, lane: u32) -> u32 {
             let tile = (4 * group + 3 - (lane & 3)).min(l.mma_q - 1);
