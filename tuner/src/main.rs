@@ -121,6 +121,30 @@ enum Command {
         #[arg(long)]
         device: Option<usize>,
     },
+    /// Merge the logs of a sharded campaign (refuses other GPU models or template versions) and
+    /// optionally write the dispatch table of the merged records.
+    Merge {
+        /// Logs to merge (one per shard).
+        #[arg(required = true)]
+        logs: Vec<PathBuf>,
+        /// The merged log.
+        #[arg(long)]
+        out: PathBuf,
+        /// Also write the dispatch table here (e.g. results/nvidia-h200.ron).
+        #[arg(long)]
+        table: Option<PathBuf>,
+    },
+    /// Replay a measurement log to compare search strategies offline (regret vs evaluations).
+    Simulate {
+        #[arg(long)]
+        log: PathBuf,
+        /// Strategies: exhaustive, random, model (comma separated).
+        #[arg(long, default_value = "model,random", value_delimiter = ',')]
+        strategy: Vec<String>,
+        /// Evaluation budget per key as a fraction of the logged candidates.
+        #[arg(long, default_value_t = 1.0)]
+        budget: f64,
+    },
     /// (internal) Measuring worker process driven by `fp4tune tune` over stdin/stdout.
     #[command(hide = true)]
     Worker,
@@ -240,6 +264,8 @@ fn run(cli: Cli) -> Result<()> {
             )
         }
         Command::Table { check, device } => cmd_table_check(check, device),
+        Command::Merge { logs, out, table } => cmd_merge(logs, out, table),
+        Command::Simulate { log, strategy, budget } => cmd_simulate(log, strategy, budget),
         Command::Worker => {
             let compiler = Compiler::with_default_cache()?;
             fp4tune::tune::worker::serve(&compiler)
@@ -609,7 +635,7 @@ fn cmd_tune(
 ) -> Result<()> {
     use fp4tune::bench::TimingPolicy;
     use fp4tune::tune::run::{self, Event, Exhaustive, Shard, TuneSpec};
-    use fp4tune::tune::select::{select, SelectRules};
+    use fp4tune::tune::select::SelectRules;
     let file = match &shapes {
         Some(p) => ShapeFile::load(p)?,
         None => ShapeFile::glm5()?,
@@ -702,7 +728,8 @@ fn cmd_tune(
     })?;
     keys_bar.finish_and_clear();
     cand_bar.finish_and_clear();
-    let sel = select(&output.records, &SelectRules::default());
+    let (table, sel) =
+        fp4tune::tune::emit::dispatch_table(&output.records, &SelectRules::default())?;
     println!(
         "{} on {}: {} new records ({} in the log {}), {:.1} s wall",
         output.family,
@@ -712,6 +739,17 @@ fn cmd_tune(
         output.log_path.display(),
         output.wall.as_secs_f64()
     );
+    print_selection(&output.records, &sel);
+    let path = out.join(format!("{}.ron", run::sku_slug(&output.device.name)));
+    table.save(&path)?;
+    println!("wrote the dispatch table {}", path.display());
+    Ok(())
+}
+
+/// The end-of-campaign summary: per key the winner, its time, roofline fraction and speedup over
+/// the default configuration.
+fn print_selection(records: &[fp4tune::tune::log::Record], sel: &fp4tune::tune::select::Selection) {
+    let ctx = records.iter().find_map(|r| r.context.clone());
     if let Some(d) = sel.default {
         println!(
             "default configuration (best geomean over all keys): {d} ({:.2} us geomean)",
@@ -725,8 +763,9 @@ fn cmd_tune(
     let mut log_sum = 0.0;
     for c in &sel.choices {
         let p = fp4tune::problem::GemmProblem::new(c.key.m, c.key.n, c.key.k, c.key.a_type);
-        let roof = (p.min_bytes() as f64 / (output.bandwidth_gbps * 1e3))
-            .max(p.flops() / (output.tensor_peak_tflops * 1e6));
+        let roof = ctx
+            .as_ref()
+            .map_or(f64::NAN, |x| 100.0 * fp4tune::tune::emit::roofline_us(&p, x) / c.time.median);
         log_sum += c.speedup_over_default().ln();
         println!(
             "{:>6} {:>6} {:>6}  {:<52} {:>9.2} {:>8.0}% {:>9.2}x {:>7}",
@@ -735,7 +774,7 @@ fn cmd_tune(
             c.key.m,
             c.config.name(),
             c.time.median,
-            100.0 * roof / c.time.median,
+            roof,
             c.speedup_over_default(),
             c.timed
         );
@@ -743,52 +782,33 @@ fn cmd_tune(
     if !sel.choices.is_empty() {
         println!("geomean speedup of the tuned choice over the default configuration: {:.3}x over {} entries", (log_sum / sel.choices.len() as f64).exp(), sel.choices.len());
     }
-    // The dispatch table: one entry per key, with the tie band's runners-up.
-    let d = &output.device;
-    let mut table = fp4tune::table::Table::new(
-        fp4tune::table::DeviceIdentity {
-            name: d.name.clone(),
-            compute_capability: d.compute_capability,
-            sm_count: d.sm_count,
-        },
-        fp4tune::table::Toolchain { nvrtc: compiler.nvrtc_version(), driver: d.driver_version },
-        TimingPolicy::quick().describe(),
-    );
-    table.template_hashes.insert(output.family, output.template_hash.clone());
-    for c in &sel.choices {
-        let p = fp4tune::problem::GemmProblem::new(c.key.m, c.key.n, c.key.k, c.key.a_type);
-        let roof = (p.min_bytes() as f64 / (output.bandwidth_gbps * 1e3))
-            .max(p.flops() / (output.tensor_peak_tflops * 1e6));
-        table.entries.push(fp4tune::table::Entry {
-            key: fp4tune::table::TableKey {
-                op: c.key.op.clone(),
-                family: c.key.family,
-                a_type: c.key.a_type,
-                n: c.key.n,
-                k: c.key.k,
-                m: c.key.m,
-                experts: None,
-            },
-            config: c.config,
-            median_us: c.time.median,
-            interval_us: (c.time.lo, c.time.hi),
-            roofline_fraction: roof / c.time.median,
-            runners_up: c
-                .runners_up
-                .iter()
-                .map(|(rc, rs)| fp4tune::table::RunnerUp { config: *rc, median_us: rs.median })
-                .collect(),
-        });
+}
+
+fn cmd_merge(logs: Vec<PathBuf>, out: PathBuf, table: Option<PathBuf>) -> Result<()> {
+    use fp4tune::tune::select::SelectRules;
+    let records = fp4tune::tune::merge::merge(&logs)?;
+    fp4tune::tune::merge::write(&out, &records)?;
+    println!("merged {} logs into {} ({} records)", logs.len(), out.display(), records.len());
+    if let Some(path) = table {
+        let (t, sel) = fp4tune::tune::emit::dispatch_table(&records, &SelectRules::default())?;
+        print_selection(&records, &sel);
+        t.save(&path)?;
+        println!("wrote the dispatch table {}", path.display());
     }
-    if table.entries.is_empty() {
-        bail!(
-            "no candidate was timed successfully: no dispatch table written (see the log {})",
-            output.log_path.display()
-        );
+    Ok(())
+}
+
+fn cmd_simulate(log: PathBuf, strategies: Vec<String>, budget: f64) -> Result<()> {
+    use fp4tune::search::{simulate_kind, Budget, Candidates, StrategyKind};
+    let records = fp4tune::tune::log::read(&log)?;
+    if records.is_empty() {
+        bail!("{}: no records", log.display());
     }
-    let path = out.join(format!("{}.ron", run::sku_slug(&d.name)));
-    table.save(&path)?;
-    println!("wrote the dispatch table {}", path.display());
+    for name in strategies {
+        let kind = StrategyKind::parse(&name)?;
+        let report = simulate_kind(&records, &kind, Candidates::Logged, &Budget::fraction(budget));
+        println!("## {name}\n\n{}", report.to_markdown());
+    }
     Ok(())
 }
 

@@ -75,3 +75,31 @@ pub(crate) mod tests_support {
     pub(crate) use super::check::tests::device;
     pub(crate) use super::schema::tests::sample;
 }
+
+#[cfg(test)]
+mod committed_tables {
+    //! The dispatch tables committed under results/ must stay loadable by this version.
+
+    #[test]
+    fn committed_tables_load_and_validate() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "ron") {
+                let t = super::Table::load(&p).unwrap_or_else(|err| panic!("{err}"));
+                for (family, hash) in &t.template_hashes {
+                    if *hash != crate::template::family_template_hash(*family) {
+                        eprintln!(
+                            "note: {} was tuned with other {family} templates; the runtime falls back \
+                             to defaults for it until it is re-tuned",
+                            p.display()
+                        );
+                    }
+                }
+                n += 1;
+            }
+        }
+        assert!(n >= 1, "no dispatch table under {}", dir.display());
+    }
+}

@@ -81,6 +81,19 @@ impl Outcome {
     }
 }
 
+/// How and where a campaign measured: stored with its records so that merged logs can produce a
+/// complete dispatch table without the GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Context {
+    pub sm_count: u32,
+    pub driver_version: (i32, i32),
+    pub nvrtc_version: (i32, i32),
+    /// Read bandwidth and bf16 tensor peak measured at the start of the campaign.
+    pub bandwidth_gbps: f64,
+    pub tensor_peak_tflops: f64,
+    pub timing_policy: String,
+}
+
 /// One evaluated candidate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
@@ -95,6 +108,9 @@ pub struct Record {
     pub template_hash: String,
     /// Unix seconds.
     pub at: u64,
+    /// Measurement context (absent in records written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<Context>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -220,6 +236,7 @@ pub(crate) mod tests {
             compute_capability: (9, 0),
             template_hash: "h".into(),
             at: 0,
+            context: None,
         }
     }
 

@@ -312,6 +312,14 @@ pub fn run(
     })?;
     let family = Family::for_arch(arch);
     let template_hash = template::family_template_hash(family);
+    let context = log::Context {
+        sm_count: info.sm_count,
+        driver_version: info.driver_version,
+        nvrtc_version: compiler.nvrtc_version(),
+        bandwidth_gbps,
+        tensor_peak_tflops,
+        timing_policy: spec.policy.describe(),
+    };
     let space = template::search_space(family, spec.a_type);
     if space.is_empty() {
         return Err(TuneError::Other(format!(
@@ -423,6 +431,7 @@ pub fn run(
                                 compute_capability: info.compute_capability,
                                 template_hash: template_hash.clone(),
                                 at: now(),
+                                context: Some(context.clone()),
                             };
                             writer.append(&rec)?;
                             new_records += 1;
@@ -475,6 +484,7 @@ pub fn run(
                                 compute_capability: info.compute_capability,
                                 template_hash: template_hash.clone(),
                                 at: now(),
+                                context: Some(context.clone()),
                             };
                             writer.append(&rec)?;
                             new_records += 1;

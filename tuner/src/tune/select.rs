@@ -155,6 +155,7 @@ mod tests {
             compute_capability: (9, 0),
             template_hash: "h".into(),
             at: 0,
+            context: None,
         }
     }
 

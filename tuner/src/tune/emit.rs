@@ -1,0 +1,98 @@
+//! From measurement records to a dispatch table (`results/<sku>.ron`) and a summary.
+
+use super::log::{Context, Record};
+use super::select::{select, SelectRules, Selection};
+use crate::problem::GemmProblem;
+use crate::table::{DeviceIdentity, Entry, RunnerUp, Table, TableKey, Toolchain};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmitError {
+    #[error("no record carries its measurement context (device SM count, floors, toolchain): re-run the tune with this fp4tune")]
+    NoContext,
+    #[error("no candidate was timed successfully: nothing to put in a dispatch table")]
+    Empty,
+}
+
+/// Roofline time of `p` under the measured bandwidth and tensor peak (us).
+pub fn roofline_us(p: &GemmProblem, ctx: &Context) -> f64 {
+    (p.min_bytes() as f64 / (ctx.bandwidth_gbps * 1e3))
+        .max(p.flops() / (ctx.tensor_peak_tflops * 1e6))
+}
+
+/// Select winners and build the table. All records must be of one device (the caller checks).
+pub fn dispatch_table(
+    records: &[Record],
+    rules: &SelectRules,
+) -> Result<(Table, Selection), EmitError> {
+    let first = records.iter().find(|r| r.context.is_some()).ok_or(EmitError::NoContext)?;
+    let ctx = first.context.clone().expect("found above");
+    let sel = select(records, rules);
+    if sel.choices.is_empty() {
+        return Err(EmitError::Empty);
+    }
+    let mut table = Table::new(
+        DeviceIdentity {
+            name: first.device.clone(),
+            compute_capability: first.compute_capability,
+            sm_count: ctx.sm_count,
+        },
+        Toolchain { nvrtc: ctx.nvrtc_version, driver: ctx.driver_version },
+        ctx.timing_policy.clone(),
+    );
+    for r in records {
+        table.template_hashes.entry(r.key.family).or_insert_with(|| r.template_hash.clone());
+    }
+    for c in &sel.choices {
+        let p = GemmProblem::new(c.key.m, c.key.n, c.key.k, c.key.a_type);
+        table.entries.push(Entry {
+            key: TableKey {
+                op: c.key.op.clone(),
+                family: c.key.family,
+                a_type: c.key.a_type,
+                n: c.key.n,
+                k: c.key.k,
+                m: c.key.m,
+                experts: None,
+            },
+            config: c.config,
+            median_us: c.time.median,
+            interval_us: (c.time.lo, c.time.hi),
+            roofline_fraction: roofline_us(&p, &ctx) / c.time.median,
+            runners_up: c
+                .runners_up
+                .iter()
+                .map(|(config, s)| RunnerUp { config: *config, median_us: s.median })
+                .collect(),
+        });
+    }
+    Ok((table, sel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::log::tests::record;
+
+    #[test]
+    fn table_from_records_validates() {
+        let ctx = Context {
+            sm_count: 132,
+            driver_version: (13, 0),
+            nvrtc_version: (13, 0),
+            bandwidth_gbps: 4000.0,
+            tensor_peak_tflops: 800.0,
+            timing_policy: "p".into(),
+        };
+        let mut recs = vec![record(1, Some(5.0)), record(2, Some(6.0)), record(4, None)];
+        assert!(matches!(
+            dispatch_table(&recs, &SelectRules::default()),
+            Err(EmitError::NoContext)
+        ));
+        recs[0].context = Some(ctx);
+        let (t, sel) = dispatch_table(&recs, &SelectRules::default()).unwrap();
+        assert_eq!(t.entries.len(), 2);
+        assert_eq!(sel.choices.len(), 2);
+        assert!(t.entries.iter().all(|e| e.roofline_fraction > 0.0 && e.roofline_fraction < 1.0));
+        t.validate("test").unwrap();
+    }
+}
