@@ -91,8 +91,9 @@ enum Command {
         /// Largest token bucket to tune (buckets come from the shape set).
         #[arg(long, default_value_t = 8192)]
         max_m: u32,
-        #[arg(long, value_enum, default_value = "w4a16")]
-        a_type: ATypeArg,
+        /// Activation type (default: w4a16 on SM90, w4a4 on SM120, whose family is W4A4 only).
+        #[arg(long, value_enum)]
+        a_type: Option<ATypeArg>,
         /// This process's slice of the campaign, i/n (Slurm array index / count, ...).
         #[arg(long, value_parser = fp4tune::tune::run::Shard::parse)]
         shard: Option<fp4tune::tune::run::Shard>,
@@ -254,9 +255,12 @@ fn run(cli: Cli) -> Result<()> {
             device,
         } => {
             let a_type = match a_type {
-                ATypeArg::W4a4 => AType::Nvfp4,
-                ATypeArg::W4a16 => AType::Bf16,
-                ATypeArg::All => bail!("--a-type all is not supported by tune: pick w4a4 or w4a16"),
+                None => None,
+                Some(ATypeArg::W4a4) => Some(AType::Nvfp4),
+                Some(ATypeArg::W4a16) => Some(AType::Bf16),
+                Some(ATypeArg::All) => {
+                    bail!("--a-type all is not supported by tune: pick w4a4 or w4a16")
+                }
             };
             let strategy = fp4tune::search::StrategyKind::parse(&strategy)?;
             cmd_tune(
@@ -625,7 +629,7 @@ fn cmd_tune(
     set: String,
     only: Vec<String>,
     max_m: u32,
-    a_type: AType,
+    a_type: Option<AType>,
     shard: Option<fp4tune::tune::run::Shard>,
     out: PathBuf,
     strategy: fp4tune::search::StrategyKind,
@@ -658,7 +662,12 @@ fn cmd_tune(
     if buckets.is_empty() {
         bail!("no token bucket of set `{}` is <= --max-m {max_m}", set.name);
     }
-    let common = common_configs(&dims, &buckets, a_type);
+    let mut common = Vec::new();
+    for t in [AType::Bf16, AType::Nvfp4] {
+        if a_type.is_none_or(|x| x == t) {
+            common.extend(common_configs(&dims, &buckets, t));
+        }
+    }
     let exhaustive = matches!(strategy, fp4tune::search::StrategyKind::Exhaustive);
     let spec = TuneSpec {
         shapes: dims,
@@ -671,17 +680,34 @@ fn cmd_tune(
         device,
         candidate_timeout: std::time::Duration::from_secs(timeout),
         planner: {
-            Box::new(move |key, legal| -> Box<dyn run::Planner> {
+            Box::new(move |key, legal, info, ctx| -> Box<dyn run::Planner> {
+                use fp4tune::search::{CostModel, DeviceModel, StrategyKind};
                 let p = fp4tune::problem::GemmProblem::new(key.m, key.n, key.k, key.a_type);
+                // The analytic model of the GPU at hand, from what was measured on it just now.
+                let measured = || {
+                    CostModel::new(DeviceModel::from_device_info(
+                        info,
+                        ctx.bandwidth_gbps,
+                        ctx.tensor_peak_tflops,
+                        ctx.launch_floor_us,
+                    ))
+                };
                 match &strategy {
-                    fp4tune::search::StrategyKind::Exhaustive => Box::new(Exhaustive::new(legal)),
+                    StrategyKind::Exhaustive => Box::new(Exhaustive::new(legal)),
                     kind => {
+                        let kind = match kind {
+                            StrategyKind::Model { options, .. } => {
+                                StrategyKind::Model { model: measured(), options: *options }
+                            }
+                            other => other.clone(),
+                        };
                         let first: Vec<_> = common
                             .iter()
                             .filter(|c| c.family == key.family && legal.contains(c))
                             .copied()
                             .collect();
                         let s = kind.build(legal, &p, fp4tune::search::Budget::fraction(budget));
+
                         Box::new(run::StrategyPlanner::new(first, s, 16))
                     }
                 }

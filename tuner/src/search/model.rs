@@ -141,6 +141,27 @@ impl DeviceModel {
         }
     }
 
+    /// A model of a GPU we may not have, from the per-SKU data sheet in [`crate::model::sku`]
+    /// (RTX PRO 6000, RTX 5090, ...): what the model-guided search pre-ranks SM120 variants with
+    /// before any SM120 measurement exists. Streaming coefficients are the H200's (an assumption,
+    /// stated in the SKU module).
+    pub fn from_sku(sku: &crate::model::sku::Sku) -> Self {
+        Self {
+            name: sku.name.to_string(),
+            sm_count: sku.sms,
+            bandwidth_gbs: sku.dram_bw / 1e9,
+            tensor_tflops: sku.tensor_peak / 1e12,
+            smem_per_sm_bytes: sku.smem_per_sm,
+            max_threads_per_sm: sku.max_threads_per_sm,
+            max_ctas_per_sm: sku.max_blocks_per_sm,
+            regs_per_sm: sku.regs_per_sm,
+            launch_floor_us: sku.launch_floor_s * 1e6,
+            l2_bandwidth_gbs: sku.l2_bw / 1e9,
+            alu_tops: Self::h200().alu_tops * sku.sms as f64 / 132.0,
+            stream: H200_STREAM,
+        }
+    }
+
     /// A model from the facts the driver reports plus measured bandwidth, tensor peak and launch
     /// floor. Per-SM limits come from the compute capability; the streaming coefficients start
     /// as the H200's (refit with [`StreamFit::fit`] on the device's own read floor when known).
@@ -395,6 +416,29 @@ impl CostModel {
             configs.iter().map(|c| (*c, self.estimate(c, p).us)).collect();
         v.sort_by(|a, b| a.1.total_cmp(&b.1));
         v
+    }
+}
+
+#[cfg(test)]
+mod sku_tests {
+    use super::*;
+
+    #[test]
+    fn sku_models_rank_sm120_decode_variants() {
+        use crate::problem::{AType, GemmProblem};
+        use crate::template::{search_space, Family};
+        let pro = DeviceModel::from_sku(&crate::model::sku::RTX_PRO_6000_WS);
+        assert_eq!(pro.sm_count, 188);
+        assert!((pro.bandwidth_gbs - 1792.0).abs() < 1.0, "{}", pro.bandwidth_gbs);
+        let space = search_space(Family::Sm120, AType::Nvfp4);
+        let p = GemmProblem::new(1, 512, 6144, AType::Nvfp4);
+        let legal: Vec<_> = space.into_iter().filter(|c| c.check_problem(&p).is_ok()).collect();
+        let ranked = CostModel::new(pro).rank(&legal, &p);
+        assert_eq!(ranked.len(), legal.len());
+        // Decode on one weight matrix: the favourite swaps A and B and has many CTAs in flight.
+        let (best, t) = ranked[0];
+        assert!(best.swap_ab, "{best}");
+        assert!(t > 0.0 && ranked.windows(2).all(|w| w[0].1 <= w[1].1));
     }
 }
 

@@ -81,6 +81,7 @@ mod tests {
             nvrtc_version: (13, 0),
             bandwidth_gbps: 4000.0,
             tensor_peak_tflops: 800.0,
+            launch_floor_us: 0.6,
             timing_policy: "p".into(),
         };
         let mut recs = vec![record(1, Some(5.0)), record(2, Some(6.0)), record(4, None)];

@@ -91,6 +91,9 @@ pub struct Context {
     /// Read bandwidth and bf16 tensor peak measured at the start of the campaign.
     pub bandwidth_gbps: f64,
     pub tensor_peak_tflops: f64,
+    /// Empty-kernel launch floor under the same policy (absent in the first logs).
+    #[serde(default)]
+    pub launch_floor_us: f64,
     pub timing_policy: String,
 }
 

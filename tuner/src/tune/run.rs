@@ -151,11 +151,17 @@ impl Shard {
 }
 
 /// Everything a campaign needs.
+/// Builds the planner of one key from its legal configurations, the device and what was measured
+/// on it at the start of the campaign.
+pub type PlannerFactory =
+    Box<dyn Fn(&TuneKey, Vec<GemmConfig>, &DeviceInfo, &log::Context) -> Box<dyn Planner>>;
+
 pub struct TuneSpec {
     /// (N, K) weight shapes (deduplicated) and the token buckets to tune each at.
     pub shapes: Vec<(u32, u32)>,
     pub buckets: Vec<u32>,
-    pub a_type: AType,
+    /// Activation type; `None` picks W4A16 where the family has it (SM90), else W4A4 (SM120).
+    pub a_type: Option<AType>,
     pub policy: TimingPolicy,
     pub shard: Shard,
     /// Folder of the log; the file is `<sku>-<a_type>.jsonl` (see [`log_file_name`]).
@@ -165,8 +171,7 @@ pub struct TuneSpec {
     pub device: usize,
     /// A candidate (verification or its timing batch) that takes longer than this is a hang.
     pub candidate_timeout: Duration,
-    /// Builds the planner of one key from its legal configurations.
-    pub planner: Box<dyn Fn(&TuneKey, Vec<GemmConfig>) -> Box<dyn Planner>>,
+    pub planner: PlannerFactory,
     /// Candidates sent to the worker per request.
     pub batch: usize,
     /// Compile every configuration any key may need before measuring (worth it when the planner
@@ -291,13 +296,12 @@ pub fn run(
         }
     };
     progress(Event::Device(info.clone()));
-    let log_path = spec.out_dir.join(log_file_name(&info, spec.a_type));
-    let (bandwidth_gbps, tensor_peak_tflops) = {
+    let (bandwidth_gbps, tensor_peak_tflops, launch_floor_us) = {
         let w = session.worker()?;
         w.send(&Request::Floors { policy: spec.policy })?;
         match w.recv(Duration::from_secs(120))? {
-            Reply::Floors { bandwidth_gbps, tensor_peak_tflops, .. } => {
-                (bandwidth_gbps, tensor_peak_tflops)
+            Reply::Floors { bandwidth_gbps, tensor_peak_tflops, launch_floor_us } => {
+                (bandwidth_gbps, tensor_peak_tflops, launch_floor_us)
             }
             Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
             other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
@@ -311,6 +315,12 @@ pub fn run(
         ))
     })?;
     let family = Family::for_arch(arch);
+    let a_type = spec.a_type.unwrap_or(if template::search_space(family, AType::Bf16).is_empty() {
+        AType::Nvfp4
+    } else {
+        AType::Bf16
+    });
+    let log_path = spec.out_dir.join(log_file_name(&info, a_type));
     let template_hash = template::family_template_hash(family);
     let context = log::Context {
         sm_count: info.sm_count,
@@ -318,14 +328,12 @@ pub fn run(
         nvrtc_version: compiler.nvrtc_version(),
         bandwidth_gbps,
         tensor_peak_tflops,
+        launch_floor_us,
         timing_policy: spec.policy.describe(),
     };
-    let space = template::search_space(family, spec.a_type);
+    let space = template::search_space(family, a_type);
     if space.is_empty() {
-        return Err(TuneError::Other(format!(
-            "the {family} family has no {} variants",
-            spec.a_type
-        )));
+        return Err(TuneError::Other(format!("the {family} family has no {} variants", a_type)));
     }
 
     // Earlier records: must be from this GPU model and these templates.
@@ -352,7 +360,7 @@ pub fn run(
     let mut keys = Vec::new();
     for &(n, k) in &spec.shapes {
         for &m in &spec.buckets {
-            keys.push(TuneKey { op: "gemm".into(), family, a_type: spec.a_type, n, k, m });
+            keys.push(TuneKey { op: "gemm".into(), family, a_type, n, k, m });
         }
     }
     keys.sort();
@@ -388,7 +396,7 @@ pub fn run(
             candidates: legal.len(),
             done_before,
         });
-        let mut planner = (spec.planner)(key, legal);
+        let mut planner = (spec.planner)(key, legal, &info, &context);
         // Results already in the log are told to the planner without re-measuring.
         let known: std::collections::HashMap<GemmConfig, Option<f64>> = previous
             .iter()
@@ -499,7 +507,7 @@ pub fn run(
     session.restart();
     let records: Vec<Record> = log::read(&log_path)?
         .into_iter()
-        .filter(|r| r.template_hash == template_hash && r.key.a_type == spec.a_type)
+        .filter(|r| r.template_hash == template_hash && r.key.a_type == a_type)
         .collect();
     Ok(TuneOutput {
         device: info,
