@@ -397,6 +397,29 @@ pub fn run(
             done_before,
         });
         let mut planner = (spec.planner)(key, legal, &info, &context);
+        // Append one outcome to the log (flushed), and mark its candidate done.
+        let mut record = |config: GemmConfig,
+                          outcome: Outcome,
+                          writer: &mut log::Writer,
+                          done: &mut HashSet<(TuneKey, GemmConfig)>,
+                          todo: &mut Vec<GemmConfig>|
+         -> Result<(), TuneError> {
+            writer.append(&Record {
+                schema_version: LOG_SCHEMA_VERSION,
+                key: key.clone(),
+                config,
+                outcome,
+                device: info.name.clone(),
+                compute_capability: info.compute_capability,
+                template_hash: template_hash.clone(),
+                at: now(),
+                context: Some(context.clone()),
+            })?;
+            new_records += 1;
+            done.insert((key.clone(), config));
+            todo.retain(|c| *c != config);
+            Ok(())
+        };
         // Results already in the log are told to the planner without re-measuring.
         let known: std::collections::HashMap<GemmConfig, Option<f64>> = previous
             .iter()
@@ -430,21 +453,7 @@ pub fn run(
                         Ok(Reply::Result { config, outcome }) => {
                             let label = outcome.label();
                             planner.observe(&config, outcome.median_us());
-                            let rec = Record {
-                                schema_version: LOG_SCHEMA_VERSION,
-                                key: key.clone(),
-                                config,
-                                outcome,
-                                device: info.name.clone(),
-                                compute_capability: info.compute_capability,
-                                template_hash: template_hash.clone(),
-                                at: now(),
-                                context: Some(context.clone()),
-                            };
-                            writer.append(&rec)?;
-                            new_records += 1;
-                            done.insert((key.clone(), config));
-                            todo.retain(|c| *c != config);
+                            record(config, outcome, &mut writer, &mut done, &mut todo)?;
                             progress(Event::Result { key: key.clone(), config, outcome: label });
                         }
                         Ok(Reply::Done) => {
@@ -483,21 +492,7 @@ pub fn run(
                             running.filter(|c| todo.contains(c)).or_else(|| todo.first().copied());
                         if let Some(c) = blamed {
                             planner.observe(&c, None);
-                            let rec = Record {
-                                schema_version: LOG_SCHEMA_VERSION,
-                                key: key.clone(),
-                                config: c,
-                                outcome,
-                                device: info.name.clone(),
-                                compute_capability: info.compute_capability,
-                                template_hash: template_hash.clone(),
-                                at: now(),
-                                context: Some(context.clone()),
-                            };
-                            writer.append(&rec)?;
-                            new_records += 1;
-                            done.insert((key.clone(), c));
-                            todo.retain(|x| *x != c);
+                            record(c, outcome, &mut writer, &mut done, &mut todo)?;
                         }
                     }
                 }
