@@ -159,6 +159,25 @@ impl GemmConfig {
         format!("fp4tune_{}", self.name())
     }
 
+    /// CTA rows on the MMA's 16-row side (P) and on its 8-wide side (Q): weights and tokens under
+    /// swap-AB, tokens and weights otherwise. Both families assign roles this way.
+    pub fn pq_rows(&self) -> (u32, u32) {
+        if self.swap_ab {
+            (self.block_n, self.block_m)
+        } else {
+            (self.block_m, self.block_n)
+        }
+    }
+
+    /// Warps along P and along Q (see [`GemmConfig::pq_rows`]).
+    pub fn pq_warps(&self) -> (u32, u32) {
+        if self.swap_ab {
+            (self.warps_n, self.warps_m)
+        } else {
+            (self.warps_m, self.warps_n)
+        }
+    }
+
     pub fn threads(&self) -> u32 {
         32 * self.warps_m * self.warps_n * self.warps_k
     }

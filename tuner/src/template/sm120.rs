@@ -56,10 +56,8 @@ pub struct Sm120Layout {
 impl Sm120Layout {
     /// Derive the layout; `None` when a division by a zero warp count or an overflow would occur.
     pub fn of(c: &GemmConfig) -> Option<Self> {
-        let (tile_p, tile_q) =
-            if c.swap_ab { (c.block_n, c.block_m) } else { (c.block_m, c.block_n) };
-        let (warps_p, warps_q) =
-            if c.swap_ab { (c.warps_n, c.warps_m) } else { (c.warps_m, c.warps_n) };
+        let (tile_p, tile_q) = c.pq_rows();
+        let (warps_p, warps_q) = c.pq_warps();
         let warp_p = tile_p.checked_div(warps_p)?;
         let warp_q = tile_q.checked_div(warps_q)?;
         let k_steps = c.block_k / 64;

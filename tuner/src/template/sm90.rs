@@ -42,10 +42,8 @@ pub struct Derived {
 
 impl Derived {
     pub fn of(c: &GemmConfig) -> Derived {
-        let (p_rows, q_rows) =
-            if c.swap_ab { (c.block_n, c.block_m) } else { (c.block_m, c.block_n) };
-        let (warps_p, warps_q) =
-            if c.swap_ab { (c.warps_n, c.warps_m) } else { (c.warps_m, c.warps_n) };
+        let (p_rows, q_rows) = c.pq_rows();
+        let (warps_p, warps_q) = c.pq_warps();
         let warp_p = p_rows / warps_p.max(1);
         let warp_q = q_rows / warps_q.max(1);
         let k_per_warp = c.block_k / c.warps_k.max(1);
