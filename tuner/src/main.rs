@@ -177,6 +177,17 @@ enum ATypeArg {
 }
 
 impl ATypeArg {
+    /// The one activation type a measuring command runs (`all` is for `compile` only).
+    fn single(self, command: &str) -> Result<AType> {
+        match self {
+            ATypeArg::W4a4 => Ok(AType::Nvfp4),
+            ATypeArg::W4a16 => Ok(AType::Bf16),
+            ATypeArg::All => {
+                bail!("--a-type all is not supported by {command}: pick w4a4 or w4a16")
+            }
+        }
+    }
+
     fn types(self) -> Vec<AType> {
         match self {
             ATypeArg::W4a4 => vec![AType::Nvfp4],
@@ -219,13 +230,7 @@ fn run(cli: Cli) -> Result<()> {
             out,
             device,
         } => {
-            let a_type = match a_type {
-                ATypeArg::W4a4 => AType::Nvfp4,
-                ATypeArg::W4a16 => AType::Bf16,
-                ATypeArg::All => {
-                    bail!("--a-type all is not supported by bench: pick w4a4 or w4a16")
-                }
-            };
+            let a_type = a_type.single("bench")?;
             cmd_bench(BenchArgs {
                 shapes,
                 sets,
@@ -254,14 +259,7 @@ fn run(cli: Cli) -> Result<()> {
             timeout,
             device,
         } => {
-            let a_type = match a_type {
-                None => None,
-                Some(ATypeArg::W4a4) => Some(AType::Nvfp4),
-                Some(ATypeArg::W4a16) => Some(AType::Bf16),
-                Some(ATypeArg::All) => {
-                    bail!("--a-type all is not supported by tune: pick w4a4 or w4a16")
-                }
-            };
+            let a_type = a_type.map(|a| a.single("tune")).transpose()?;
             let strategy = fp4tune::search::StrategyKind::parse(&strategy)?;
             cmd_tune(
                 shapes, set, only, max_m, a_type, shard, out, strategy, budget, timeout, device,
