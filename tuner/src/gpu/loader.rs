@@ -111,7 +111,11 @@ fn find_and_load_nvrtc() -> Result<LoadedLib, NvrtcNotFound> {
         .flat_map(|r| wheel_lib_dirs(&r))
         .flat_map(with_names);
     for path in explicit.into_iter().chain(from_dirs).chain(from_python) {
-        searched.push(path.display().to_string());
+        // Report each folder once (the file names tried in it are NVRTC_NAMES).
+        let shown = path.parent().map_or(path.display().to_string(), |d| d.display().to_string());
+        if !searched.contains(&shown) {
+            searched.push(shown);
+        }
         if !path.is_file() {
             continue;
         }
@@ -130,7 +134,10 @@ fn find_and_load_nvrtc() -> Result<LoadedLib, NvrtcNotFound> {
     if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Ok(LoadedLib { path: None });
     }
-    searched.push("system loader (LD_LIBRARY_PATH, ldconfig)".into());
+    searched.push(format!(
+        "the system loader (LD_LIBRARY_PATH, ldconfig); names tried: {}",
+        NVRTC_NAMES.join(", ")
+    ));
     Err(NvrtcNotFound {
         detail: "no libnvrtc in any searched location".into(),
         searched: searched.join(", "),
