@@ -356,7 +356,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn key(m: u32, n: u32, k: u32) -> TuneKey {
-        TuneKey { op: "gemm".into(), family: Family::Sm90, a_type: AType::Bf16, n, k, m }
+        TuneKey::gemm(Family::Sm90, AType::Bf16, n, k, m)
     }
 
     fn record(key: &TuneKey, config: GemmConfig, t: Option<f64>) -> Record {

@@ -33,8 +33,9 @@ pub struct Toolchain {
     pub driver: (i32, i32),
 }
 
-/// What an entry is about: one operation on one weight shape at one token bucket. Field for field
-/// `tune::log::TuneKey` plus the optional `experts` (grouped MoE; `None` for plain GEMMs).
+/// What an entry is about: one operation on one weight shape at one token bucket, plus the optional
+/// `experts` (grouped MoE; `None` for plain GEMMs). The tuner's measurement records use the same
+/// key (`tune::log::TuneKey`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TableKey {
     /// [`OP_GEMM`] or [`OP_GROUPED_GEMM`].

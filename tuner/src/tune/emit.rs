@@ -3,7 +3,7 @@
 use super::log::{Context, Record};
 use super::select::{select, SelectRules, Selection};
 use crate::problem::GemmProblem;
-use crate::table::{DeviceIdentity, Entry, RunnerUp, Table, TableKey, Toolchain};
+use crate::table::{DeviceIdentity, Entry, RunnerUp, Table, Toolchain};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmitError {
@@ -45,15 +45,7 @@ pub fn dispatch_table(
     for c in &sel.choices {
         let p = GemmProblem::new(c.key.m, c.key.n, c.key.k, c.key.a_type);
         table.entries.push(Entry {
-            key: TableKey {
-                op: c.key.op.clone(),
-                family: c.key.family,
-                a_type: c.key.a_type,
-                n: c.key.n,
-                k: c.key.k,
-                m: c.key.m,
-                experts: None,
-            },
+            key: c.key.clone(),
             config: c.config,
             median_us: c.time.median,
             interval_us: (c.time.lo, c.time.hi),

@@ -6,8 +6,8 @@
 //! ignored on reading; any other malformed line is an error naming the file and line.
 
 use crate::bench::Summary;
-use crate::problem::AType;
-use crate::template::{Family, GemmConfig};
+
+use crate::template::GemmConfig;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -15,18 +15,9 @@ use std::path::{Path, PathBuf};
 /// Version of the record format.
 pub const LOG_SCHEMA_VERSION: u32 = 1;
 
-/// What a tuning entry is about: one operation on one weight shape at one token bucket.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct TuneKey {
-    /// "gemm" (one weight matrix); later "grouped_gemm" (all experts of a layer in one launch).
-    pub op: String,
-    pub family: Family,
-    pub a_type: AType,
-    pub n: u32,
-    pub k: u32,
-    /// Token bucket (the M the candidate was measured at).
-    pub m: u32,
-}
+/// What a tuning entry is about: one operation on one weight shape at one token bucket. The same
+/// key as the dispatch table's, so a record's key is the entry's key (grouped ops set `experts`).
+pub use crate::table::TableKey as TuneKey;
 
 /// How a candidate's evaluation ended. Failures are data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -214,12 +205,15 @@ impl Writer {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::problem::AType;
+    use crate::template::Family;
 
     pub(crate) fn record(m: u32, median: Option<f64>) -> Record {
         let config = crate::template::search_space(Family::Sm90, AType::Bf16)[0];
         Record {
             schema_version: LOG_SCHEMA_VERSION,
             key: TuneKey {
+                experts: None,
                 op: "gemm".into(),
                 family: Family::Sm90,
                 a_type: AType::Bf16,

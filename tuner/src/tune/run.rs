@@ -360,7 +360,7 @@ pub fn run(
     let mut keys = Vec::new();
     for &(n, k) in &spec.shapes {
         for &m in &spec.buckets {
-            keys.push(TuneKey { op: "gemm".into(), family, a_type, n, k, m });
+            keys.push(TuneKey::gemm(family, a_type, n, k, m));
         }
     }
     keys.sort();

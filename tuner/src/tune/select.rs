@@ -139,6 +139,7 @@ mod tests {
         Record {
             schema_version: LOG_SCHEMA_VERSION,
             key: TuneKey {
+                experts: None,
                 op: "gemm".into(),
                 family: Family::Sm90,
                 a_type: AType::Bf16,
