@@ -31,25 +31,7 @@ pub enum QuantizeError {
     Mismatch { m: usize, k: usize, detail: String },
 }
 
-/// Field for field the C struct `fp4tune::QuantizeParams` in quantize.cuh (pointers as 64-bit
-/// device addresses): 3 pointers, 2 ints, 1 float = 36 bytes, padded to 40, 8-byte aligned.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct QuantizeParams {
-    /// bf16 `[M, K]`, 16-byte aligned.
-    pub x: u64,
-    /// `[M, K/2]` bytes, 8-byte aligned.
-    pub codes: u64,
-    /// [`sf_bytes`] bytes (swizzled, padding written as 0).
-    pub sf: u64,
-    pub m: i32,
-    pub k: i32,
-    pub input_scale: f32,
-}
-
-// SAFETY: plain-old-data with the layout of the C struct (checked by a test), passed by value as
-// the single kernel argument.
-unsafe impl cudarc::driver::DeviceRepr for QuantizeParams {}
+pub use crate::gpu::params::QuantizeParams;
 
 /// Render the quantizer for `arch` (the kernel needs sm_80+; both our targets qualify).
 pub fn render(arch: Arch) -> Result<KernelSource, QuantizeError> {
