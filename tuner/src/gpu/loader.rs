@@ -65,6 +65,9 @@ fn candidate_dirs() -> Vec<PathBuf> {
     if let Ok(exe) = std::env::current_exe() {
         roots.extend(exe.ancestors().skip(1).map(|a| a.join(".cuda")));
     }
+    // The source tree this binary was built from (a development build whose target folder lives
+    // elsewhere, e.g. CARGO_TARGET_DIR); absent on other machines, then harmless.
+    roots.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cuda"));
     for r in roots {
         dirs.extend(wheel_lib_dirs(&r));
     }
@@ -101,7 +104,15 @@ fn find_and_load_nvrtc() -> Result<LoadedLib, NvrtcNotFound> {
     let mut searched = Vec::new();
     let mut explicit: Vec<PathBuf> = Vec::new();
     if let Some(p) = std::env::var_os("FP4TUNE_NVRTC") {
-        explicit.push(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        // An explicit choice that does not exist is an error, not a reason to pick another NVRTC.
+        if !p.is_file() {
+            return Err(NvrtcNotFound {
+                detail: format!("FP4TUNE_NVRTC={} is not a file", p.display()),
+                searched: p.display().to_string(),
+            });
+        }
+        explicit.push(p);
     }
     let with_names = |d: PathBuf| NVRTC_NAMES.iter().map(move |n| d.join(n)).collect::<Vec<_>>();
     let from_dirs = candidate_dirs().into_iter().flat_map(with_names);
