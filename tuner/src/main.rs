@@ -33,42 +33,7 @@ enum Command {
         cache: Option<PathBuf>,
     },
     /// Benchmark the family's kernels on a shape set against floors and peers (needs a GPU).
-    Bench {
-        /// Shape file (default: the embedded GLM-5 file).
-        #[arg(long)]
-        shapes: Option<PathBuf>,
-        /// Sets of the shape file to run, comma separated.
-        #[arg(long, default_value = "tp8", value_delimiter = ',')]
-        sets: Vec<String>,
-        /// Only shapes whose name contains one of these (e.g. routed), comma separated.
-        #[arg(long, value_delimiter = ',')]
-        only: Vec<String>,
-        /// Token counts M, comma separated (default: 1,2,4,8,16,32,64,128,256,512,1024).
-        #[arg(long, value_delimiter = ',')]
-        m: Vec<u32>,
-        /// Activation type.
-        #[arg(long, value_enum, default_value = "w4a16")]
-        a_type: ATypeArg,
-        /// Which configurations: the whole search space, or only the family default.
-        #[arg(long, value_enum, default_value = "space")]
-        configs: ConfigsArg,
-        /// Skip the cuBLAS / cuBLASLt peers.
-        #[arg(long)]
-        no_peers: bool,
-        /// Fewer samples per candidate.
-        #[arg(long)]
-        quick: bool,
-        /// Per problem, measure only this many configurations, the fastest by the analytic cost
-        /// model (0 = all legal ones).
-        #[arg(long, default_value_t = 400)]
-        max_candidates: usize,
-        /// Report folder; writes bench-<a_type>.csv and .md there.
-        #[arg(long, default_value = "results")]
-        out: PathBuf,
-        /// CUDA device ordinal.
-        #[arg(long, default_value_t = 0)]
-        device: usize,
-    },
+    Bench(BenchArgs),
     /// Measure the device's physical floors: launch floor, read bandwidth, cold read floors, tensor peak.
     Floors {
         /// Byte counts for read floors (default: the GLM-5 expert sizes of measuring.md).
@@ -217,34 +182,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Compile { arch, shapes, a_type, cache } => {
             cmd_compile(arch, shapes, a_type, cache)
         }
-        Command::Bench {
-            shapes,
-            sets,
-            only,
-            m,
-            a_type,
-            configs,
-            no_peers,
-            quick,
-            max_candidates,
-            out,
-            device,
-        } => {
-            let a_type = a_type.single("bench")?;
-            cmd_bench(BenchArgs {
-                shapes,
-                sets,
-                only,
-                m,
-                a_type,
-                configs,
-                no_peers,
-                quick,
-                max_candidates,
-                out,
-                device,
-            })
-        }
+        Command::Bench(args) => cmd_bench(args),
         Command::Floors { bytes, device } => cmd_floors(bytes, device),
         Command::Tune {
             shapes,
@@ -355,17 +293,41 @@ fn cmd_compile(
     Ok(())
 }
 
+#[derive(clap::Args, Debug)]
 struct BenchArgs {
+    /// Shape file (default: the embedded GLM-5 file).
+    #[arg(long)]
     shapes: Option<PathBuf>,
+    /// Sets of the shape file to run, comma separated.
+    #[arg(long, default_value = "tp8", value_delimiter = ',')]
     sets: Vec<String>,
+    /// Only shapes whose name contains one of these (e.g. routed), comma separated.
+    #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Token counts M, comma separated (default: 1,2,4,8,16,32,64,128,256,512,1024).
+    #[arg(long, value_delimiter = ',')]
     m: Vec<u32>,
-    a_type: AType,
+    /// Activation type.
+    #[arg(long, value_enum, default_value = "w4a16")]
+    a_type: ATypeArg,
+    /// Which configurations: the whole search space, or only the family default.
+    #[arg(long, value_enum, default_value = "space")]
     configs: ConfigsArg,
+    /// Skip the cuBLAS / cuBLASLt peers.
+    #[arg(long)]
     no_peers: bool,
+    /// Fewer samples per candidate.
+    #[arg(long)]
     quick: bool,
+    /// Per problem, measure only this many configurations, the fastest by the analytic cost
+    /// model (0 = all legal ones).
+    #[arg(long, default_value_t = 400)]
     max_candidates: usize,
+    /// Report folder; writes bench-<a_type>.csv and .md there.
+    #[arg(long, default_value = "results")]
     out: PathBuf,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
     device: usize,
 }
 
@@ -400,6 +362,7 @@ fn select_shapes(
 
 fn cmd_bench(a: BenchArgs) -> Result<()> {
     use fp4tune::bench::{report, run, TimingPolicy};
+    let a_type = a.a_type.single("bench")?;
     let file = match &a.shapes {
         Some(p) => ShapeFile::load(p)?,
         None => ShapeFile::glm5()?,
@@ -416,8 +379,8 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     })?;
     let family = Family::for_arch(arch);
     let configs = match a.configs {
-        ConfigsArg::Space => template::search_space(family, a.a_type),
-        ConfigsArg::Default => vec![template::default_config(family, a.a_type)],
+        ConfigsArg::Space => template::search_space(family, a_type),
+        ConfigsArg::Default => vec![template::default_config(family, a_type)],
     };
     let compiler = Compiler::with_default_cache()?;
     let spec = run::BenchSpec {
@@ -427,7 +390,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         } else {
             a.m.clone()
         },
-        a_type: a.a_type,
+        a_type: a_type,
         configs,
         peers: !a.no_peers,
         policy: if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() },
@@ -448,7 +411,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let stem = a.out.join(format!("bench-{}", a.a_type));
+    let stem = a.out.join(format!("bench-{}", a_type));
     let partial = std::cell::RefCell::new((Vec::new(), Vec::new()));
     let out = run::run(&gpu, &compiler, &spec, &|e| match e {
         run::Event::Floors(what) => bar.set_message(what),
@@ -463,7 +426,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             p.1.extend(screen_rows);
             let _ = std::fs::write(stem.with_extension("csv"), report::csv(&p.0));
             let _ = std::fs::write(
-                a.out.join(format!("bench-{}-screen.csv", a.a_type)),
+                a.out.join(format!("bench-{}-screen.csv", a_type)),
                 report::csv(&p.1),
             );
         }
@@ -482,7 +445,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     };
     let peers: Vec<&str> = if spec.peers { fp4tune::bench::peers::PEERS.to_vec() } else { vec![] };
     let mut md = report::markdown(
-        &format!("fp4tune {family} benchmark ({})", a.a_type),
+        &format!("fp4tune {family} benchmark ({})", a_type),
         &prov,
         &out.rows,
         &peers,
@@ -501,7 +464,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     }
     std::fs::write(stem.with_extension("csv"), report::csv(&out.rows))?;
     std::fs::write(
-        a.out.join(format!("bench-{}-screen.csv", a.a_type)),
+        a.out.join(format!("bench-{}-screen.csv", a_type)),
         report::csv(&out.screen_rows),
     )?;
     std::fs::write(stem.with_extension("md"), &md)?;
