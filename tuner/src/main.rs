@@ -390,7 +390,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         } else {
             a.m.clone()
         },
-        a_type: a_type,
+        a_type,
         configs,
         peers: !a.no_peers,
         policy: if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() },

@@ -160,13 +160,11 @@ pub fn run(
     union.sort();
     union.dedup();
     progress(Event::Floors(format!("compiling {} kernels", union.len())));
-    let sources: Vec<_> = union.iter().filter_map(|c| c.render().ok()).collect();
-    let compiled: HashMap<String, _> = union
-        .iter()
-        .filter(|c| c.render().is_ok())
-        .zip(compiler.compile_many(&sources))
-        .map(|(c, r)| (c.name(), r))
-        .collect();
+    // Render once; configurations that do not render are skipped (they fail `check`).
+    let (names, sources): (Vec<String>, Vec<_>) =
+        union.iter().filter_map(|c| c.render().ok().map(|s| (c.name(), s))).unzip();
+    let compiled: HashMap<String, _> =
+        names.into_iter().zip(compiler.compile_many(&sources)).collect();
     let total = spec.shapes.len() * spec.ms.len();
     let mut index = 0;
     for (label, n, k) in &spec.shapes {
