@@ -42,9 +42,41 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// ld.global.nc.L1::no_allocate.v4.u32: 16 bytes of read-only data streamed past L1 (weights that
+// are read exactly once). volatile keeps the loads where they are written: they are prefetches.
+__device__ __forceinline__ uint4 ldg_stream_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// ld.global.nc.u16: two scale bytes of read-only data.
+__device__ __forceinline__ uint16_t ldg_u16(const void* p) {
+    uint16_t v;
+    asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
+    return v;
+}
+
 // Shared-memory loads are plain C++ loads through pointers into the dynamic shared array (the
 // compiler sees the address space and the aliasing with cp.async/__syncthreads, and emits LDS.128 /
 // LDS.64 / LDS / LDS.U16); no wrapper is needed for them.
+
+// ld.shared.v4.u32 / ld.shared.u32 by shared-memory address (per-warp rings addressed as integers).
+__device__ __forceinline__ uint4 lds_v4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
 
 // prmt.b32: byte permute of {b, a} (bytes 0-3 from a, 4-7 from b) by the 4 selector nibbles.
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -96,6 +128,11 @@ __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
     uint32_t d;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(addr), "r"(rank));
     return d;
+}
+
+// st.shared::cluster.f32 (distributed shared memory): a store into another CTA of the cluster.
+__device__ __forceinline__ void st_shared_cluster_f32(uint32_t addr, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
 
 // ld.shared::cluster.f32 (distributed shared memory).

@@ -1,6 +1,8 @@
 // Fixed-width integer and float helpers without any system header: the NVRTC wheel ships none.
 #pragma once
 
+// nvcc builds (probes in scripts/probes/) include <cstdint> and define FP4TUNE_HAVE_STDINT.
+#ifndef FP4TUNE_HAVE_STDINT
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
@@ -8,6 +10,7 @@ typedef unsigned long long uint64_t;
 typedef signed char int8_t;
 typedef int int32_t;
 typedef long long int64_t;
+#endif
 
 namespace fp4tune {
 

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fp4tune::compile::{Compiler, Origin};
 use fp4tune::problem::AType;
 use fp4tune::shapes::{self, ShapeFile};
-use fp4tune::template::{self, Arch, Family, GemmConfig};
+use fp4tune::template::{self, Arch, Family, GemmConfig, Pipeline};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -132,6 +132,20 @@ enum Command {
 enum ConfigsArg {
     Space,
     Default,
+}
+
+/// Which weight pipelines of the search space a bench run measures.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PipelineArg {
+    All,
+    /// cp.async shared-memory stages (`s<stages>` in kernel names).
+    CpAsync,
+    /// Weights streamed into registers (`r<depth>` in kernel names).
+    Registers,
+    /// Weights streamed into per-warp shared-memory rings (`p<depth>` in kernel names).
+    WarpRing,
+    /// Both streamed pipelines (registers and warp rings).
+    Direct,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -313,6 +327,9 @@ struct BenchArgs {
     /// Which configurations: the whole search space, or only the family default.
     #[arg(long, value_enum, default_value = "space")]
     configs: ConfigsArg,
+    /// Only configurations of this weight pipeline.
+    #[arg(long, value_enum, default_value = "all")]
+    pipeline: PipelineArg,
     /// Skip the cuBLAS / cuBLASLt peers.
     #[arg(long)]
     no_peers: bool,
@@ -378,10 +395,24 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         )
     })?;
     let family = Family::for_arch(arch);
-    let configs = match a.configs {
+    let mut configs = match a.configs {
         ConfigsArg::Space => template::search_space(family, a_type),
         ConfigsArg::Default => vec![template::default_config(family, a_type)],
     };
+    match a.pipeline {
+        PipelineArg::All => {}
+        PipelineArg::CpAsync => configs.retain(|c| c.pipeline == Pipeline::CpAsync),
+        PipelineArg::Registers => configs.retain(|c| c.pipeline == Pipeline::Registers),
+        PipelineArg::WarpRing => configs.retain(|c| c.pipeline == Pipeline::WarpRing),
+        PipelineArg::Direct => configs.retain(|c| c.pipeline.is_direct()),
+    }
+    if configs.is_empty() {
+        bail!(
+            "no {} configuration of the {family} family uses the {:?} pipeline",
+            a_type,
+            a.pipeline
+        );
+    }
     let compiler = Compiler::with_default_cache()?;
     let spec = run::BenchSpec {
         shapes,

@@ -40,7 +40,13 @@ fn problems(a_type: AType) -> Vec<(u32, u32, Vec<u32>)> {
 
 fn run_suite(a_type: AType) {
     let (gpu, family, compiler) = open();
-    let space = template::search_space(family, a_type);
+    let mut space = template::search_space(family, a_type);
+    // FP4TUNE_SUITE_ONLY=<text>: only the variants whose name contains it (said, not silent).
+    if let Ok(only) = std::env::var("FP4TUNE_SUITE_ONLY") {
+        let before = space.len();
+        space.retain(|c| c.name().contains(&only));
+        eprintln!("FP4TUNE_SUITE_ONLY={only}: {} of {before} variants", space.len());
+    }
     if space.is_empty() {
         // The SM120 family is W4A4 only: there is nothing of this activation type to verify.
         eprintln!("SKIPPED: the {family} family has no {a_type} variants");

@@ -36,6 +36,33 @@ pub struct BenchSpec {
     pub max_candidates: usize,
 }
 
+/// The `max` best-ranked configurations of `ranked` (model order), shared evenly between the weight
+/// pipelines present (a pipeline with fewer candidates leaves its share to the others): the
+/// analytic model does not see each pipeline's instruction and barrier costs, so a plain top-`max`
+/// could leave a whole pipeline unmeasured.
+pub fn top_per_pipeline(ranked: &[(GemmConfig, f64)], max: usize) -> Vec<GemmConfig> {
+    let mut pipelines: Vec<_> = ranked.iter().map(|(c, _)| c.pipeline).collect();
+    pipelines.sort();
+    pipelines.dedup();
+    let mut out: Vec<GemmConfig> = Vec::with_capacity(max);
+    let mut remaining = pipelines.len();
+    let mut budget = max;
+    // Smallest groups first, so their unused share goes to the larger ones.
+    let mut groups: Vec<Vec<GemmConfig>> = pipelines
+        .iter()
+        .map(|pl| ranked.iter().filter(|(c, _)| c.pipeline == *pl).map(|(c, _)| *c).collect())
+        .collect();
+    groups.sort_by_key(|g| g.len());
+    for g in groups {
+        let share = budget / remaining.max(1);
+        let take = share.min(g.len());
+        out.extend(g.into_iter().take(take));
+        budget -= take;
+        remaining -= 1;
+    }
+    out
+}
+
 /// A candidate that did not produce a timing, and why (compile error, resource limit, wrong
 /// answer, launch failure): data, not a crash.
 #[derive(Debug, Clone)]
@@ -134,12 +161,7 @@ pub fn run(
             let legal: Vec<GemmConfig> =
                 spec.configs.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
             let chosen = if spec.max_candidates > 0 && legal.len() > spec.max_candidates {
-                let mut top: Vec<GemmConfig> = model
-                    .rank(&legal, &p)
-                    .into_iter()
-                    .take(spec.max_candidates)
-                    .map(|(c, _)| c)
-                    .collect();
+                let mut top = top_per_pipeline(&model.rank(&legal, &p), spec.max_candidates);
                 if let Some(d) = spec
                     .configs
                     .first()
@@ -292,4 +314,46 @@ pub fn run(
         launch_floor_us: launch_floor,
         tensor_peak_tflops: peak,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::AType;
+    use crate::template::{self, Family, Pipeline};
+
+    #[test]
+    fn candidate_cap_is_shared_between_pipelines() {
+        let space = template::search_space(Family::Sm90, AType::Bf16);
+        // A ranking that puts every cp.async configuration first.
+        let mut ranked: Vec<(GemmConfig, f64)> = space
+            .iter()
+            .map(|c| (*c, if c.pipeline == Pipeline::CpAsync { 1.0 } else { 2.0 }))
+            .collect();
+        ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let top = top_per_pipeline(&ranked, 90);
+        assert_eq!(top.len(), 90);
+        for pl in [Pipeline::CpAsync, Pipeline::Registers, Pipeline::WarpRing] {
+            assert_eq!(top.iter().filter(|c| c.pipeline == pl).count(), 30, "{pl:?}");
+        }
+        // Within a pipeline the model order is kept.
+        let cp: Vec<_> = top.iter().filter(|c| c.pipeline == Pipeline::CpAsync).collect();
+        let want: Vec<_> = ranked
+            .iter()
+            .map(|r| &r.0)
+            .filter(|c| c.pipeline == Pipeline::CpAsync)
+            .take(30)
+            .collect();
+        assert_eq!(cp, want);
+        // A small group leaves its unused share to the others.
+        let few: Vec<(GemmConfig, f64)> = ranked
+            .iter()
+            .filter(|(c, _)| c.pipeline != Pipeline::WarpRing)
+            .cloned()
+            .chain(ranked.iter().filter(|(c, _)| c.pipeline == Pipeline::WarpRing).take(5).cloned())
+            .collect();
+        let top = top_per_pipeline(&few, 90);
+        assert_eq!(top.len(), 90);
+        assert_eq!(top.iter().filter(|c| c.pipeline == Pipeline::WarpRing).count(), 5);
+    }
 }

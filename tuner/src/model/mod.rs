@@ -319,6 +319,7 @@ mod tests {
             stages,
             split_k: split,
             swap_ab: swap,
+            pipeline: crate::template::Pipeline::CpAsync,
         }
     }
 

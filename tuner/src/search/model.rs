@@ -10,7 +10,7 @@
 
 use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
-use crate::template::{Family, GemmConfig};
+use crate::template::{Family, GemmConfig, Pipeline};
 use serde::{Deserialize, Serialize};
 
 /// Coefficients of the memory-streaming model (see the module documentation).
@@ -314,7 +314,12 @@ impl CostModel {
         let wm = c.warps_m.max(1);
         let wn = c.warps_n.max(1);
         let acc = (c.block_m / wm).max(1) * (c.block_n / wn).max(1) / 32;
-        (48 + acc + acc / 4).min(255)
+        // A register-streamed kernel also holds its weight ring: 10 registers per m16 tile and chunk.
+        let ring = match c.pipeline {
+            Pipeline::CpAsync | Pipeline::WarpRing => 0,
+            Pipeline::Registers => 10 * (c.block_n / wn / 16).max(1) * c.stages,
+        };
+        (48 + acc + acc / 4 + ring).min(255)
     }
 
     /// CTAs of `c` resident per SM (0: does not fit), with `regs` registers per thread.
@@ -369,7 +374,13 @@ impl CostModel {
         };
         let dram = p.min_bytes() as f64;
         let stage = bk as f64 * (bn as f64 * w_elem + bm as f64 * a_elem);
-        let inflight = (c.stages.max(2) - 1) as f64 * stage;
+        let inflight = match c.pipeline {
+            Pipeline::CpAsync => (c.stages.max(2) - 1) as f64 * stage,
+            // Every warp keeps `stages` chunks (128 k) of its weight rows in flight.
+            Pipeline::Registers | Pipeline::WarpRing => {
+                c.stages as f64 * 128.0 * bn as f64 * c.warps_k.max(1) as f64 * w_elem
+            }
+        };
         let memory_us = d.stream_us(dram, ctas, slots, inflight);
 
         // L2: weight tiles re-read by every token tile, activations by every weight tile,

@@ -3,7 +3,7 @@
 
 use super::SearchError;
 use crate::problem::{AType, GemmProblem};
-use crate::template::{self, Family, GemmConfig};
+use crate::template::{self, Family, GemmConfig, Pipeline};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::{self, Write as _};
@@ -22,11 +22,14 @@ pub enum Param {
     SplitK,
     /// 0 = false, 1 = true.
     SwapAb,
+    /// 0 = cp.async stages, 1 = register ring, 2 = warp ring ([`crate::template::Pipeline`]).
+    Pipeline,
 }
 
 impl Param {
     /// Every parameter, in the order of [`SearchSpace::params`] and of enumeration (last fastest).
-    pub const ALL: [Param; 9] = [
+    pub const ALL: [Param; 10] = [
+        Param::Pipeline,
         Param::SwapAb,
         Param::BlockM,
         Param::BlockN,
@@ -49,6 +52,7 @@ impl Param {
             Param::Stages => "stages",
             Param::SplitK => "split_k",
             Param::SwapAb => "swap_ab",
+            Param::Pipeline => "pipeline",
         }
     }
 
@@ -64,6 +68,11 @@ impl Param {
             Param::Stages => c.stages,
             Param::SplitK => c.split_k,
             Param::SwapAb => c.swap_ab as u32,
+            Param::Pipeline => match c.pipeline {
+                Pipeline::CpAsync => 0,
+                Pipeline::Registers => 1,
+                Pipeline::WarpRing => 2,
+            },
         }
     }
 
@@ -78,6 +87,13 @@ impl Param {
             Param::Stages => c.stages = v,
             Param::SplitK => c.split_k = v,
             Param::SwapAb => c.swap_ab = v != 0,
+            Param::Pipeline => {
+                c.pipeline = match v {
+                    1 => Pipeline::Registers,
+                    2 => Pipeline::WarpRing,
+                    _ => Pipeline::CpAsync,
+                }
+            }
         }
     }
 }
@@ -548,18 +564,18 @@ impl SearchSpace {
 #[derive(Debug, Clone)]
 pub struct Grid {
     params: Vec<ParamValues>,
-    index: HashMap<[u8; 9], usize>,
-    coords: Vec<[u8; 9]>,
+    index: HashMap<[u8; 10], usize>,
+    coords: Vec<[u8; 10]>,
 }
 
 impl Grid {
     /// A grid over `configs` with the value lists of `configs` themselves.
     pub fn of(configs: &[GemmConfig]) -> Self {
         let params = SearchSpace::value_lists(configs);
-        let coords: Vec<[u8; 9]> = configs
+        let coords: Vec<[u8; 10]> = configs
             .iter()
             .map(|c| {
-                let mut x = [0u8; 9];
+                let mut x = [0u8; 10];
                 for (slot, pv) in x.iter_mut().zip(&params) {
                     let v = pv.param.get(c);
                     *slot = pv.values.iter().position(|&w| w == v).unwrap_or(0) as u8;
@@ -577,7 +593,7 @@ impl Grid {
         let Some(x) = self.coords.get(i) else { return Vec::new() };
         let mut out = Vec::new();
         let lens: Vec<i32> = self.params.iter().map(|p| p.values.len() as i32).collect();
-        let step = |x: &[u8; 9], a: usize, da: i32| -> Option<[u8; 9]> {
+        let step = |x: &[u8; 10], a: usize, da: i32| -> Option<[u8; 10]> {
             let v = x[a] as i32 + da;
             (0..lens[a]).contains(&v).then(|| {
                 let mut y = *x;
@@ -585,14 +601,14 @@ impl Grid {
                 y
             })
         };
-        let push = |y: Option<[u8; 9]>, out: &mut Vec<usize>| {
+        let push = |y: Option<[u8; 10]>, out: &mut Vec<usize>| {
             if let Some(j) = y.and_then(|y| self.index.get(&y)) {
                 if !out.contains(j) {
                     out.push(*j);
                 }
             }
         };
-        for a in 0..9 {
+        for a in 0..Param::ALL.len() {
             for da in [-1, 1] {
                 match d {
                     1 => push(step(x, a, da), &mut out),
@@ -629,6 +645,7 @@ pub(crate) mod tests {
             stages: 4,
             split_k: 1,
             swap_ab: true,
+            pipeline: Pipeline::CpAsync,
         }
     }
 
@@ -648,6 +665,7 @@ pub(crate) mod tests {
             pv(Param::Stages, &[2, 4]),
             pv(Param::SplitK, &[1, 2, 4, 8]),
             pv(Param::SwapAb, &[0, 1]),
+            pv(Param::Pipeline, &[0]),
         ];
         let mut s = SearchSpace::new(Family::Sm90, AType::Bf16, params, base(AType::Bf16)).unwrap();
         s.constraints = vec![

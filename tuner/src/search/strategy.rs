@@ -242,7 +242,8 @@ impl ModelGuided {
         let grid = Grid::of(&ranked);
         let index = ranked.iter().enumerate().map(|(i, c)| (*c, i)).collect();
         let spend = Spend::new(&budget, ranked.len());
-        let initial = Self::diverse_top(&grid, ranked.len(), options.initial);
+        let mut initial = Self::diverse_top(&grid, ranked.len(), options.initial);
+        Self::cover_pipelines(&ranked, &mut initial);
         Self {
             proposed: vec![false; ranked.len()],
             initial,
@@ -282,6 +283,30 @@ impl ModelGuided {
             i += 1;
         }
         picks
+    }
+
+    /// Make sure every weight pipeline among the candidates has its 2 best-ranked configurations
+    /// among the initial picks: the analytic model does not see the per-pipeline instruction and
+    /// barrier costs (measured on the H200: the streamed pipelines win decode shapes the model
+    /// ranks below the cp.async ones), so each pipeline gets measured before the neighbourhood
+    /// phase chooses where to look.
+    fn cover_pipelines(ranked: &[GemmConfig], picks: &mut Vec<usize>) {
+        let mut pipelines: Vec<crate::template::Pipeline> =
+            ranked.iter().map(|c| c.pipeline).collect();
+        pipelines.sort();
+        pipelines.dedup();
+        if pipelines.len() < 2 {
+            return;
+        }
+        for pl in pipelines {
+            let have = picks.iter().filter(|&&i| ranked[i].pipeline == pl).count();
+            let missing = 2usize.saturating_sub(have);
+            let extra: Vec<usize> = (0..ranked.len())
+                .filter(|&i| ranked[i].pipeline == pl && !picks.contains(&i))
+                .take(missing)
+                .collect();
+            picks.extend(extra);
+        }
     }
 
     /// The model's predicted time of a candidate.
@@ -376,6 +401,24 @@ mod tests {
             assert!(out.len() < 1_000_000, "runaway strategy");
         }
         out
+    }
+
+    #[test]
+    fn model_guided_measures_every_pipeline_early() {
+        use crate::template::{self, Family, Pipeline};
+        let p = GemmProblem::new(1, 512, 6144, AType::Bf16);
+        let legal: Vec<GemmConfig> = template::search_space(Family::Sm90, AType::Bf16)
+            .into_iter()
+            .filter(|c| c.check_problem(&p).is_ok())
+            .collect();
+        let model = CostModel::new(DeviceModel::h200());
+        let mut s =
+            ModelGuided::new(legal, &p, &model, Budget::evals(14), ModelGuidedOptions::default());
+        let first = drive(&mut s, |_| Some(1.0));
+        for pl in [Pipeline::CpAsync, Pipeline::Registers, Pipeline::WarpRing] {
+            let n = first.iter().filter(|c| c.pipeline == pl).count();
+            assert!(n >= 2, "{pl:?}: {n} of {first:?}");
+        }
     }
 
     #[test]

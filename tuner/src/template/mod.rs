@@ -125,6 +125,36 @@ pub struct GemmConfig {
     pub split_k: u32,
     /// Weights on the MMA's 16-row side and tokens on its 8-wide side (Y^T = W * A^T).
     pub swap_ab: bool,
+    /// How the weights travel to the tensor cores (absent in tables written before it existed:
+    /// those kernels are all [`Pipeline::CpAsync`]).
+    #[serde(default)]
+    pub pipeline: Pipeline,
+}
+
+/// How a kernel stages the weights between global memory and the tensor cores.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub enum Pipeline {
+    /// A cp.async ring of `stages` shared-memory stages that every operand goes through
+    /// (`templates/sm90/gemm.cuh`, `templates/sm120/`). Named `s<stages>`.
+    #[default]
+    CpAsync,
+    /// Weights streamed from global memory into a per-warp register ring `stages` chunks (128 k)
+    /// deep, no barrier in the main loop; only the activations go through shared memory, one
+    /// `block_k` slice per pass (`templates/sm90/direct.cuh`; small M, swap_ab). Named `r<stages>`.
+    Registers,
+    /// As [`Pipeline::Registers`], but each warp's ring is `stages` stages (2..16) of its private
+    /// shared memory, filled by the lanes' own cp.async copies: deep prefetch without registers
+    /// and without a barrier (`direct.cuh`, `SMEM_RING`). Named `p<stages>`.
+    WarpRing,
+}
+
+impl Pipeline {
+    /// The register- and warp-ring pipelines share `templates/sm90/direct.cuh`.
+    pub fn is_direct(self) -> bool {
+        matches!(self, Pipeline::Registers | Pipeline::WarpRing)
+    }
 }
 
 /// Why a configuration cannot run a problem (or cannot exist at all).
@@ -139,7 +169,7 @@ impl GemmConfig {
     /// Stable, human-readable identity; also the suffix of the kernel's symbol name.
     pub fn name(&self) -> String {
         format!(
-            "{}_{}_m{}n{}k{}_w{}x{}x{}_s{}_sk{}{}",
+            "{}_{}_m{}n{}k{}_w{}x{}x{}_{}{}_sk{}{}",
             self.family,
             self.a_type,
             self.block_m,
@@ -148,6 +178,11 @@ impl GemmConfig {
             self.warps_m,
             self.warps_n,
             self.warps_k,
+            match self.pipeline {
+                Pipeline::CpAsync => "s",
+                Pipeline::Registers => "r",
+                Pipeline::WarpRing => "p",
+            },
             self.stages,
             self.split_k,
             if self.swap_ab { "_swap" } else { "" }

@@ -10,7 +10,7 @@
 //! swap-AB, P = A (tokens, `block_m` rows) and Q = W (weights, `block_n` rows); with swap-AB (small M)
 //! P = W and Q = A, i.e. the kernel computes Y^T = W * A^T.
 
-use super::{ConstraintError, Family, GemmConfig};
+use super::{ConstraintError, Family, GemmConfig, Pipeline};
 use crate::problem::{AType, GemmProblem};
 
 /// Shared memory one SM120 block may use (opt-in maximum), in bytes.
@@ -260,6 +260,7 @@ fn config(
         stages,
         split_k,
         swap_ab,
+        pipeline: Pipeline::CpAsync,
     }
 }
 

@@ -640,6 +640,7 @@ mod tests {
             stages: 2,
             split_k,
             swap_ab,
+            pipeline: crate::template::Pipeline::CpAsync,
         }
     }
 

@@ -5,12 +5,19 @@
 //! search space and a generic default. It also mirrors the template's index maps (the K permutation
 //! of the MMA fragments and the shared-memory swizzles) so that they can be tested without a GPU.
 //!
+//! Three weight pipelines ([`Pipeline`]): `CpAsync` (`gemm.cuh`, `Sm90Config`, any M) and the two
+//! streamed ones of `direct.cuh` (`DirectConfig`, swap-AB, decode-sized M): `Registers` (a per-warp
+//! register ring, `stages` = ring depth 1..8) and `WarpRing` (a per-warp shared-memory ring 2..16
+//! deep). For the streamed pipelines `block_k` is the activation slice a CTA keeps in shared memory
+//! per pass (one pass when `block_k = K / split_k`), and split-K <= 8 is reduced with one cluster
+//! barrier into rank 0 (workspace + counters above 8, as for `CpAsync`).
+//!
 //! Launch contract (see `templates/sm90/gemm.cuh`): grid `(ceil(N/block_n), ceil(M/block_m),
 //! split_k)`, `threads()` threads, `smem_bytes()` of dynamic shared memory (opt-in above 48 KiB);
 //! with `split_k > 1` a workspace of `split_k*M*N` floats and one zeroed u32 counter per output tile
 //! (index `m_tile * n_tiles + n_tile`), left zeroed by the kernel.
 
-use super::{ConstraintError, Family, GemmConfig};
+use super::{ConstraintError, Family, GemmConfig, Pipeline};
 use crate::problem::{AType, GemmProblem};
 
 /// Opt-in dynamic shared memory per block on H100/H200 (227 KiB).
@@ -88,11 +95,42 @@ pub fn stage_bytes(c: &GemmConfig) -> u32 {
 /// split-K reduction buffer if larger.
 pub fn smem_bytes(c: &GemmConfig) -> u32 {
     let d = Derived::of(c);
+    if c.pipeline.is_direct() {
+        // `DirectConfig::SMEM_BYTES`: the slice, then one reduction slot per (cluster rank, warp
+        // along K) for split_k <= 8; above, epilogue.cuh's in-CTA buffer reuses offset 0.
+        let tile = c.warps_n * 32 * d.acc * 4;
+        let slots = if c.split_k <= MAX_CLUSTER_SPLIT { c.split_k * c.warps_k } else { 0 };
+        let slot_bytes = if slots > 1 { slots * tile } else { 0 };
+        let red =
+            if c.split_k > MAX_CLUSTER_SPLIT { c.warps_k.saturating_sub(1) * tile } else { 0 };
+        let main = if c.pipeline == Pipeline::WarpRing {
+            let stage = d.p_tiles * 2 * (512 + 128);
+            align128(slice_bytes(c) + slot_bytes) + c.threads() / 32 * c.stages * stage
+        } else {
+            slice_bytes(c) + slot_bytes
+        };
+        return main.max(red).max(16);
+    }
     let pipe = c.stages * stage_bytes(c);
     let red = c.warps_k.saturating_sub(1) * c.warps_m * c.warps_n * 32 * d.acc * 4;
     let cluster_red = if cluster_split(c) { c.warps_m * c.warps_n * 32 * d.acc * 4 } else { 0 };
     pipe.max(red).max(cluster_red).max(16)
 }
+
+/// Bytes of the activation slice of a register-streamed kernel (`DirectConfig::SLICE_BYTES`):
+/// (block_m, block_k) codes + scales or bf16.
+pub fn slice_bytes(c: &GemmConfig) -> u32 {
+    let (bm, bk) = (c.block_m, c.block_k);
+    match c.a_type {
+        AType::Nvfp4 => align128(bm * bk / 2) + align128(bm * bk / 16),
+        AType::Bf16 => align128(bm * bk * 2),
+    }
+}
+
+/// Largest weight-row tiles (m16) per warp and chunk tiles in a warp's register ring of a
+/// register-streamed kernel (`DirectConfig`): P_TILES <= 4, P_TILES * DEPTH <= 8.
+pub const MAX_DIRECT_P_TILES: u32 = 4;
+pub const MAX_DIRECT_RING_TILES: u32 = 8;
 
 /// Largest split_k reduced inside a thread-block cluster (portable cluster size).
 pub const MAX_CLUSTER_SPLIT: u32 = 8;
@@ -119,6 +157,9 @@ pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
     let threads = c.threads();
     if !(32..=1024).contains(&threads) {
         return err(format!("{threads} threads per CTA, the limit is 32..=1024"));
+    }
+    if c.pipeline.is_direct() {
+        return check_direct(c);
     }
     if ![64, 128, 256].contains(&c.block_k) {
         return err(format!("block_k {} must be 64, 128 or 256", c.block_k));
@@ -170,6 +211,67 @@ pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
     Ok(())
 }
 
+/// Constraints of a register-streamed configuration (`templates/sm90/direct.cuh`, `DirectConfig`).
+fn check_direct(c: &GemmConfig) -> Result<(), ConstraintError> {
+    let err = |msg: String| Err(c.violation(msg));
+    if !c.swap_ab || c.warps_m != 1 {
+        return err(
+            "the register and warp-ring pipelines are swap_ab only, with warps_m = 1".into()
+        );
+    }
+    if ![8, 16, 32].contains(&c.block_m) {
+        return err(format!(
+            "block_m {} must be 8, 16 or 32 with the register and warp-ring pipelines",
+            c.block_m
+        ));
+    }
+    let d = Derived::of(c);
+    if c.block_n % c.warps_n != 0 || d.warp_p % 16 != 0 || d.p_tiles > MAX_DIRECT_P_TILES {
+        return err(format!(
+            "block_n / warps_n = {} / {} must be 16..{} weight rows per warp, a multiple of 16",
+            c.block_n,
+            c.warps_n,
+            16 * MAX_DIRECT_P_TILES
+        ));
+    }
+    if c.warps_k > 16 {
+        return err(format!("warps_k {} must be at most 16", c.warps_k));
+    }
+    if c.block_k < 256 || c.block_k % (128 * c.warps_k) != 0 {
+        return err(format!(
+            "block_k {} must be at least 256 and a multiple of 128 * warps_k = {}",
+            c.block_k,
+            128 * c.warps_k
+        ));
+    }
+    if c.pipeline == Pipeline::WarpRing {
+        if !(2..=16).contains(&c.stages) {
+            return err(format!("warp ring depth {} must be 2..=16 stages", c.stages));
+        }
+    } else if !(1..=8).contains(&c.stages) {
+        return err(format!("ring depth {} must be 1..=8 chunks", c.stages));
+    } else if d.p_tiles * c.stages > MAX_DIRECT_RING_TILES {
+        return err(format!(
+            "{} m16 tiles x ring depth {} exceeds the register budget of {MAX_DIRECT_RING_TILES} chunk tiles",
+            d.p_tiles, c.stages
+        ));
+    }
+    if d.acc_sets * d.acc > MAX_ACC_PER_LANE {
+        return err(format!(
+            "{} accumulators per lane, at most {MAX_ACC_PER_LANE}",
+            d.acc_sets * d.acc
+        ));
+    }
+    if !(1..=64).contains(&c.split_k) {
+        return err(format!("split_k {} must be 1..=64", c.split_k));
+    }
+    let smem = smem_bytes(c);
+    if smem > MAX_SMEM_BYTES {
+        return err(format!("{smem} bytes of shared memory, the SM90 limit is {MAX_SMEM_BYTES}"));
+    }
+    Ok(())
+}
+
 /// Constraints of running `c` on `p` (after `check` and the a_type match done by the caller).
 pub fn check_problem(c: &GemmConfig, p: &GemmProblem) -> Result<(), ConstraintError> {
     let err = |msg: String| Err(c.violation(msg));
@@ -201,6 +303,34 @@ pub fn check_problem(c: &GemmConfig, p: &GemmProblem) -> Result<(), ConstraintEr
 pub fn instantiation(c: &GemmConfig) -> String {
     let threads = c.threads();
     let smem = smem_bytes(c);
+    let cluster = if cluster_split(c) {
+        format!(" __cluster_dims__(1, 1, {})", c.split_k)
+    } else {
+        String::new()
+    };
+    if c.pipeline.is_direct() {
+        return format!(
+            "// fp4tune SM90 kernel {name}\n\
+             #include \"sm90/direct.cuh\"\n\
+             using Cfg = fp4tune::sm90::DirectConfig<{bm}, {bn}, {bk}, {wn}, {wk}, {depth}, {sk}, {fp4}, {ring}>;\n\
+             static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (template/sm90.rs smem_bytes) and templates/sm90/direct.cuh disagree on shared memory\");\n\
+             static_assert(Cfg::THREADS == {threads}, \"Rust and templates/sm90/direct.cuh disagree on threads\");\n\
+             extern \"C\" __global__ void __launch_bounds__({threads}){cluster} {kernel}(const fp4tune::GemmParams p) {{\n\
+             \x20   fp4tune::sm90::gemm_direct<Cfg>(p);\n\
+             }}\n",
+            name = c.name(),
+            bm = c.block_m,
+            bn = c.block_n,
+            bk = c.block_k,
+            wn = c.warps_n,
+            wk = c.warps_k,
+            depth = c.stages,
+            sk = c.split_k,
+            fp4 = c.a_type == AType::Nvfp4,
+            ring = c.pipeline == Pipeline::WarpRing,
+            kernel = c.kernel_name(),
+        );
+    }
     format!(
         "// fp4tune SM90 kernel {name}\n\
          #include \"sm90/gemm.cuh\"\n\
@@ -222,11 +352,6 @@ pub fn instantiation(c: &GemmConfig) -> String {
         swap = c.swap_ab,
         fp4 = c.a_type == AType::Nvfp4,
         kernel = c.kernel_name(),
-        cluster = if cluster_split(c) {
-            format!(" __cluster_dims__(1, 1, {})", c.split_k)
-        } else {
-            String::new()
-        },
     )
 }
 
@@ -245,6 +370,7 @@ pub fn default_config(a_type: AType) -> GemmConfig {
         stages: 4,
         split_k: 1,
         swap_ab: false,
+        pipeline: Pipeline::CpAsync,
     }
 }
 
@@ -284,11 +410,119 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
                                             stages,
                                             split_k,
                                             swap_ab,
+                                            pipeline: Pipeline::CpAsync,
                                         };
                                         if keep(&c) {
                                             out.push(c);
                                         }
                                     }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out.extend(direct_space(a_type));
+    out.extend(warp_ring_space(a_type));
+    out
+}
+
+/// The register-streamed configurations of the search space (`Pipeline::Registers`, small M).
+///
+/// Enumerated: block_m {8, 16}; 16 or 32 weight rows per warp, warps_n {1, 2}; warps_k {1, 2, 4,
+/// 8, 16}; block_k (one pass = the CTA's K slice when block_k = K / split_k) {256, 512, 768, 1024,
+/// 1536, 2048, 3072, 6144}; ring depth {1, 2, 4}; split_k {1, 2, 3, 4, 6, 8, 12, 16}. Kept: 4..16
+/// warps; 1..8 chunks (128 k) per warp and pass; ring depth = min(chunks per pass, 4), or 2 with
+/// 4 or more chunks; at most 100 KiB of activation slice; split_k > 8 (workspace reduction) only
+/// with block_n <= 64 and block_k <= 512. Many short warps win at decode sizes: the critical path
+/// after the last weight byte arrives is one or two chunks of dequantization and one barrier.
+pub fn direct_space(a_type: AType) -> Vec<GemmConfig> {
+    let mut out = Vec::new();
+    for block_m in [8u32, 16] {
+        for rows_per_warp in [16u32, 32] {
+            for warps_n in [1u32, 2] {
+                for warps_k in [1u32, 2, 4, 8, 16] {
+                    for block_k in [256u32, 512, 768, 1024, 1536, 2048, 3072, 6144] {
+                        for stages in [1u32, 2, 4] {
+                            for split_k in [1u32, 2, 3, 4, 6, 8, 12, 16] {
+                                let c = GemmConfig {
+                                    family: Family::Sm90,
+                                    a_type,
+                                    block_m,
+                                    block_n: rows_per_warp * warps_n,
+                                    block_k,
+                                    warps_m: 1,
+                                    warps_n,
+                                    warps_k,
+                                    stages,
+                                    split_k,
+                                    swap_ab: true,
+                                    pipeline: Pipeline::Registers,
+                                };
+                                let warps = warps_n * warps_k;
+                                let chunks_per_pass = block_k / (128 * warps_k);
+                                let keep = check(&c).is_ok()
+                                    && (4..=16).contains(&warps)
+                                    && (1..=8).contains(&chunks_per_pass)
+                                    && (stages == chunks_per_pass.min(4)
+                                        || (stages == 2 && chunks_per_pass >= 4))
+                                    && slice_bytes(&c) <= 100 * 1024
+                                    && (split_k <= MAX_CLUSTER_SPLIT
+                                        || (c.block_n <= 64 && block_k <= 512));
+                                if keep {
+                                    out.push(c);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The warp-ring configurations of the search space (`Pipeline::WarpRing`, small M): the
+/// register-streamed kernel with each warp's prefetch ring in its own shared memory.
+///
+/// Enumerated: block_m {8, 16}; 16 or 32 weight rows per warp, warps_n {1, 2}; warps_k {1, 2, 4,
+/// 8}; block_k {256, 512, 1024, 2048, 3072, 6144}; ring depth {4, 8}; split_k {1, 2, 3, 4, 6, 8}.
+/// Kept: 4..16 warps; 2..24 chunks per warp and pass; at most 100 KiB of activation slice and 200
+/// KiB of shared memory in all.
+pub fn warp_ring_space(a_type: AType) -> Vec<GemmConfig> {
+    let mut out = Vec::new();
+    for block_m in [8u32, 16] {
+        for rows_per_warp in [16u32, 32] {
+            for warps_n in [1u32, 2] {
+                for warps_k in [1u32, 2, 4, 8] {
+                    for block_k in [256u32, 512, 1024, 2048, 3072, 6144] {
+                        for stages in [4u32, 8] {
+                            for split_k in [1u32, 2, 3, 4, 6, 8] {
+                                let c = GemmConfig {
+                                    family: Family::Sm90,
+                                    a_type,
+                                    block_m,
+                                    block_n: rows_per_warp * warps_n,
+                                    block_k,
+                                    warps_m: 1,
+                                    warps_n,
+                                    warps_k,
+                                    stages,
+                                    split_k,
+                                    swap_ab: true,
+                                    pipeline: Pipeline::WarpRing,
+                                };
+                                let warps = warps_n * warps_k;
+                                let chunks_per_pass = block_k / (128 * warps_k);
+                                let keep = check(&c).is_ok()
+                                    && (4..=16).contains(&warps)
+                                    && (2..=24).contains(&chunks_per_pass)
+                                    && slice_bytes(&c) <= 100 * 1024
+                                    && smem_bytes(&c) <= 200 * 1024;
+                                if keep {
+                                    out.push(c);
                                 }
                             }
                         }
@@ -403,6 +637,7 @@ mod tests {
             stages: 4,
             split_k: 1,
             swap_ab: true,
+            pipeline: Pipeline::CpAsync,
         }
     }
 
@@ -721,7 +956,7 @@ mod tests {
     fn search_space_is_legal_rich_and_renders() {
         for a_type in [AType::Bf16, AType::Nvfp4] {
             let space = search_space(a_type);
-            assert!((300..=3000).contains(&space.len()), "{} configs for {a_type}", space.len());
+            assert!((300..=5000).contains(&space.len()), "{} configs for {a_type}", space.len());
             let names: HashSet<String> = space.iter().map(|c| c.name()).collect();
             assert_eq!(names.len(), space.len(), "duplicate configurations");
             assert!(space.iter().any(|c| c.swap_ab && c.block_m <= 16 && c.split_k > 1));
@@ -766,6 +1001,7 @@ pub fn representative_configs(a_type: AType) -> Vec<GemmConfig> {
         stages: 4,
         split_k: 1,
         swap_ab: true,
+        pipeline: Pipeline::CpAsync,
     };
     vec![
         base,
@@ -854,6 +1090,20 @@ pub fn representative_configs(a_type: AType) -> Vec<GemmConfig> {
 /// | m8n64k256 w1x4x2 s4 sk1 swap | 4 x 6144 x 256 | 2.81 | 3.58 |
 /// | m16n64k128 w1x4x1 s4 sk1 swap | 16 x 6144 x 256 | 2.93 | 3.60 |
 /// | m64n128k128 w1x4x1 s3 sk1 | 1024 x 4096 x 6144 | 189 | 65 |
+///
+/// Register-streamed (`r`) and warp-ring (`p`) kernels, same policy, 2026-11-29 (bench runs of
+/// `--pipeline registers|warp-ring`, results/h200/bench-w4a16.md has the final run):
+///
+/// | config | shape M x N x K | us |
+/// |---|---|---|
+/// | m8n32k1024 w1x2x2 p4 sk6 | 1 x 512 x 6144 | 3.81 |
+/// | m8n16k2048 w1x1x4 r4 sk3 | 1 x 512 x 6144 | 3.91 |
+/// | m8n32k256 w1x2x2 r1 sk1 | 1 x 6144 x 256 | 2.32 |
+/// | m8n16k3072 w1x1x8 p8 sk2 | 1 x 1024 x 6144 | 4.36 |
+/// | m8n16k512 w1x1x4 r1 sk1 | 1 x 6144 x 512 | 2.62 |
+/// | m8n32k6144 w1x2x8 p4 sk1 | 1 x 4096 x 6144 | 7.83 |
+/// | m8n16k2048 w1x1x4 p8 sk1 | 1 x 6144 x 2048 | 5.25 |
+/// | m16n32k2048 w1x2x4 p8 sk3 | 16 x 1024 x 6144 | 5.68 |
 pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
     let c = |block_m, block_n, block_k, warps_m, warps_n, warps_k, stages, split_k, swap_ab| {
         GemmConfig {
@@ -868,7 +1118,22 @@ pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
             stages,
             split_k,
             swap_ab,
+            pipeline: Pipeline::CpAsync,
         }
+    };
+    let d = |block_m, block_n, block_k, warps_n, warps_k, stages, split_k, pipeline| GemmConfig {
+        family: Family::Sm90,
+        a_type,
+        block_m,
+        block_n,
+        block_k,
+        warps_m: 1,
+        warps_n,
+        warps_k,
+        stages,
+        split_k,
+        swap_ab: true,
+        pipeline,
     };
     vec![
         c(8, 32, 256, 1, 2, 2, 4, 2, true),
@@ -878,6 +1143,14 @@ pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
         c(8, 64, 256, 1, 4, 2, 4, 1, true),
         c(16, 64, 128, 1, 4, 1, 4, 1, true),
         c(64, 128, 128, 1, 4, 1, 3, 1, false),
+        d(8, 32, 1024, 2, 2, 4, 6, Pipeline::WarpRing),
+        d(8, 16, 2048, 1, 4, 4, 3, Pipeline::Registers),
+        d(8, 32, 256, 2, 2, 1, 1, Pipeline::Registers),
+        d(8, 16, 3072, 1, 8, 8, 2, Pipeline::WarpRing),
+        d(8, 16, 512, 1, 4, 1, 1, Pipeline::Registers),
+        d(8, 32, 6144, 2, 8, 4, 1, Pipeline::WarpRing),
+        d(8, 16, 2048, 1, 4, 8, 1, Pipeline::WarpRing),
+        d(16, 32, 2048, 2, 4, 8, 3, Pipeline::WarpRing),
     ]
 }
 
@@ -911,6 +1184,7 @@ mod dump {
                                 stages: st,
                                 split_k,
                                 swap_ab: true,
+                                pipeline: Pipeline::CpAsync,
                             };
                             if check(&c).is_ok() {
                                 out.push(c);
@@ -956,6 +1230,15 @@ mod dump {
                 let step = (group.len() / n.max(1)).max(1);
                 configs.extend(group.iter().step_by(step).map(|c| **c));
             }
+        }
+        // FP4TUNE_SM90_DUMP_NAMES=a,b: exactly these configurations of either space.
+        if let Ok(names) = std::env::var("FP4TUNE_SM90_DUMP_NAMES") {
+            let names: Vec<&str> = names.split(',').collect();
+            configs = [AType::Bf16, AType::Nvfp4]
+                .iter()
+                .flat_map(|&a| search_space(a))
+                .filter(|c| names.contains(&c.name().as_str()))
+                .collect();
         }
         for c in configs {
             let src = c.render().unwrap();
@@ -1006,6 +1289,80 @@ mod nvrtc_tests {
                 eprintln!("cuobjdump not found: SASS check skipped")
             }
             Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod direct_tests {
+    use super::*;
+
+    #[test]
+    fn direct_space_is_legal_and_sized() {
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            let space = direct_space(a_type);
+            eprintln!("{a_type}: {} register-streamed configurations", space.len());
+            assert!(space.len() > 200 && space.len() < 1000, "{}", space.len());
+            for c in &space {
+                check(c).unwrap();
+                assert!(c.name().contains(&format!("_r{}_", c.stages)), "{c}");
+            }
+            let ring = warp_ring_space(a_type);
+            eprintln!("{a_type}: {} warp-ring configurations", ring.len());
+            assert!(ring.len() > 100 && ring.len() < 800, "{}", ring.len());
+            for c in &ring {
+                check(c).unwrap();
+                assert!(c.name().contains(&format!("_p{}_", c.stages)), "{c}");
+            }
+        }
+    }
+
+    /// A sample of register-streamed kernels of both activation types, at every ring depth and
+    /// warp-tile size, compiles for sm_90a without spills or local memory, with the bf16 HMMA and
+    /// without cp.async for the weights (only the activation slice uses LDGSTS).
+    #[test]
+    fn nvrtc_compiles_register_streamed_kernels_without_spills() {
+        use crate::compile::{sass, Compiler};
+        let dir = tempfile::tempdir().unwrap();
+        let compiler =
+            Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
+        let mut configs = Vec::new();
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            let space = direct_space(a_type);
+            for (bm, bn, wn, depth) in
+                [(8, 16, 1, 4), (16, 32, 1, 4), (8, 64, 2, 2), (16, 32, 2, 1)]
+            {
+                if let Some(c) = space.iter().find(|c| {
+                    c.block_m == bm && c.block_n == bn && c.warps_n == wn && c.stages == depth
+                }) {
+                    configs.push(*c);
+                }
+            }
+        }
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            let ring = warp_ring_space(a_type);
+            configs
+                .extend(ring.iter().find(|c| c.block_m == 8 && c.block_n == 16 && c.stages == 8));
+            configs
+                .extend(ring.iter().find(|c| c.block_m == 16 && c.block_n == 64 && c.stages == 4));
+        }
+        assert!(configs.len() >= 10, "{configs:?}");
+        let sources: Vec<_> = configs.iter().map(|c| c.render().unwrap()).collect();
+        for (c, res) in configs.iter().zip(compiler.compile_many(&sources)) {
+            let k = res.unwrap_or_else(|e| panic!("{c}: {e}"));
+            let stats = k.stats.unwrap_or_else(|| panic!("{c}: no ptxas statistics"));
+            eprintln!("{c}: {stats:?}");
+            assert!(!stats.spills(), "{c} spills: {stats:?}");
+            match sass::dump_sass(&k.kernel_name, &k.cubin) {
+                Ok(text) => {
+                    assert!(sass::count_opcode(&text, "HMMA.16816.F32.BF16") > 0, "{c}: no HMMA");
+                    assert!(!sass::uses_local_memory(&text), "{c}: local memory");
+                }
+                Err(sass::SassError::NotFound { .. }) => {
+                    eprintln!("cuobjdump not found: SASS check skipped")
+                }
+                Err(e) => panic!("{e}"),
+            }
         }
     }
 }
