@@ -590,8 +590,9 @@ fn cmd_floors(bytes: Vec<u64>, device: usize) -> Result<()> {
     Ok(())
 }
 
-/// Configurations every key measures so the geomean default is chosen among configurations timed
-/// everywhere: the family defaults plus the analytic model's two favourites of every key.
+/// Configurations every key measures (where legal) so the geomean default is chosen among
+/// configurations timed everywhere: the family defaults, the families' measured seeds
+/// (`template::measured_seeds`) and the analytic model's two favourites of every key.
 fn common_configs(dims: &[(u32, u32)], buckets: &[u32], a_type: AType) -> Vec<GemmConfig> {
     let model = fp4tune::search::CostModel::new(fp4tune::search::DeviceModel::h200());
     let mut out = Vec::new();
@@ -601,6 +602,7 @@ fn common_configs(dims: &[(u32, u32)], buckets: &[u32], a_type: AType) -> Vec<Ge
             continue;
         }
         out.push(template::default_config(family, a_type));
+        out.extend(template::measured_seeds(family, a_type));
         for &(n, k) in dims {
             for &m in buckets {
                 let p = fp4tune::problem::GemmProblem::new(m, n, k, a_type);

@@ -325,6 +325,16 @@ pub fn search_space(family: Family, a_type: AType) -> Vec<GemmConfig> {
     }
 }
 
+/// Configurations measured fastest on real hardware by the family's authors (the seeds every
+/// tuning run measures on every key where they are legal, next to the model's picks). Empty for a
+/// family nobody could run yet (SM120).
+pub fn measured_seeds(family: Family, a_type: AType) -> Vec<GemmConfig> {
+    match family {
+        Family::Sm90 => sm90::measured_winners(a_type),
+        Family::Sm120 => Vec::new(),
+    }
+}
+
 /// The family's default configuration for an activation type.
 pub fn default_config(family: Family, a_type: AType) -> GemmConfig {
     match family {
