@@ -19,13 +19,18 @@
 //!     entries: [
 //!         (
 //!             key: (op: "gemm", family: Sm90, a_type: Bf16, n: 512, k: 6144, m: 1),
-//!             config: (family: Sm90, a_type: Bf16, block_m: 16, ...),
+//!             config: (family: Sm90, a_type: Bf16, block_m: 16, ..., pipeline: WarpRing),
 //!             median_us: 3.1, interval_us: (3.0, 3.2), roofline_fraction: 0.41,
 //!             runners_up: [(config: (...), median_us: 3.15)],
 //!         ),
 //!     ],
 //! )
 //! ```
+//!
+//! `pipeline` (`CpAsync`, `Registers`, `WarpRing`) was added to the configuration without a schema
+//! change: tables written before it have none and read as `CpAsync`, which is what they ran; a
+//! reader older than the field would ignore it, but such a table also carries a template hash the
+//! old reader does not have, so [`Table::check_against`] flags it before anything is launched.
 //!
 //! # Lookup order ([`Lookup::resolve`])
 //!

@@ -422,6 +422,30 @@ pub(crate) mod tests {
         Table::from_ron_str(text, "results/h200.ron").unwrap_err().to_string()
     }
 
+    /// Tables written before `GemmConfig::pipeline` existed read as the cp.async kernels they ran;
+    /// a streamed-pipeline entry round-trips.
+    #[test]
+    fn pipeline_field_defaults_to_cp_async_and_round_trips() {
+        use crate::template::Pipeline;
+        let mut t = sample();
+        let streamed = search_space(Family::Sm90, AType::Bf16)
+            .into_iter()
+            .find(|c| c.pipeline == Pipeline::WarpRing)
+            .unwrap();
+        t.entries[0].config = streamed;
+        let key = t.entries[0].key.clone();
+        let text = t.to_ron_string();
+        assert!(text.contains("pipeline: WarpRing"), "{text}");
+        let back = Table::from_ron_str(&text, "mem").unwrap();
+        let e = back.entries.iter().find(|e| e.key == key).unwrap();
+        assert_eq!(e.config, streamed);
+        // A table written before the field: the sample (cp.async only) without it.
+        let old = sample().to_ron_string().replace(", pipeline: CpAsync", "");
+        assert!(!old.contains("pipeline"), "{old}");
+        let back = Table::from_ron_str(&old, "old").unwrap();
+        assert!(back.entries.iter().all(|e| e.config.pipeline == Pipeline::CpAsync));
+    }
+
     #[test]
     fn round_trip_is_stable_and_sorted() {
         let t = sample();

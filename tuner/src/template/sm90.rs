@@ -771,7 +771,7 @@ mod tests {
     /// Worst bank-conflict degree of one warp-wide shared load: lanes are served in phases of
     /// 128 bytes (8 lanes for 16-byte loads, 16 for 8-byte loads); within a phase, count distinct
     /// 4-byte words per bank.
-    fn conflict_degree(addrs: &[u32], bytes: u32) -> usize {
+    pub(super) fn conflict_degree(addrs: &[u32], bytes: u32) -> usize {
         let per_phase = (128 / bytes) as usize;
         let mut worst = 1;
         for phase in addrs.chunks(per_phase) {
@@ -1295,7 +1295,93 @@ mod nvrtc_tests {
 
 #[cfg(test)]
 mod direct_tests {
+    use super::tests::conflict_degree;
     use super::*;
+
+    /// Mirror of `direct.cuh: direct_code_unit_swizzle`.
+    fn direct_code_unit_swizzle(r: u32, u: u32) -> u32 {
+        u ^ (((r & 1) << 2) | (((r >> 1) & 1) << 1))
+    }
+
+    /// Mirror of `direct.cuh: bf16_run_offsets` (byte offset of word w of lane (g, t)'s run in
+    /// token row r at pass-local k = 0, for a slice of `block_k` bf16 per row).
+    fn bf16_run_offset(block_k: u32, r: u32, t: u32, w: u32) -> u32 {
+        let x = ((t >> 1) << 1) | (r & 1);
+        r * block_k * 2 + (4 * t + (w ^ x)) * 16
+    }
+
+    /// The precomputed activation offsets of the streamed kernels equal the swizzled unit of
+    /// `bf16_unit_swizzle` at every chunk (the swizzle does not depend on the chunk), and those
+    /// loads are free of bank conflicts.
+    #[test]
+    fn bf16_run_offsets_match_the_swizzle_and_do_not_conflict() {
+        for block_k in [256u32, 512, 3072] {
+            for kp in (0..block_k).step_by(128) {
+                for r in 0..16 {
+                    for t in 0..4 {
+                        for w in 0..4 {
+                            let u = kp / 8 + 4 * t + w;
+                            let want = r * block_k * 2 + bf16_unit_swizzle(r, u) * 16;
+                            assert_eq!(kp * 2 + bf16_run_offset(block_k, r, t, w), want);
+                        }
+                    }
+                }
+                for w in 0..4 {
+                    let addrs: Vec<u32> = (0..32)
+                        .map(|lane| kp * 2 + bf16_run_offset(block_k, lane / 4, lane % 4, w))
+                        .collect();
+                    assert_eq!(conflict_degree(&addrs, 16), 1, "block_k {block_k} kp {kp} w {w}");
+                }
+            }
+        }
+    }
+
+    /// NVFP4 activation slices (W4A4): lane (g, t) reads unit kp/32 + t of token row g; the
+    /// swizzle is a permutation of each row's units and keeps the 16-byte loads conflict-free.
+    #[test]
+    fn fp4_activation_slice_loads_do_not_conflict() {
+        for block_k in [256u32, 1024] {
+            let units = block_k / 32;
+            for r in 0..16 {
+                let mut seen: Vec<u32> =
+                    (0..units).map(|u| direct_code_unit_swizzle(r, u)).collect();
+                seen.sort();
+                assert_eq!(seen, (0..units).collect::<Vec<_>>());
+            }
+            for kp in (0..block_k).step_by(128) {
+                let addrs: Vec<u32> = (0..32)
+                    .map(|lane| {
+                        let (g, t) = (lane / 4, lane % 4);
+                        g * (block_k / 2) + direct_code_unit_swizzle(g, kp / 32 + t) * 16
+                    })
+                    .collect();
+                assert_eq!(conflict_degree(&addrs, 16), 1, "block_k {block_k} kp {kp}");
+            }
+        }
+    }
+
+    /// The weight scales: the register ring reads 2 bytes at swizzled_sf_offset(row, k0/16 + 2t);
+    /// the warp ring copies the 4-byte word at swizzled_sf_offset(row, 4 * (t / 2)) + k0 * 8 and
+    /// keeps half t % 2 of it. Both name the lane's blocks 2t and 2t + 1 of every chunk.
+    #[test]
+    fn weight_scale_addressing_of_both_rings_names_the_lane_blocks() {
+        for k in [256u32, 2048, 6144] {
+            let ksf_pad = (k / 16).div_ceil(4) * 4;
+            for row in [0u32, 5, 31, 32, 127, 128, 300] {
+                for k0 in (0..k).step_by(128) {
+                    for t in 0..4 {
+                        let b = k0 / 16 + 2 * t;
+                        let reg = swizzled_sf_offset(row, 2 * t, ksf_pad) + (k0 / 64) * 512;
+                        assert_eq!(reg, swizzled_sf_offset(row, b, ksf_pad));
+                        assert_eq!(reg + 1, swizzled_sf_offset(row, b + 1, ksf_pad));
+                        let word = swizzled_sf_offset(row, 4 * (t / 2), ksf_pad) + (k0 / 64) * 512;
+                        assert_eq!(word % 4, 0);
+                        assert_eq!(word + 2 * (t % 2), swizzled_sf_offset(row, b, ksf_pad));
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn direct_space_is_legal_and_sized() {
