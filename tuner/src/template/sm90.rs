@@ -439,14 +439,45 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
 /// with block_n <= 64 and block_k <= 512. Many short warps win at decode sizes: the critical path
 /// after the last weight byte arrives is one or two chunks of dequantization and one barrier.
 pub fn direct_space(a_type: AType) -> Vec<GemmConfig> {
+    let values = StreamedValues {
+        warps_k: &[1, 2, 4, 8, 16],
+        block_k: &[256, 512, 768, 1024, 1536, 2048, 3072, 6144],
+        stages: &[1, 2, 4],
+        split_k: &[1, 2, 3, 4, 6, 8, 12, 16],
+    };
+    streamed_space(a_type, Pipeline::Registers, &values, |c| {
+        let chunks_per_pass = c.block_k / (128 * c.warps_k);
+        (1..=8).contains(&chunks_per_pass)
+            && (c.stages == chunks_per_pass.min(4) || (c.stages == 2 && chunks_per_pass >= 4))
+            && (c.split_k <= MAX_CLUSTER_SPLIT || (c.block_n <= 64 && c.block_k <= 512))
+    })
+}
+
+/// Value lists of a streamed-pipeline space (block_m {8, 16}, 16 or 32 weight rows per warp and
+/// warps_n {1, 2} are common to both).
+struct StreamedValues {
+    warps_k: &'static [u32],
+    block_k: &'static [u32],
+    stages: &'static [u32],
+    split_k: &'static [u32],
+}
+
+/// Every swap-AB configuration of `pipeline` over `values` that passes `check`, has 4..16 warps,
+/// at most 100 KiB of activation slice, and passes `keep`.
+fn streamed_space(
+    a_type: AType,
+    pipeline: Pipeline,
+    values: &StreamedValues,
+    keep: impl Fn(&GemmConfig) -> bool,
+) -> Vec<GemmConfig> {
     let mut out = Vec::new();
     for block_m in [8u32, 16] {
         for rows_per_warp in [16u32, 32] {
             for warps_n in [1u32, 2] {
-                for warps_k in [1u32, 2, 4, 8, 16] {
-                    for block_k in [256u32, 512, 768, 1024, 1536, 2048, 3072, 6144] {
-                        for stages in [1u32, 2, 4] {
-                            for split_k in [1u32, 2, 3, 4, 6, 8, 12, 16] {
+                for &warps_k in values.warps_k {
+                    for &block_k in values.block_k {
+                        for &stages in values.stages {
+                            for &split_k in values.split_k {
                                 let c = GemmConfig {
                                     family: Family::Sm90,
                                     a_type,
@@ -459,19 +490,13 @@ pub fn direct_space(a_type: AType) -> Vec<GemmConfig> {
                                     stages,
                                     split_k,
                                     swap_ab: true,
-                                    pipeline: Pipeline::Registers,
+                                    pipeline,
                                 };
-                                let warps = warps_n * warps_k;
-                                let chunks_per_pass = block_k / (128 * warps_k);
-                                let keep = check(&c).is_ok()
-                                    && (4..=16).contains(&warps)
-                                    && (1..=8).contains(&chunks_per_pass)
-                                    && (stages == chunks_per_pass.min(4)
-                                        || (stages == 2 && chunks_per_pass >= 4))
+                                if check(&c).is_ok()
+                                    && (4..=16).contains(&(warps_n * warps_k))
                                     && slice_bytes(&c) <= 100 * 1024
-                                    && (split_k <= MAX_CLUSTER_SPLIT
-                                        || (c.block_n <= 64 && block_k <= 512));
-                                if keep {
+                                    && keep(&c)
+                                {
                                     out.push(c);
                                 }
                             }
@@ -492,46 +517,15 @@ pub fn direct_space(a_type: AType) -> Vec<GemmConfig> {
 /// Kept: 4..16 warps; 2..24 chunks per warp and pass; at most 100 KiB of activation slice and 200
 /// KiB of shared memory in all.
 pub fn warp_ring_space(a_type: AType) -> Vec<GemmConfig> {
-    let mut out = Vec::new();
-    for block_m in [8u32, 16] {
-        for rows_per_warp in [16u32, 32] {
-            for warps_n in [1u32, 2] {
-                for warps_k in [1u32, 2, 4, 8] {
-                    for block_k in [256u32, 512, 1024, 2048, 3072, 6144] {
-                        for stages in [4u32, 8] {
-                            for split_k in [1u32, 2, 3, 4, 6, 8] {
-                                let c = GemmConfig {
-                                    family: Family::Sm90,
-                                    a_type,
-                                    block_m,
-                                    block_n: rows_per_warp * warps_n,
-                                    block_k,
-                                    warps_m: 1,
-                                    warps_n,
-                                    warps_k,
-                                    stages,
-                                    split_k,
-                                    swap_ab: true,
-                                    pipeline: Pipeline::WarpRing,
-                                };
-                                let warps = warps_n * warps_k;
-                                let chunks_per_pass = block_k / (128 * warps_k);
-                                let keep = check(&c).is_ok()
-                                    && (4..=16).contains(&warps)
-                                    && (2..=24).contains(&chunks_per_pass)
-                                    && slice_bytes(&c) <= 100 * 1024
-                                    && smem_bytes(&c) <= 200 * 1024;
-                                if keep {
-                                    out.push(c);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
+    let values = StreamedValues {
+        warps_k: &[1, 2, 4, 8],
+        block_k: &[256, 512, 1024, 2048, 3072, 6144],
+        stages: &[4, 8],
+        split_k: &[1, 2, 3, 4, 6, 8],
+    };
+    streamed_space(a_type, Pipeline::WarpRing, &values, |c| {
+        (2..=24).contains(&(c.block_k / (128 * c.warps_k))) && smem_bytes(c) <= 200 * 1024
+    })
 }
 
 /// Pruning rules of `search_space` (beyond legality).
