@@ -308,49 +308,54 @@ pub fn instantiation(c: &GemmConfig) -> String {
     } else {
         String::new()
     };
-    if c.pipeline.is_direct() {
-        return format!(
-            "// fp4tune SM90 kernel {name}\n\
-             #include \"sm90/direct.cuh\"\n\
-             using Cfg = fp4tune::sm90::DirectConfig<{bm}, {bn}, {bk}, {wn}, {wk}, {depth}, {sk}, {fp4}, {ring}>;\n\
-             static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (template/sm90.rs smem_bytes) and templates/sm90/direct.cuh disagree on shared memory\");\n\
-             static_assert(Cfg::THREADS == {threads}, \"Rust and templates/sm90/direct.cuh disagree on threads\");\n\
-             extern \"C\" __global__ void __launch_bounds__({threads}){cluster} {kernel}(const fp4tune::GemmParams p) {{\n\
-             \x20   fp4tune::sm90::gemm_direct<Cfg>(p);\n\
-             }}\n",
-            name = c.name(),
-            bm = c.block_m,
-            bn = c.block_n,
-            bk = c.block_k,
-            wn = c.warps_n,
-            wk = c.warps_k,
-            depth = c.stages,
-            sk = c.split_k,
-            fp4 = c.a_type == AType::Nvfp4,
-            ring = c.pipeline == Pipeline::WarpRing,
-            kernel = c.kernel_name(),
-        );
-    }
+    let fp4 = c.a_type == AType::Nvfp4;
+    // (header, configuration type, the header that defines it, entry function)
+    let (header, cfg, cfg_file, entry) = if c.pipeline.is_direct() {
+        (
+            "sm90/direct.cuh",
+            format!(
+                "DirectConfig<{}, {}, {}, {}, {}, {}, {}, {fp4}, {}>",
+                c.block_m,
+                c.block_n,
+                c.block_k,
+                c.warps_n,
+                c.warps_k,
+                c.stages,
+                c.split_k,
+                c.pipeline == Pipeline::WarpRing
+            ),
+            "templates/sm90/direct.cuh",
+            "gemm_direct",
+        )
+    } else {
+        (
+            "sm90/gemm.cuh",
+            format!(
+                "Sm90Config<{}, {}, {}, {}, {}, {}, {}, {}, {}, {fp4}>",
+                c.block_m,
+                c.block_n,
+                c.block_k,
+                c.warps_m,
+                c.warps_n,
+                c.warps_k,
+                c.stages,
+                c.split_k,
+                c.swap_ab
+            ),
+            "templates/sm90/config.cuh",
+            "gemm",
+        )
+    };
     format!(
         "// fp4tune SM90 kernel {name}\n\
-         #include \"sm90/gemm.cuh\"\n\
-         using Cfg = fp4tune::sm90::Sm90Config<{bm}, {bn}, {bk}, {wm}, {wn}, {wk}, {st}, {sk}, {swap}, {fp4}>;\n\
-         static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (template/sm90.rs smem_bytes) and templates/sm90/config.cuh disagree on shared memory\");\n\
-         static_assert(Cfg::THREADS == {threads}, \"Rust and templates/sm90/config.cuh disagree on threads\");\n\
+         #include \"{header}\"\n\
+         using Cfg = fp4tune::sm90::{cfg};\n\
+         static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (template/sm90.rs smem_bytes) and {cfg_file} disagree on shared memory\");\n\
+         static_assert(Cfg::THREADS == {threads}, \"Rust and {cfg_file} disagree on threads\");\n\
          extern \"C\" __global__ void __launch_bounds__({threads}){cluster} {kernel}(const fp4tune::GemmParams p) {{\n\
-         \x20   fp4tune::sm90::gemm<Cfg>(p);\n\
+         \x20   fp4tune::sm90::{entry}<Cfg>(p);\n\
          }}\n",
         name = c.name(),
-        bm = c.block_m,
-        bn = c.block_n,
-        bk = c.block_k,
-        wm = c.warps_m,
-        wn = c.warps_n,
-        wk = c.warps_k,
-        st = c.stages,
-        sk = c.split_k,
-        swap = c.swap_ab,
-        fp4 = c.a_type == AType::Nvfp4,
         kernel = c.kernel_name(),
     )
 }
