@@ -37,13 +37,12 @@ pub struct BenchSpec {
 }
 
 /// The `max` best-ranked configurations of `ranked` (model order), shared evenly between the weight
-/// pipelines present (a pipeline with fewer candidates leaves its share to the others): the
-/// analytic model does not see each pipeline's instruction and barrier costs, so a plain top-`max`
-/// could leave a whole pipeline unmeasured.
+/// pipelines the model cannot rule out (`search::competitive_pipelines`; a pipeline with fewer
+/// candidates leaves its share to the others): the analytic model does not see each pipeline's
+/// instruction and barrier costs, so a plain top-`max` could leave a whole pipeline unmeasured
+/// at decode sizes, while at M = 1024 it rightly predicts the streamed kernels 2x slower.
 pub fn top_per_pipeline(ranked: &[(GemmConfig, f64)], max: usize) -> Vec<GemmConfig> {
-    let mut pipelines: Vec<_> = ranked.iter().map(|(c, _)| c.pipeline).collect();
-    pipelines.sort();
-    pipelines.dedup();
+    let pipelines = crate::search::competitive_pipelines(ranked);
     let mut out: Vec<GemmConfig> = Vec::with_capacity(max);
     let mut remaining = pipelines.len();
     let mut budget = max;
@@ -325,10 +324,11 @@ mod tests {
     #[test]
     fn candidate_cap_is_shared_between_pipelines() {
         let space = template::search_space(Family::Sm90, AType::Bf16);
-        // A ranking that puts every cp.async configuration first.
+        // A ranking that puts every cp.async configuration first, the others within the model's
+        // tie band (1.5x).
         let mut ranked: Vec<(GemmConfig, f64)> = space
             .iter()
-            .map(|c| (*c, if c.pipeline == Pipeline::CpAsync { 1.0 } else { 2.0 }))
+            .map(|c| (*c, if c.pipeline == Pipeline::CpAsync { 1.0 } else { 1.2 }))
             .collect();
         ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
         let top = top_per_pipeline(&ranked, 90);
@@ -355,5 +355,14 @@ mod tests {
         let top = top_per_pipeline(&few, 90);
         assert_eq!(top.len(), 90);
         assert_eq!(top.iter().filter(|c| c.pipeline == Pipeline::WarpRing).count(), 5);
+        // A pipeline predicted more than 1.5x slower than the best (the streamed kernels at
+        // M = 1024) gets no share.
+        let far: Vec<(GemmConfig, f64)> = ranked
+            .iter()
+            .map(|(c, us)| (*c, if c.pipeline == Pipeline::CpAsync { *us } else { 2.0 }))
+            .collect();
+        let top = top_per_pipeline(&far, 90);
+        assert_eq!(top.len(), 90);
+        assert!(top.iter().all(|c| c.pipeline == Pipeline::CpAsync));
     }
 }

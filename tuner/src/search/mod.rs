@@ -9,7 +9,7 @@ pub mod strategy;
 use crate::problem::AType;
 use crate::template::Family;
 
-pub use model::{Bound, CostModel, DeviceModel, Estimate, StreamFit};
+pub use model::{competitive_pipelines, Bound, CostModel, DeviceModel, Estimate, StreamFit};
 pub use simulate::{simulate, simulate_kind, Candidates, KeyReport, SimKey, SimulationReport};
 pub use space::{Constraint, Param, ParamValues, PruneReport, SearchSpace, Violation};
 pub use strategy::{

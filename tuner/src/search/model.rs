@@ -430,6 +430,25 @@ impl CostModel {
     }
 }
 
+/// Predictions within this factor of the best one are ties the model cannot break (measured on
+/// the H200: its top candidates of a decode shape measure 1.9-3x its prediction, whatever the
+/// pipeline); a pipeline whose best prediction is further off is left out of the coverage rules.
+pub const PIPELINE_COMPETITIVE_FACTOR: f64 = 1.5;
+
+/// The weight pipelines of `ranked` (model order, predicted microseconds) whose best prediction is
+/// within [`PIPELINE_COMPETITIVE_FACTOR`] of the overall best, in `Pipeline` order.
+pub fn competitive_pipelines(ranked: &[(GemmConfig, f64)]) -> Vec<Pipeline> {
+    let best = ranked.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
+    let mut out: Vec<Pipeline> = ranked
+        .iter()
+        .filter(|(_, us)| *us <= best * PIPELINE_COMPETITIVE_FACTOR)
+        .map(|(c, _)| c.pipeline)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod sku_tests {
     use super::*;

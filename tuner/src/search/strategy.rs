@@ -243,7 +243,7 @@ impl ModelGuided {
         let index = ranked.iter().enumerate().map(|(i, c)| (*c, i)).collect();
         let spend = Spend::new(&budget, ranked.len());
         let mut initial = Self::diverse_top(&grid, ranked.len(), options.initial);
-        Self::cover_pipelines(&ranked, &mut initial);
+        Self::cover_pipelines(&ranked_pairs, &mut initial);
         Self {
             proposed: vec![false; ranked.len()],
             initial,
@@ -285,24 +285,21 @@ impl ModelGuided {
         picks
     }
 
-    /// Make sure every weight pipeline among the candidates has its 2 best-ranked configurations
-    /// among the initial picks: the analytic model does not see the per-pipeline instruction and
+    /// Make sure every weight pipeline the model cannot rule out (`competitive_pipelines`) has its
+    /// 2 best-ranked configurations among the initial picks: the analytic model does not see the per-pipeline instruction and
     /// barrier costs (measured on the H200: the streamed pipelines win decode shapes the model
     /// ranks below the cp.async ones), so each pipeline gets measured before the neighbourhood
     /// phase chooses where to look.
-    fn cover_pipelines(ranked: &[GemmConfig], picks: &mut Vec<usize>) {
-        let mut pipelines: Vec<crate::template::Pipeline> =
-            ranked.iter().map(|c| c.pipeline).collect();
-        pipelines.sort();
-        pipelines.dedup();
+    fn cover_pipelines(ranked: &[(GemmConfig, f64)], picks: &mut Vec<usize>) {
+        let pipelines = super::model::competitive_pipelines(ranked);
         if pipelines.len() < 2 {
             return;
         }
         for pl in pipelines {
-            let have = picks.iter().filter(|&&i| ranked[i].pipeline == pl).count();
+            let have = picks.iter().filter(|&&i| ranked[i].0.pipeline == pl).count();
             let missing = 2usize.saturating_sub(have);
             let extra: Vec<usize> = (0..ranked.len())
-                .filter(|&i| ranked[i].pipeline == pl && !picks.contains(&i))
+                .filter(|&i| ranked[i].0.pipeline == pl && !picks.contains(&i))
                 .take(missing)
                 .collect();
             picks.extend(extra);
@@ -419,6 +416,16 @@ mod tests {
             let n = first.iter().filter(|c| c.pipeline == pl).count();
             assert!(n >= 2, "{pl:?}: {n} of {first:?}");
         }
+        // At M = 1024 the model predicts the streamed kernels 2x slower: no forced picks.
+        let p = GemmProblem::new(1024, 4096, 6144, AType::Bf16);
+        let legal: Vec<GemmConfig> = template::search_space(Family::Sm90, AType::Bf16)
+            .into_iter()
+            .filter(|c| c.check_problem(&p).is_ok())
+            .collect();
+        let mut s =
+            ModelGuided::new(legal, &p, &model, Budget::evals(8), ModelGuidedOptions::default());
+        let first = drive(&mut s, |_| Some(1.0));
+        assert!(first.iter().all(|c| c.pipeline == Pipeline::CpAsync), "{first:?}");
     }
 
     #[test]
