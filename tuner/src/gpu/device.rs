@@ -225,11 +225,7 @@ impl Gpu {
         dims: LaunchDims,
         params: &P,
     ) -> Result<(), GpuError> {
-        let cfg = LaunchConfig {
-            grid_dim: dims.grid,
-            block_dim: dims.block,
-            shared_mem_bytes: dims.smem_bytes,
-        };
+        let cfg = launch_config(dims);
         let mut b = self.stream.launch_builder(&kernel.func);
         b.arg(params);
         // SAFETY: forwarded to the caller (see the function's contract).
@@ -247,11 +243,7 @@ impl Gpu {
         dims: LaunchDims,
         args: &[u64],
     ) -> Result<(), GpuError> {
-        let cfg = LaunchConfig {
-            grid_dim: dims.grid,
-            block_dim: dims.block,
-            shared_mem_bytes: dims.smem_bytes,
-        };
+        let cfg = launch_config(dims);
         let mut b = self.stream.launch_builder(&kernel.func);
         for a in args {
             b.arg(a);
@@ -310,4 +302,9 @@ impl Graph {
     pub fn launch(&self) -> Result<(), GpuError> {
         self.graph.launch().map_err(drv("cuGraphLaunch"))
     }
+}
+
+/// cudarc's launch configuration of our launch dimensions.
+fn launch_config(dims: LaunchDims) -> LaunchConfig {
+    LaunchConfig { grid_dim: dims.grid, block_dim: dims.block, shared_mem_bytes: dims.smem_bytes }
 }

@@ -296,7 +296,7 @@ pub fn glm5_decode_roofline(sku: &Sku, batch: u32) -> DecodeRoofline {
 mod tests {
     use super::sku::{H200, RTX_PRO_6000_SERVER, RTX_PRO_6000_WS};
     use super::*;
-    use crate::template::{sm120, Family};
+    use crate::template::sm120;
 
     fn cfg(
         bm: u32,
@@ -307,20 +307,7 @@ mod tests {
         split: u32,
         swap: bool,
     ) -> GemmConfig {
-        GemmConfig {
-            family: Family::Sm120,
-            a_type: AType::Nvfp4,
-            block_m: bm,
-            block_n: bn,
-            block_k: bk,
-            warps_m: warps.0,
-            warps_n: warps.1,
-            warps_k: warps.2,
-            stages,
-            split_k: split,
-            swap_ab: swap,
-            pipeline: crate::template::Pipeline::CpAsync,
-        }
+        sm120::config(bm, bn, bk, warps.0, warps.1, warps.2, stages, split, swap)
     }
 
     fn t(c: &GemmConfig, m: u32, n: u32, k: u32) -> Prediction {

@@ -22,7 +22,8 @@ pub enum Param {
     SplitK,
     /// 0 = false, 1 = true.
     SwapAb,
-    /// 0 = cp.async stages, 1 = register ring, 2 = warp ring ([`crate::template::Pipeline`]).
+    /// The index in [`crate::template::Pipeline::ALL`] (0 = cp.async stages, 1 = register ring,
+    /// 2 = warp ring).
     Pipeline,
 }
 
@@ -68,11 +69,9 @@ impl Param {
             Param::Stages => c.stages,
             Param::SplitK => c.split_k,
             Param::SwapAb => c.swap_ab as u32,
-            Param::Pipeline => match c.pipeline {
-                Pipeline::CpAsync => 0,
-                Pipeline::Registers => 1,
-                Pipeline::WarpRing => 2,
-            },
+            Param::Pipeline => {
+                Pipeline::ALL.iter().position(|&p| p == c.pipeline).unwrap_or(0) as u32
+            }
         }
     }
 
@@ -88,11 +87,7 @@ impl Param {
             Param::SplitK => c.split_k = v,
             Param::SwapAb => c.swap_ab = v != 0,
             Param::Pipeline => {
-                c.pipeline = match v {
-                    1 => Pipeline::Registers,
-                    2 => Pipeline::WarpRing,
-                    _ => Pipeline::CpAsync,
-                }
+                c.pipeline = Pipeline::ALL.get(v as usize).copied().unwrap_or(Pipeline::CpAsync)
             }
         }
     }
@@ -632,21 +627,9 @@ impl Grid {
 pub(crate) mod tests {
     use super::*;
 
+    /// m16n64k128, 4 warps along N, 4 stages, swap-AB.
     pub(crate) fn base(a_type: AType) -> GemmConfig {
-        GemmConfig {
-            family: Family::Sm90,
-            a_type,
-            block_m: 16,
-            block_n: 64,
-            block_k: 128,
-            warps_m: 1,
-            warps_n: 4,
-            warps_k: 1,
-            stages: 4,
-            split_k: 1,
-            swap_ab: true,
-            pipeline: Pipeline::CpAsync,
-        }
+        crate::template::sm90::representative_configs(a_type)[0]
     }
 
     fn pv(param: Param, values: &[u32]) -> ParamValues {

@@ -151,6 +151,18 @@ pub enum Pipeline {
 }
 
 impl Pipeline {
+    /// Every pipeline; its index here is the value of `search::Param::Pipeline`.
+    pub const ALL: [Pipeline; 3] = [Pipeline::CpAsync, Pipeline::Registers, Pipeline::WarpRing];
+
+    /// The letter before the depth in kernel names.
+    pub fn letter(self) -> &'static str {
+        match self {
+            Pipeline::CpAsync => "s",
+            Pipeline::Registers => "r",
+            Pipeline::WarpRing => "p",
+        }
+    }
+
     /// The register- and warp-ring pipelines share `templates/sm90/direct.cuh`.
     pub fn is_direct(self) -> bool {
         matches!(self, Pipeline::Registers | Pipeline::WarpRing)
@@ -178,11 +190,7 @@ impl GemmConfig {
             self.warps_m,
             self.warps_n,
             self.warps_k,
-            match self.pipeline {
-                Pipeline::CpAsync => "s",
-                Pipeline::Registers => "r",
-                Pipeline::WarpRing => "p",
-            },
+            self.pipeline.letter(),
             self.stages,
             self.split_k,
             if self.swap_ab { "_swap" } else { "" }

@@ -236,8 +236,9 @@ pub fn instantiation(c: &GemmConfig) -> String {
     )
 }
 
+/// An SM120 W4A4 configuration (cp.async pipeline) from its tile values.
 #[allow(clippy::too_many_arguments)]
-fn config(
+pub(crate) fn config(
     block_m: u32,
     block_n: u32,
     block_k: u32,

@@ -593,8 +593,7 @@ fn compute_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::AType;
-    use crate::template::{sm120, Family};
+    use crate::template::sm120;
 
     /// splitmix64: deterministic test data without depending on an RNG crate's API.
     struct Rng(u64);
@@ -628,20 +627,7 @@ mod tests {
         split_k: u32,
         swap_ab: bool,
     ) -> GemmConfig {
-        GemmConfig {
-            family: Family::Sm120,
-            a_type: AType::Nvfp4,
-            block_m,
-            block_n,
-            block_k,
-            warps_m: warps.0,
-            warps_n: warps.1,
-            warps_k: warps.2,
-            stages: 2,
-            split_k,
-            swap_ab,
-            pipeline: crate::template::Pipeline::CpAsync,
-        }
+        sm120::config(block_m, block_n, block_k, warps.0, warps.1, warps.2, 2, split_k, swap_ab)
     }
 
     fn max_abs_diff(x: &[f64], y: &[f64]) -> f64 {

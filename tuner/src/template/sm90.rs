@@ -623,21 +623,9 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
 
+    /// m16n64k128, 4 warps along N, 4 stages, swap-AB (the first representative configuration).
     fn cfg(a_type: AType) -> GemmConfig {
-        GemmConfig {
-            family: Family::Sm90,
-            a_type,
-            block_m: 16,
-            block_n: 64,
-            block_k: 128,
-            warps_m: 1,
-            warps_n: 4,
-            warps_k: 1,
-            stages: 4,
-            split_k: 1,
-            swap_ab: true,
-            pipeline: Pipeline::CpAsync,
-        }
+        representative_configs(a_type)[0]
     }
 
     fn reject(c: GemmConfig, needle: &str) {
@@ -1120,19 +1108,10 @@ pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
             pipeline: Pipeline::CpAsync,
         }
     };
+    // The streamed pipelines: swap-AB, one warp along M.
     let d = |block_m, block_n, block_k, warps_n, warps_k, stages, split_k, pipeline| GemmConfig {
-        family: Family::Sm90,
-        a_type,
-        block_m,
-        block_n,
-        block_k,
-        warps_m: 1,
-        warps_n,
-        warps_k,
-        stages,
-        split_k,
-        swap_ab: true,
         pipeline,
+        ..c(block_m, block_n, block_k, 1, warps_n, warps_k, stages, split_k, true)
     };
     vec![
         c(8, 32, 256, 1, 2, 2, 4, 2, true),
