@@ -46,6 +46,10 @@ fn run_suite(a_type: AType) {
         let before = space.len();
         space.retain(|c| c.name().contains(&only));
         eprintln!("FP4TUNE_SUITE_ONLY={only}: {} of {before} variants", space.len());
+        assert!(
+            before == 0 || !space.is_empty(),
+            "FP4TUNE_SUITE_ONLY={only} matches no {a_type} variant"
+        );
     }
     if space.is_empty() {
         // The SM120 family is W4A4 only: there is nothing of this activation type to verify.

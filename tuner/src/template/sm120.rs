@@ -111,6 +111,13 @@ pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
     if c.family != Family::Sm120 {
         return Err(c.violation("not an sm120 configuration"));
     }
+    if c.pipeline != Pipeline::CpAsync {
+        return Err(c.violation(format!(
+            "the sm120 family has only the cp.async pipeline, not {:?} (the streamed pipelines \
+             are sm90 kernels)",
+            c.pipeline
+        )));
+    }
     if c.a_type != AType::Nvfp4 {
         return Err(c.violation(format!(
             "the sm120 family is W4A4 only: a_type must be {} (NVFP4 activations), got {}; \
@@ -328,6 +335,15 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streamed_pipelines_are_rejected() {
+        for pl in [Pipeline::Registers, Pipeline::WarpRing] {
+            let c = GemmConfig { pipeline: pl, ..default_config(AType::Nvfp4) };
+            let e = check(&c).unwrap_err();
+            assert!(e.reason.contains("only the cp.async pipeline"), "{e}");
+        }
+    }
 
     #[test]
     fn smem_of_default_decode_tile() {
