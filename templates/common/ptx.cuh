@@ -52,6 +52,16 @@ __device__ __forceinline__ uint4 ldg_stream_v4(const void* p) {
     return v;
 }
 
+// ld.global.nc.v4.u32: 16 bytes of read-only data that other warps of the SM read too
+// (activations: kept in L1). volatile, like ldg_stream_v4: these loads are prefetches.
+__device__ __forceinline__ uint4 ldg_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 // ld.global.nc.u16: two scale bytes of read-only data.
 __device__ __forceinline__ uint16_t ldg_u16(const void* p) {
     uint16_t v;

@@ -9,6 +9,7 @@ namespace sm90 {
 
 __host__ __device__ constexpr int align128(int x) { return (x + 127) / 128 * 128; }
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
 template <int BLOCK_M_, int BLOCK_N_, int BLOCK_K_, int WARPS_M_, int WARPS_N_, int WARPS_K_, int STAGES_,
           int SPLIT_K_, bool SWAP_AB_, bool A_FP4_>

@@ -12,6 +12,12 @@
 // its 8-wide side (Q); the K permutation is layout.cuh's with CHUNK = 128, so lane t = lane % 4 reads
 // one 16-byte run of codes per weight row and chunk, straight from the ModelOpt layout.
 //
+// A_GLOBAL (Pipeline::Global): the activations skip shared memory too. Every lane loads its own
+// 32-k run of each token row for each chunk into the same register ring as the weights (rows past
+// M are clamped to M - 1: their columns are never stored), so there is no slice, no pass barrier and
+// no wait before the first chunk; shared memory only holds the split-K partials. With WARPS_N = 1
+// the slice was never shared between warps anyway (each warp owns its own K range).
+//
 // Launch contract (GemmConfig::launch_dims): grid (ceil(N / BLOCK_N), ceil(M / BLOCK_M), SPLIT_K),
 // THREADS threads, SMEM_BYTES of dynamic shared memory; split-K as in gemm.cuh (cluster for
 // SPLIT_K <= 8, workspace + counters above).
@@ -33,7 +39,7 @@ namespace sm90 {
 // main loop (small code: the kernel runs once per warp, so instruction-cache misses are not
 // amortized).
 template <int BLOCK_M_, int BLOCK_N_, int BLOCK_K_, int WARPS_N_, int WARPS_K_, int DEPTH_, int SPLIT_K_, bool A_FP4_,
-          bool SMEM_RING_ = false>
+          bool SMEM_RING_ = false, bool A_GLOBAL_ = false, int MIN_CTAS_ = 1>
 struct DirectConfig {
     static constexpr int BLOCK_M = BLOCK_M_;  // tokens per CTA (Q side)
     static constexpr int BLOCK_N = BLOCK_N_;  // weight rows per CTA (P side)
@@ -43,6 +49,9 @@ struct DirectConfig {
     static constexpr int WARPS_K = WARPS_K_;
     static constexpr int DEPTH = DEPTH_;  // chunks in flight per warp
     static constexpr bool SMEM_RING = SMEM_RING_;
+    static constexpr bool A_GLOBAL = A_GLOBAL_;  // activations in the register ring, no slice
+    // CTAs per SM the kernel is compiled for (__launch_bounds__ of the instantiation unit).
+    static constexpr int MIN_CTAS = MIN_CTAS_;
     static constexpr int SPLIT_K = SPLIT_K_;
     static constexpr bool SWAP_AB = true;
     static constexpr bool A_FP4 = A_FP4_;
@@ -50,6 +59,7 @@ struct DirectConfig {
     static constexpr int WARPS_MN = WARPS_N;
     static constexpr int WARPS = WARPS_N * WARPS_K;
     static constexpr int THREADS = 32 * WARPS;
+    static constexpr int REGISTER_CAP = cmin(65536 / (THREADS * MIN_CTAS) / 8 * 8, 255);  // per lane
     static constexpr int WARP_P = BLOCK_N / WARPS_N;
     static constexpr int P_TILES = WARP_P / 16;
     static constexpr int Q_TILES = BLOCK_M / 8;
@@ -60,8 +70,8 @@ struct DirectConfig {
 
     // ---- shared memory: the activation slice of one pass, then (after the main loop) the
     // reduction buffers of the epilogue, which reuse the same bytes.
-    static constexpr int A_BYTES = align128(A_FP4 ? BLOCK_M * BLOCK_K / 2 : BLOCK_M * BLOCK_K * 2);
-    static constexpr int A_SF_BYTES = A_FP4 ? align128(BLOCK_M * BLOCK_K / 16) : 0;
+    static constexpr int A_BYTES = A_GLOBAL ? 0 : align128(A_FP4 ? BLOCK_M * BLOCK_K / 2 : BLOCK_M * BLOCK_K * 2);
+    static constexpr int A_SF_BYTES = A_FP4 && !A_GLOBAL ? align128(BLOCK_M * BLOCK_K / 16) : 0;
     static constexpr int OFF_A_SF = A_BYTES;
     static constexpr int SLICE_BYTES = A_BYTES + A_SF_BYTES;
     // SPLIT_K <= 8 (direct_epilogue): every warp of every CTA of the (1, 1, SPLIT_K) cluster parks
@@ -80,6 +90,9 @@ struct DirectConfig {
     static constexpr int RING_STAGE_BYTES = SMEM_RING ? P_TILES * 2 * (512 + 128) : 0;
     static constexpr int OFF_RING = align128(SLICE_BYTES + SLOT_BYTES);
     static constexpr int RING_BYTES = WARPS * DEPTH * RING_STAGE_BYTES;
+    // Registers of one ring entry (A_GLOBAL): per m16 tile 2 x (4 code words + 1 scale half-word
+    // pair), per n8 tile the lane's 32-k run (16 words of bf16, or 4 code words + 1 scale word).
+    static constexpr int RING_ENTRY_REGS = P_TILES * 10 + (A_GLOBAL ? Q_TILES * (A_FP4 ? 5 : 16) : 0);
     static constexpr int SMEM_BYTES = cmax(cmax(SMEM_RING ? OFF_RING + RING_BYTES : SLICE_BYTES + SLOT_BYTES, RED_BYTES), 16);
 
     // ---- limits (sm90.rs `check` enforces the same before anything is compiled)
@@ -92,7 +105,17 @@ struct DirectConfig {
     static_assert(DEPTH >= 1 && DEPTH <= (SMEM_RING ? 16 : 8), "DEPTH (chunks in flight per warp) must be 1..8 (registers) or 2..16 (shared)");
     static_assert(!SMEM_RING || DEPTH >= 2, "a shared-memory ring needs at least 2 stages");
     static_assert(WARPS_K <= 16, "at most 16 warps along K");
-    static_assert(SMEM_RING || P_TILES * DEPTH <= 8, "P_TILES * DEPTH over the register budget of the ring (<= 8 chunk tiles)");
+    static_assert(SMEM_RING || A_GLOBAL || P_TILES * DEPTH <= 8, "P_TILES * DEPTH over the register budget of the ring (<= 8 chunk tiles)");
+    static_assert(!(SMEM_RING && A_GLOBAL), "the activations go through either a register ring or a shared slice, not a warp ring");
+    static_assert(!A_GLOBAL || RING_ENTRY_REGS * DEPTH <= cmin(112, REGISTER_CAP - 64),
+                  "weights + activations in the register ring over its budget (112 registers per lane, and 64 "
+                  "below the register cap of MIN_CTAS CTAs of THREADS threads)");
+    static_assert(MIN_CTAS >= 1 && MIN_CTAS <= 16 && THREADS * MIN_CTAS <= 2048,
+                  "MIN_CTAS CTAs of THREADS threads must fit in one SM (2048 threads)");
+    static_assert(MIN_CTAS == 1 || MIN_CTAS * (SMEM_BYTES + 1024) <= 233472,
+                  "MIN_CTAS CTAs' shared memory over the 228 KiB of an SM");
+    static_assert(MIN_CTAS == 1 || SMEM_RING || A_GLOBAL || REGISTER_CAP >= 64 + 10 * P_TILES * DEPTH,
+                  "register cap of MIN_CTAS CTAs under 64 + the register ring");
     static_assert(ACC_SETS * ACC <= 128, "accumulators over the register budget");
     static_assert(SPLIT_K >= 1 && SPLIT_K <= 64, "SPLIT_K must be 1..64");
     static_assert(SMEM_BYTES <= 232448, "activation slice over the 227 KiB shared-memory limit of SM90");
@@ -125,6 +148,67 @@ struct WeightChunk {
         for (int i = 0; i < Cfg::P_TILES; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h) sf[i][h] = ptx::ldg_u16(sf_row[i][h] + (k0 >> 6) * 512);
+    }
+};
+
+// One chunk of the activations, as loaded (A_GLOBAL): for each n8 tile q, the lane's 32-k run of
+// token row 8q + g (k [32t, 32t + 32) of the chunk, the same run its weight codes cover): 64 bytes
+// of bf16, or 16 bytes of codes and the two scale bytes of blocks 2t, 2t + 1.
+template <class Cfg>
+struct ActivationChunk {
+    static constexpr int VECS = Cfg::A_FP4 ? 1 : 4;  // 16-byte loads per token row
+    uint4 v[Cfg::Q_TILES][VECS];
+    uint16_t sf[Cfg::A_FP4 ? Cfg::Q_TILES : 1];
+
+    // row / sf_row: the lane's pointers at k = 0 (as WeightChunk); k0: the chunk's first k.
+    __device__ __forceinline__ void load(const uint8_t* const (&row)[Cfg::Q_TILES],
+                                         const uint8_t* const (&sf_row)[Cfg::Q_TILES], int k0) {
+#pragma unroll
+        for (int q = 0; q < Cfg::Q_TILES; ++q) {
+            if constexpr (Cfg::A_FP4) {
+                v[q][0] = ptx::ldg_v4(row[q] + (k0 >> 1));
+                sf[q] = ptx::ldg_u16(sf_row[q] + (k0 >> 6) * 512);
+            } else {
+#pragma unroll
+                for (int w = 0; w < VECS; ++w) v[q][w] = ptx::ldg_v4(row[q] + k0 * 2 + 16 * w);
+            }
+        }
+    }
+};
+
+// Where chunk_mma finds the activations of a chunk. SliceActivations: the CTA's shared slice at
+// pass-local k kp; RingActivations: an ActivationChunk of the register ring.
+template <class Cfg>
+struct SliceActivations {
+    const uint8_t* slice;
+    int kp;
+    const uint32_t (&off)[Cfg::Q_TILES][4];  // bf16: bf16_run_offsets
+
+    // bf16: word w (8 k) of the lane's run in token row 8q + g.
+    __device__ __forceinline__ uint4 bf16(int q, int w) const {
+        // k_local = kp + 32t + 8w: unit kp/8 + 4t + w of token row 8q + g (bf16_run_offsets)
+        return *reinterpret_cast<const uint4*>(slice + kp * 2 + off[q][w]);
+    }
+    // NVFP4: the lane's 16 bytes of codes and 2 scale bytes of token row 8q + g.
+    __device__ __forceinline__ void fp4(int q, int lane, uint4& code, uint16_t& s2) const {
+        const int g = lane >> 2;
+        const int t = lane & 3;
+        const int r = 8 * q + g;
+        code = *reinterpret_cast<const uint4*>(slice + r * (Cfg::BLOCK_K / 2) +
+                                               direct_code_unit_swizzle(r, kp / 32 + t) * 16);
+        s2 = *reinterpret_cast<const uint16_t*>(slice + Cfg::OFF_A_SF +
+                                                ((kp / 64 + (t >> 1)) * Cfg::BLOCK_M + r) * 4 + 2 * (t & 1));
+    }
+};
+
+template <class Cfg>
+struct RingActivations {
+    const ActivationChunk<Cfg>& chunk;
+
+    __device__ __forceinline__ uint4 bf16(int q, int w) const { return chunk.v[q][w]; }
+    __device__ __forceinline__ void fp4(int q, int, uint4& code, uint16_t& s2) const {
+        code = chunk.v[q][0];
+        s2 = chunk.sf[q];
     }
 };
 
@@ -229,12 +313,9 @@ __device__ __forceinline__ void bf16_run_offsets(int lane, uint32_t (&off)[Cfg::
     }
 }
 
-template <class Cfg>
-__device__ __forceinline__ void chunk_mma(const WeightChunk<Cfg>& wc, const uint8_t* slice, int kp, int lane,
-                                          const uint32_t (&a_off)[Cfg::Q_TILES][4],
+template <class Cfg, class Activations>
+__device__ __forceinline__ void chunk_mma(const WeightChunk<Cfg>& wc, const Activations& act, int lane,
                                           float (&acc)[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4]) {
-    const int g = lane >> 2;
-    const int t = lane & 3;
     uint32_t wscale[Cfg::P_TILES][2][2];
 #pragma unroll
     for (int i = 0; i < Cfg::P_TILES; ++i)
@@ -247,11 +328,8 @@ __device__ __forceinline__ void chunk_mma(const WeightChunk<Cfg>& wc, const uint
     if constexpr (Cfg::A_FP4) {
 #pragma unroll
         for (int q = 0; q < Cfg::Q_TILES; ++q) {
-            const int r = 8 * q + g;
-            acode[q] = *reinterpret_cast<const uint4*>(slice + r * (Cfg::BLOCK_K / 2) +
-                                                       direct_code_unit_swizzle(r, kp / 32 + t) * 16);
-            const uint16_t s2 = *reinterpret_cast<const uint16_t*>(
-                slice + Cfg::OFF_A_SF + ((kp / 64 + (t >> 1)) * Cfg::BLOCK_M + r) * 4 + 2 * (t & 1));
+            uint16_t s2;
+            act.fp4(q, lane, acode[q], s2);
             nvfp4::e4m3x2_prepared(s2, ascale[q][0], ascale[q][1]);
         }
     }
@@ -273,8 +351,7 @@ __device__ __forceinline__ void chunk_mma(const WeightChunk<Cfg>& wc, const uint
                 const uint32_t a[4] = {acode[q].x, acode[q].y, acode[q].z, acode[q].w};
                 nvfp4::dequant_word(a[w], ascale[q][w >> 1], qr[q]);
             } else {
-                // k_local = kp + 32t + 8w: unit kp/8 + 4t + w of token row 8q + g (bf16_run_offsets)
-                const uint4 v = *reinterpret_cast<const uint4*>(slice + kp * 2 + a_off[q][w]);
+                const uint4 v = act.bf16(q, w);
                 nvfp4::pair_bf16x8(v.x, v.y, v.z, v.w, qr[q]);
             }
         }
@@ -294,10 +371,35 @@ __device__ __forceinline__ void chunk_mma(const WeightChunk<Cfg>& wc, const uint
     }
 }
 
+template <class Cfg>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4]) {
+#pragma unroll
+    for (int a = 0; a < Cfg::ACC_SETS; ++a)
+#pragma unroll
+        for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+            for (int q = 0; q < Cfg::Q_TILES; ++q)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[a][i][q][e] = 0.0f;
+}
+
+// Sets 1.. added into set 0, in order.
+template <class Cfg>
+__device__ __forceinline__ void fold_accumulators(float (&acc)[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4]) {
+#pragma unroll
+    for (int a = 1; a < Cfg::ACC_SETS; ++a)
+#pragma unroll
+        for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+            for (int q = 0; q < Cfg::Q_TILES; ++q)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[0][i][q][e] += acc[a][i][q][e];
+}
+
 // SPLIT_K <= 8: one barrier for the whole K reduction. Warp (z, wk, wmn) stores its partial tile
 // into slot z * WARPS_K + wk of CTA rank 0 (its own shared memory, or DSMEM across the cluster);
-// after the barrier the WARPS_MN warps of rank 0 with wk = 0 add slots 0, 1, ... in order
-// (deterministic), scale and store. SPLIT_K > 8 goes through epilogue.cuh.
+// after the barrier every thread of rank 0 adds slots 0, 1, ... of its output elements in order
+// (deterministic), scales and stores. SPLIT_K > 8 goes through epilogue.cuh.
 template <class Cfg>
 __device__ __forceinline__ void direct_epilogue(const GemmParams& p, uint8_t* smem,
                                                 float (&acc)[Cfg::P_TILES][Cfg::Q_TILES][4], int m0, int n0,
@@ -322,19 +424,33 @@ __device__ __forceinline__ void direct_epilogue(const GemmParams& p, uint8_t* sm
                 for (int e = 0; e < ACC; ++e) slots[mine + e * 32] = flat[e];
                 __syncthreads();
             }
-            if (wk != 0) return;
-#pragma unroll
-            for (int e = 0; e < ACC; ++e) flat[e] = 0.0f;
-#pragma unroll 1
-            for (int s = 0; s < Cfg::SLOTS; ++s) {
-                const float* src = slots + (s * Cfg::WARPS_MN + wmn) * ACC * 32 + lane;
-#pragma unroll
-                for (int e = 0; e < ACC; ++e) flat[e] += src[e * 32];
-            }
         }
         constexpr int FP4_OPERANDS = Cfg::A_FP4 ? 2 : 1;
         const float out_scale =
             p.alpha * __uint_as_float(static_cast<uint32_t>(127 - nvfp4::OPERAND_LOG2 * FP4_OPERANDS) << 23);
+        if constexpr (Cfg::SLOTS > 1) {
+            // Every thread of rank 0 sums whole output elements over the slots, in slot order
+            // (deterministic): element j of a slot is (warp wmn, accumulator ef, lane l), the
+            // same for all slots, so consecutive threads read consecutive words (no bank
+            // conflicts) and the slot loads of one element are independent.
+            constexpr int J = Cfg::WARPS_MN * ACC * 32;  // floats per slot
+            const float* slots = reinterpret_cast<const float*>(smem + Cfg::OFF_SLOTS);
+            for (int j = tid; j < J; j += Cfg::THREADS) {
+                float sum = 0.0f;
+#pragma unroll 8
+                for (int s = 0; s < Cfg::SLOTS; ++s) sum += slots[s * J + j];
+                const int l = j & 31;
+                const int ef = (j >> 5) % ACC;
+                const int w = (j >> 5) / ACC;
+                int m, n;
+                acc_coords<Cfg>(w * Cfg::WARP_P, 0, l, (ef >> 2) / Cfg::Q_TILES, (ef >> 2) % Cfg::Q_TILES, ef & 3, m,
+                                n);
+                m += m0;
+                n += n0;
+                if (m < p.m && n < p.n) p.y[static_cast<size_t>(m) * p.n + n] = float_to_bf16_bits(sum * out_scale);
+            }
+            return;
+        }
         for_each_output<Cfg>(m0, n0, p0, 0, lane, p.m, p.n, [&](int i, int q, int e, int m, int n) {
             p.y[static_cast<size_t>(m) * p.n + n] = float_to_bf16_bits(acc[i][q][e] * out_scale);
         });
@@ -372,14 +488,7 @@ __device__ __forceinline__ void direct_main_loop_smem_ring(const GemmParams& p, 
     }
 
     float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];
-#pragma unroll
-    for (int a = 0; a < Cfg::ACC_SETS; ++a)
-#pragma unroll
-        for (int i = 0; i < Cfg::P_TILES; ++i)
-#pragma unroll
-            for (int q = 0; q < Cfg::Q_TILES; ++q)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[a][i][q][e] = 0.0f;
+    zero_accumulators<Cfg>(acc);
     uint32_t a_off[Cfg::Q_TILES][4];
     bf16_run_offsets<Cfg>(lane, a_off);
 
@@ -404,17 +513,10 @@ __device__ __forceinline__ void direct_main_loop_smem_ring(const GemmParams& p, 
         const int next = c + Cfg::DEPTH - 1;  // into the slot read one iteration ago
         if (next < n_chunks) ring.issue(code_row, sf_word_row, chunk_k(next), next % Cfg::DEPTH, lane);
         ptx::cp_async_commit();
-        chunk_mma<Cfg>(wc, smem, wk * Cfg::K_PER_WARP + cc * 128, lane, a_off, acc);
+        chunk_mma<Cfg>(wc, SliceActivations<Cfg>{smem, wk * Cfg::K_PER_WARP + cc * 128, a_off}, lane, acc);
     }
 
-#pragma unroll
-    for (int a = 1; a < Cfg::ACC_SETS; ++a)
-#pragma unroll
-        for (int i = 0; i < Cfg::P_TILES; ++i)
-#pragma unroll
-            for (int q = 0; q < Cfg::Q_TILES; ++q)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[0][i][q][e] += acc[a][i][q][e];
+    fold_accumulators<Cfg>(acc);
     ptx::cp_async_wait<0>();
     direct_epilogue<Cfg>(p, smem, acc[0], m0, blockIdx.x * Cfg::BLOCK_N, p0, wk, wmn, lane, tid);
 }
@@ -433,14 +535,7 @@ __device__ __forceinline__ void direct_main_loop_registers(const GemmParams& p, 
         if (d < n_chunks) ring[d].load(code_row, sf_row, chunk_k(d));
 
     float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];
-#pragma unroll
-    for (int a = 0; a < Cfg::ACC_SETS; ++a)
-#pragma unroll
-        for (int i = 0; i < Cfg::P_TILES; ++i)
-#pragma unroll
-            for (int q = 0; q < Cfg::Q_TILES; ++q)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[a][i][q][e] = 0.0f;
+    zero_accumulators<Cfg>(acc);
 
     uint32_t a_off[Cfg::Q_TILES][4];
     bf16_run_offsets<Cfg>(lane, a_off);
@@ -462,21 +557,55 @@ __device__ __forceinline__ void direct_main_loop_registers(const GemmParams& p, 
                 ptx::cp_async_wait<0>();
                 __syncthreads();
             }
-            chunk_mma<Cfg>(ring[d], smem, wk * Cfg::K_PER_WARP + cc * 128, lane, a_off, acc);
+            chunk_mma<Cfg>(ring[d], SliceActivations<Cfg>{smem, wk * Cfg::K_PER_WARP + cc * 128, a_off}, lane, acc);
             if (c + Cfg::DEPTH < n_chunks) ring[d].load(code_row, sf_row, chunk_k(c + Cfg::DEPTH));
         }
     }
 
-#pragma unroll
-    for (int a = 1; a < Cfg::ACC_SETS; ++a)
-#pragma unroll
-        for (int i = 0; i < Cfg::P_TILES; ++i)
-#pragma unroll
-            for (int q = 0; q < Cfg::Q_TILES; ++q)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[0][i][q][e] += acc[a][i][q][e];
+    fold_accumulators<Cfg>(acc);
 
     direct_epilogue<Cfg>(p, smem, acc[0], m0, n0, p0, wk, wmn, lane, tid);
+}
+
+// The A_GLOBAL main loop (unrolled by DEPTH so that ring indices are static) and epilogue: weights
+// and activations of chunk c + DEPTH are requested as soon as chunk c is consumed; nothing waits
+// for anything but its own loads until the epilogue.
+template <class Cfg, class ChunkK>
+__device__ __forceinline__ void direct_main_loop_global(const GemmParams& p, uint8_t* smem,
+                                                        const uint8_t* const (&code_row)[Cfg::P_TILES][2],
+                                                        const uint8_t* const (&sf_row)[Cfg::P_TILES][2],
+                                                        const uint8_t* const (&a_row)[Cfg::Q_TILES],
+                                                        const uint8_t* const (&a_sf_row)[Cfg::Q_TILES], int m0,
+                                                        int n_chunks, ChunkK chunk_k, int wk, int wmn, int p0, int lane,
+                                                        int tid) {
+    WeightChunk<Cfg> ring[Cfg::DEPTH];
+    ActivationChunk<Cfg> aring[Cfg::DEPTH];
+#pragma unroll
+    for (int d = 0; d < Cfg::DEPTH; ++d)
+        if (d < n_chunks) {
+            ring[d].load(code_row, sf_row, chunk_k(d));
+            aring[d].load(a_row, a_sf_row, chunk_k(d));
+        }
+
+    float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];
+    zero_accumulators<Cfg>(acc);
+
+#pragma unroll 1
+    for (int base = 0; base < n_chunks; base += Cfg::DEPTH) {
+#pragma unroll
+        for (int d = 0; d < Cfg::DEPTH; ++d) {
+            const int c = base + d;
+            if (c >= n_chunks) break;
+            chunk_mma<Cfg>(ring[d], RingActivations<Cfg>{aring[d]}, lane, acc);
+            if (c + Cfg::DEPTH < n_chunks) {
+                ring[d].load(code_row, sf_row, chunk_k(c + Cfg::DEPTH));
+                aring[d].load(a_row, a_sf_row, chunk_k(c + Cfg::DEPTH));
+            }
+        }
+    }
+
+    fold_accumulators<Cfg>(acc);
+    direct_epilogue<Cfg>(p, smem, acc[0], m0, blockIdx.x * Cfg::BLOCK_N, p0, wk, wmn, lane, tid);
 }
 
 template <class Cfg>
@@ -520,6 +649,25 @@ __device__ __forceinline__ void gemm_direct(const GemmParams& p) {
         return (kb_begin + c / Cfg::CHUNKS) * Cfg::BLOCK_K + wk * Cfg::K_PER_WARP + (c % Cfg::CHUNKS) * 128;
     };
 
+    if constexpr (Cfg::A_GLOBAL) {
+        // This lane's token rows (clamped to M - 1: their columns are computed but never stored).
+        const uint8_t* a_row[Cfg::Q_TILES];
+        const uint8_t* a_sf_row[Cfg::Q_TILES];
+#pragma unroll
+        for (int q = 0; q < Cfg::Q_TILES; ++q) {
+            const int r = min(m0 + 8 * q + g, p.m - 1);
+            if constexpr (Cfg::A_FP4) {
+                a_row[q] = p.a + static_cast<size_t>(r) * (p.k / 2) + 16 * t;
+                a_sf_row[q] = p.a_sf + swizzled_sf_offset(static_cast<uint32_t>(r), 2 * t, ksf_pad);
+            } else {
+                a_row[q] = p.a + (static_cast<size_t>(r) * p.k + 32 * t) * 2;
+                a_sf_row[q] = nullptr;
+            }
+        }
+        direct_main_loop_global<Cfg>(p, smem, code_row, sf_row, a_row, a_sf_row, m0, n_chunks, chunk_k, wk, wmn, p0,
+                                     lane, tid);
+        return;
+    }
     // Activations of the first pass (cp.async), then the weight ring; both are in flight together.
     copy_activation_slice<Cfg>(p, smem_base, m0, rows, kb_begin, tid);
     if constexpr (Cfg::SMEM_RING) {

@@ -144,7 +144,9 @@ enum PipelineArg {
     Registers,
     /// Weights streamed into per-warp shared-memory rings (`p<depth>` in kernel names).
     WarpRing,
-    /// Both streamed pipelines (registers and warp rings).
+    /// Weights and activations streamed into registers (`g<depth>` in kernel names).
+    Global,
+    /// Every streamed pipeline (registers, warp rings, global).
     Direct,
 }
 
@@ -404,6 +406,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         PipelineArg::CpAsync => configs.retain(|c| c.pipeline == Pipeline::CpAsync),
         PipelineArg::Registers => configs.retain(|c| c.pipeline == Pipeline::Registers),
         PipelineArg::WarpRing => configs.retain(|c| c.pipeline == Pipeline::WarpRing),
+        PipelineArg::Global => configs.retain(|c| c.pipeline == Pipeline::Global),
         PipelineArg::Direct => configs.retain(|c| c.pipeline.is_direct()),
     }
     if configs.is_empty() {

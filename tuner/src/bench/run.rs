@@ -331,9 +331,9 @@ mod tests {
             .map(|c| (*c, if c.pipeline == Pipeline::CpAsync { 1.0 } else { 1.2 }))
             .collect();
         ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let top = top_per_pipeline(&ranked, 90);
-        assert_eq!(top.len(), 90);
-        for pl in [Pipeline::CpAsync, Pipeline::Registers, Pipeline::WarpRing] {
+        let top = top_per_pipeline(&ranked, 120);
+        assert_eq!(top.len(), 120);
+        for pl in Pipeline::ALL {
             assert_eq!(top.iter().filter(|c| c.pipeline == pl).count(), 30, "{pl:?}");
         }
         // Within a pipeline the model order is kept.

@@ -318,8 +318,9 @@ impl CostModel {
         let ring = match c.pipeline {
             Pipeline::CpAsync | Pipeline::WarpRing => 0,
             Pipeline::Registers => 10 * (c.block_n / wn / 16).max(1) * c.stages,
+            Pipeline::Global => crate::template::sm90::global_ring_registers(c),
         };
-        (48 + acc + acc / 4 + ring).min(255)
+        (48 + acc + acc / 4 + ring).min(c.register_cap())
     }
 
     /// CTAs of `c` resident per SM (0: does not fit), with `regs` registers per thread.
@@ -377,7 +378,7 @@ impl CostModel {
         let inflight = match c.pipeline {
             Pipeline::CpAsync => (c.stages.max(2) - 1) as f64 * stage,
             // Every warp keeps `stages` chunks (128 k) of its weight rows in flight.
-            Pipeline::Registers | Pipeline::WarpRing => {
+            Pipeline::Registers | Pipeline::WarpRing | Pipeline::Global => {
                 c.stages as f64 * 128.0 * bn as f64 * c.warps_k.max(1) as f64 * w_elem
             }
         };

@@ -23,13 +23,15 @@ pub enum Param {
     /// 0 = false, 1 = true.
     SwapAb,
     /// The index in [`crate::template::Pipeline::ALL`] (0 = cp.async stages, 1 = register ring,
-    /// 2 = warp ring).
+    /// 2 = warp ring, 3 = global).
     Pipeline,
+    /// CTAs per SM the kernel is compiled for.
+    MinCtas,
 }
 
 impl Param {
     /// Every parameter, in the order of [`SearchSpace::params`] and of enumeration (last fastest).
-    pub const ALL: [Param; 10] = [
+    pub const ALL: [Param; 11] = [
         Param::Pipeline,
         Param::SwapAb,
         Param::BlockM,
@@ -40,6 +42,7 @@ impl Param {
         Param::WarpsK,
         Param::Stages,
         Param::SplitK,
+        Param::MinCtas,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +57,7 @@ impl Param {
             Param::SplitK => "split_k",
             Param::SwapAb => "swap_ab",
             Param::Pipeline => "pipeline",
+            Param::MinCtas => "min_ctas",
         }
     }
 
@@ -72,6 +76,7 @@ impl Param {
             Param::Pipeline => {
                 Pipeline::ALL.iter().position(|&p| p == c.pipeline).unwrap_or(0) as u32
             }
+            Param::MinCtas => c.min_ctas,
         }
     }
 
@@ -89,6 +94,7 @@ impl Param {
             Param::Pipeline => {
                 c.pipeline = Pipeline::ALL.get(v as usize).copied().unwrap_or(Pipeline::CpAsync)
             }
+            Param::MinCtas => c.min_ctas = v,
         }
     }
 }
@@ -553,24 +559,27 @@ impl SearchSpace {
     }
 }
 
+/// Value indices of one configuration, one per parameter of [`Param::ALL`].
+type Coords = [u8; Param::ALL.len()];
+
 /// Positions of configurations in the value lists of a space, for neighbourhoods: two
 /// configurations are neighbours at distance d when their value indices differ by d in total
 /// (one parameter one step apart is distance 1).
 #[derive(Debug, Clone)]
 pub struct Grid {
     params: Vec<ParamValues>,
-    index: HashMap<[u8; 10], usize>,
-    coords: Vec<[u8; 10]>,
+    index: HashMap<Coords, usize>,
+    coords: Vec<Coords>,
 }
 
 impl Grid {
     /// A grid over `configs` with the value lists of `configs` themselves.
     pub fn of(configs: &[GemmConfig]) -> Self {
         let params = SearchSpace::value_lists(configs);
-        let coords: Vec<[u8; 10]> = configs
+        let coords: Vec<Coords> = configs
             .iter()
             .map(|c| {
-                let mut x = [0u8; 10];
+                let mut x: Coords = [0u8; Param::ALL.len()];
                 for (slot, pv) in x.iter_mut().zip(&params) {
                     let v = pv.param.get(c);
                     *slot = pv.values.iter().position(|&w| w == v).unwrap_or(0) as u8;
@@ -588,7 +597,7 @@ impl Grid {
         let Some(x) = self.coords.get(i) else { return Vec::new() };
         let mut out = Vec::new();
         let lens: Vec<i32> = self.params.iter().map(|p| p.values.len() as i32).collect();
-        let step = |x: &[u8; 10], a: usize, da: i32| -> Option<[u8; 10]> {
+        let step = |x: &Coords, a: usize, da: i32| -> Option<Coords> {
             let v = x[a] as i32 + da;
             (0..lens[a]).contains(&v).then(|| {
                 let mut y = *x;
@@ -596,7 +605,7 @@ impl Grid {
                 y
             })
         };
-        let push = |y: Option<[u8; 10]>, out: &mut Vec<usize>| {
+        let push = |y: Option<Coords>, out: &mut Vec<usize>| {
             if let Some(j) = y.and_then(|y| self.index.get(&y)) {
                 if !out.contains(j) {
                     out.push(*j);
@@ -649,6 +658,7 @@ pub(crate) mod tests {
             pv(Param::SplitK, &[1, 2, 4, 8]),
             pv(Param::SwapAb, &[0, 1]),
             pv(Param::Pipeline, &[0]),
+            pv(Param::MinCtas, &[1]),
         ];
         let mut s = SearchSpace::new(Family::Sm90, AType::Bf16, params, base(AType::Bf16)).unwrap();
         s.constraints = vec![
@@ -732,7 +742,7 @@ pub(crate) mod tests {
         let mut params = SearchSpace::value_lists(&[base(AType::Bf16)]);
         params.pop();
         let e = SearchSpace::new(Family::Sm90, AType::Bf16, params, base(AType::Bf16)).unwrap_err();
-        assert!(matches!(e, SearchError::MissingParam("split_k")), "{e}");
+        assert!(matches!(e, SearchError::MissingParam("min_ctas")), "{e}");
         let e = SearchSpace::from_configs(Family::Sm90, AType::Bf16, &[], base(AType::Bf16));
         assert!(matches!(e, Err(SearchError::EmptySpace { .. })));
     }

@@ -412,7 +412,7 @@ mod tests {
         let mut s =
             ModelGuided::new(legal, &p, &model, Budget::evals(14), ModelGuidedOptions::default());
         let first = drive(&mut s, |_| Some(1.0));
-        for pl in [Pipeline::CpAsync, Pipeline::Registers, Pipeline::WarpRing] {
+        for pl in Pipeline::ALL {
             let n = first.iter().filter(|c| c.pipeline == pl).count();
             assert!(n >= 2, "{pl:?}: {n} of {first:?}");
         }

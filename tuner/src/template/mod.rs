@@ -129,6 +129,15 @@ pub struct GemmConfig {
     /// those kernels are all [`Pipeline::CpAsync`]).
     #[serde(default)]
     pub pipeline: Pipeline,
+    /// CTAs per SM the kernel is compiled for (`__launch_bounds__(threads, min_ctas)`): caps the
+    /// registers per lane at 65536 / (threads * min_ctas), so that many small CTAs (many warps
+    /// per SM) fit at once. 1 = no cap beyond one CTA (tables written before it existed).
+    #[serde(default = "one")]
+    pub min_ctas: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// How a kernel stages the weights between global memory and the tensor cores.
@@ -148,11 +157,17 @@ pub enum Pipeline {
     /// shared memory, filled by the lanes' own cp.async copies: deep prefetch without registers
     /// and without a barrier (`direct.cuh`, `SMEM_RING`). Named `p<stages>`.
     WarpRing,
+    /// As [`Pipeline::Registers`], with the activations in the same register ring: each lane
+    /// loads its own run of every token row per chunk straight from global memory, so no
+    /// activation slice, no pass barrier and no wait before the first chunk; shared memory only
+    /// holds the split-K partials (`direct.cuh`, `A_GLOBAL`). Named `g<stages>`.
+    Global,
 }
 
 impl Pipeline {
     /// Every pipeline; its index here is the value of `search::Param::Pipeline`.
-    pub const ALL: [Pipeline; 3] = [Pipeline::CpAsync, Pipeline::Registers, Pipeline::WarpRing];
+    pub const ALL: [Pipeline; 4] =
+        [Pipeline::CpAsync, Pipeline::Registers, Pipeline::WarpRing, Pipeline::Global];
 
     /// The letter before the depth in kernel names.
     pub fn letter(self) -> &'static str {
@@ -160,12 +175,13 @@ impl Pipeline {
             Pipeline::CpAsync => "s",
             Pipeline::Registers => "r",
             Pipeline::WarpRing => "p",
+            Pipeline::Global => "g",
         }
     }
 
-    /// The register- and warp-ring pipelines share `templates/sm90/direct.cuh`.
+    /// The register, warp-ring and global pipelines share `templates/sm90/direct.cuh`.
     pub fn is_direct(self) -> bool {
-        matches!(self, Pipeline::Registers | Pipeline::WarpRing)
+        matches!(self, Pipeline::Registers | Pipeline::WarpRing | Pipeline::Global)
     }
 }
 
@@ -180,8 +196,10 @@ pub struct ConstraintError {
 impl GemmConfig {
     /// Stable, human-readable identity; also the suffix of the kernel's symbol name.
     pub fn name(&self) -> String {
+        let occupancy =
+            if self.min_ctas > 1 { format!("_o{}", self.min_ctas) } else { String::new() };
         format!(
-            "{}_{}_m{}n{}k{}_w{}x{}x{}_{}{}_sk{}{}",
+            "{}_{}_m{}n{}k{}_w{}x{}x{}_{}{}_sk{}{}{occupancy}",
             self.family,
             self.a_type,
             self.block_m,
@@ -223,6 +241,12 @@ impl GemmConfig {
 
     pub fn threads(&self) -> u32 {
         32 * self.warps_m * self.warps_n * self.warps_k
+    }
+
+    /// The most registers per lane the kernel may use: 65536 per SM over `min_ctas` CTAs, in
+    /// the allocation granule of 8, at most 255.
+    pub fn register_cap(&self) -> u32 {
+        (65_536 / (self.threads() * self.min_ctas.max(1)).max(1) / 8 * 8).min(255)
     }
 
     pub(crate) fn violation(&self, reason: impl Into<String>) -> ConstraintError {

@@ -118,6 +118,12 @@ pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
             c.pipeline
         )));
     }
+    if c.min_ctas != 1 {
+        return Err(c.violation(format!(
+            "min_ctas {} is an sm90 streamed-pipeline parameter; sm120 kernels are compiled for 1 CTA per SM",
+            c.min_ctas
+        )));
+    }
     if c.a_type != AType::Nvfp4 {
         return Err(c.violation(format!(
             "the sm120 family is W4A4 only: a_type must be {} (NVFP4 activations), got {}; \
@@ -269,6 +275,7 @@ pub(crate) fn config(
         split_k,
         swap_ab,
         pipeline: Pipeline::CpAsync,
+        min_ctas: 1,
     }
 }
 
@@ -338,7 +345,7 @@ mod tests {
 
     #[test]
     fn streamed_pipelines_are_rejected() {
-        for pl in [Pipeline::Registers, Pipeline::WarpRing] {
+        for pl in Pipeline::ALL.into_iter().filter(|p| p.is_direct()) {
             let c = GemmConfig { pipeline: pl, ..default_config(AType::Nvfp4) };
             let e = check(&c).unwrap_err();
             assert!(e.reason.contains("only the cp.async pipeline"), "{e}");

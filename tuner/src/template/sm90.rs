@@ -118,8 +118,11 @@ pub fn smem_bytes(c: &GemmConfig) -> u32 {
 }
 
 /// Bytes of the activation slice of a register-streamed kernel (`DirectConfig::SLICE_BYTES`):
-/// (block_m, block_k) codes + scales or bf16.
+/// (block_m, block_k) codes + scales or bf16; none for `Pipeline::Global`.
 pub fn slice_bytes(c: &GemmConfig) -> u32 {
+    if c.pipeline == Pipeline::Global {
+        return 0;
+    }
     let (bm, bk) = (c.block_m, c.block_k);
     match c.a_type {
         AType::Nvfp4 => align128(bm * bk / 2) + align128(bm * bk / 16),
@@ -131,6 +134,27 @@ pub fn slice_bytes(c: &GemmConfig) -> u32 {
 /// register-streamed kernel (`DirectConfig`): P_TILES <= 4, P_TILES * DEPTH <= 8.
 pub const MAX_DIRECT_P_TILES: u32 = 4;
 pub const MAX_DIRECT_RING_TILES: u32 = 8;
+
+/// Register budget (32-bit registers per lane) of the ring of a `Pipeline::Global` kernel
+/// (`DirectConfig::RING_ENTRY_REGS * DEPTH`): at most 112, and 64 below the kernel's register
+/// cap (`GemmConfig::register_cap`; the rest holds accumulators, pointers and the dequantized
+/// fragments).
+pub fn max_global_ring_registers(c: &GemmConfig) -> u32 {
+    c.register_cap().saturating_sub(64).min(112)
+}
+
+/// Shared memory the SM reserves per resident CTA on top of its dynamic shared memory.
+pub const SMEM_RESERVED_PER_CTA: u32 = 1024;
+/// Shared memory per SM (228 KiB) that `min_ctas` CTAs share.
+pub const SMEM_PER_SM: u32 = 233_472;
+
+/// Registers per lane of a `Pipeline::Global` kernel's ring: per chunk, 10 per m16 weight tile
+/// (two 16-byte code runs and their scales) and per n8 token tile 16 (bf16 run) or 5 (NVFP4).
+pub fn global_ring_registers(c: &GemmConfig) -> u32 {
+    let d = Derived::of(c);
+    let per_token_tile = if c.a_type == AType::Nvfp4 { 5 } else { 16 };
+    c.stages * (d.p_tiles * 10 + d.q_tiles * per_token_tile)
+}
 
 /// Largest split_k reduced inside a thread-block cluster (portable cluster size).
 pub const MAX_CLUSTER_SPLIT: u32 = 8;
@@ -160,6 +184,12 @@ pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
     }
     if c.pipeline.is_direct() {
         return check_direct(c);
+    }
+    if c.min_ctas != 1 {
+        return err(format!(
+            "min_ctas {} is for the streamed pipelines; the cp.async kernel is compiled for 1 CTA per SM",
+            c.min_ctas
+        ));
     }
     if ![64, 128, 256].contains(&c.block_k) {
         return err(format!("block_k {} must be 64, 128 or 256", c.block_k));
@@ -250,6 +280,18 @@ fn check_direct(c: &GemmConfig) -> Result<(), ConstraintError> {
         }
     } else if !(1..=8).contains(&c.stages) {
         return err(format!("ring depth {} must be 1..=8 chunks", c.stages));
+    } else if c.pipeline == Pipeline::Global {
+        let regs = global_ring_registers(c);
+        let budget = max_global_ring_registers(c);
+        if regs > budget {
+            return err(format!(
+                "ring of {} chunks holds {regs} registers per lane (weights and activations), at most {budget} \
+                 with {} threads and {} CTAs per SM",
+                c.stages,
+                c.threads(),
+                c.min_ctas
+            ));
+        }
     } else if d.p_tiles * c.stages > MAX_DIRECT_RING_TILES {
         return err(format!(
             "{} m16 tiles x ring depth {} exceeds the register budget of {MAX_DIRECT_RING_TILES} chunk tiles",
@@ -268,6 +310,46 @@ fn check_direct(c: &GemmConfig) -> Result<(), ConstraintError> {
     let smem = smem_bytes(c);
     if smem > MAX_SMEM_BYTES {
         return err(format!("{smem} bytes of shared memory, the SM90 limit is {MAX_SMEM_BYTES}"));
+    }
+    check_occupancy(c, smem)
+}
+
+/// `min_ctas` (CTAs per SM the kernel is compiled for) of a streamed kernel: 1..=16, at most 64
+/// warps per SM, their shared memory fits in one SM, and above 1 the register cap leaves 64
+/// registers per lane beside a register ring.
+fn check_occupancy(c: &GemmConfig, smem: u32) -> Result<(), ConstraintError> {
+    let err = |msg: String| Err(c.violation(msg));
+    if !(1..=16).contains(&c.min_ctas) {
+        return err(format!("min_ctas {} must be 1..=16", c.min_ctas));
+    }
+    if c.min_ctas == 1 {
+        return Ok(());
+    }
+    if c.threads() * c.min_ctas > 2048 {
+        return err(format!(
+            "{} CTAs of {} threads exceed the 2048 threads of an SM",
+            c.min_ctas,
+            c.threads()
+        ));
+    }
+    let per_sm = c.min_ctas * (smem + SMEM_RESERVED_PER_CTA);
+    if per_sm > SMEM_PER_SM {
+        return err(format!(
+            "{} CTAs need {per_sm} bytes of shared memory, an SM has {SMEM_PER_SM}",
+            c.min_ctas
+        ));
+    }
+    let ring = match c.pipeline {
+        Pipeline::Registers => 10 * Derived::of(c).p_tiles * c.stages,
+        _ => 0,
+    };
+    let cap = c.register_cap();
+    if cap < 64 + ring {
+        return err(format!(
+            "{} CTAs of {} threads leave {cap} registers per lane, under 64 + {ring} of register ring",
+            c.min_ctas,
+            c.threads()
+        ));
     }
     Ok(())
 }
@@ -314,7 +396,7 @@ pub fn instantiation(c: &GemmConfig) -> String {
         (
             "sm90/direct.cuh",
             format!(
-                "DirectConfig<{}, {}, {}, {}, {}, {}, {}, {fp4}, {}>",
+                "DirectConfig<{}, {}, {}, {}, {}, {}, {}, {fp4}, {}, {}, {}>",
                 c.block_m,
                 c.block_n,
                 c.block_k,
@@ -322,7 +404,9 @@ pub fn instantiation(c: &GemmConfig) -> String {
                 c.warps_k,
                 c.stages,
                 c.split_k,
-                c.pipeline == Pipeline::WarpRing
+                c.pipeline == Pipeline::WarpRing,
+                c.pipeline == Pipeline::Global,
+                c.min_ctas
             ),
             "templates/sm90/direct.cuh",
             "gemm_direct",
@@ -352,11 +436,12 @@ pub fn instantiation(c: &GemmConfig) -> String {
          using Cfg = fp4tune::sm90::{cfg};\n\
          static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (template/sm90.rs smem_bytes) and {cfg_file} disagree on shared memory\");\n\
          static_assert(Cfg::THREADS == {threads}, \"Rust and {cfg_file} disagree on threads\");\n\
-         extern \"C\" __global__ void __launch_bounds__({threads}){cluster} {kernel}(const fp4tune::GemmParams p) {{\n\
+         extern \"C\" __global__ void __launch_bounds__({threads}, {min_ctas}){cluster} {kernel}(const fp4tune::GemmParams p) {{\n\
          \x20   fp4tune::sm90::{entry}<Cfg>(p);\n\
          }}\n",
         name = c.name(),
         kernel = c.kernel_name(),
+        min_ctas = c.min_ctas,
     )
 }
 
@@ -376,6 +461,7 @@ pub fn default_config(a_type: AType) -> GemmConfig {
         split_k: 1,
         swap_ab: false,
         pipeline: Pipeline::CpAsync,
+        min_ctas: 1,
     }
 }
 
@@ -416,6 +502,7 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
                                             split_k,
                                             swap_ab,
                                             pipeline: Pipeline::CpAsync,
+                                            min_ctas: 1,
                                         };
                                         if keep(&c) {
                                             out.push(c);
@@ -431,6 +518,7 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
     }
     out.extend(direct_space(a_type));
     out.extend(warp_ring_space(a_type));
+    out.extend(global_space(a_type));
     out
 }
 
@@ -449,6 +537,7 @@ pub fn direct_space(a_type: AType) -> Vec<GemmConfig> {
         block_k: &[256, 512, 768, 1024, 1536, 2048, 3072, 6144],
         stages: &[1, 2, 4],
         split_k: &[1, 2, 3, 4, 6, 8, 12, 16],
+        min_ctas: &[1, 2, 4],
     };
     streamed_space(a_type, Pipeline::Registers, &values, |c| {
         let chunks_per_pass = c.block_k / (128 * c.warps_k);
@@ -465,6 +554,8 @@ struct StreamedValues {
     block_k: &'static [u32],
     stages: &'static [u32],
     split_k: &'static [u32],
+    /// CTAs per SM the kernels are compiled for; above 1 only up to 32 warps per SM.
+    min_ctas: &'static [u32],
 }
 
 /// Every swap-AB configuration of `pipeline` over `values` that passes `check`, has 4..16 warps,
@@ -482,7 +573,11 @@ fn streamed_space(
                 for &warps_k in values.warps_k {
                     for &block_k in values.block_k {
                         for &stages in values.stages {
-                            for &split_k in values.split_k {
+                            for (&split_k, &min_ctas) in values
+                                .split_k
+                                .iter()
+                                .flat_map(|s| values.min_ctas.iter().map(move |o| (s, o)))
+                            {
                                 let c = GemmConfig {
                                     family: Family::Sm90,
                                     a_type,
@@ -496,9 +591,11 @@ fn streamed_space(
                                     split_k,
                                     swap_ab: true,
                                     pipeline,
+                                    min_ctas,
                                 };
                                 if check(&c).is_ok()
                                     && (4..=16).contains(&(warps_n * warps_k))
+                                    && (min_ctas == 1 || warps_n * warps_k * min_ctas <= 32)
                                     && slice_bytes(&c) <= 100 * 1024
                                     && keep(&c)
                                 {
@@ -527,9 +624,35 @@ pub fn warp_ring_space(a_type: AType) -> Vec<GemmConfig> {
         block_k: &[256, 512, 1024, 2048, 3072, 6144],
         stages: &[4, 8],
         split_k: &[1, 2, 3, 4, 6, 8],
+        min_ctas: &[1, 2],
     };
     streamed_space(a_type, Pipeline::WarpRing, &values, |c| {
         (2..=24).contains(&(c.block_k / (128 * c.warps_k))) && smem_bytes(c) <= 200 * 1024
+    })
+}
+
+/// The global-pipeline configurations of the search space (`Pipeline::Global`, small M): the
+/// register-streamed kernel with the activations in the register ring too.
+///
+/// Enumerated: block_m {8, 16}; 16 or 32 weight rows per warp, warps_n {1, 2}; warps_k {1, 2, 4,
+/// 8, 16}; block_k {256, 512, 1024, 2048, 3072, 6144}; ring depth {1, 2, 4, 6}; split_k {1, 2, 3,
+/// 4, 6, 8, 12, 16}. Kept: 4..16 warps; 1..24 chunks per warp and pass (passes cost nothing here:
+/// block_k only orders the chunks); a ring no deeper than a pass, at least 2 deep with 4 or more
+/// chunks per pass, within the register budget; split_k > 8 as for the register pipeline.
+pub fn global_space(a_type: AType) -> Vec<GemmConfig> {
+    let values = StreamedValues {
+        warps_k: &[1, 2, 4, 8, 16],
+        block_k: &[256, 512, 1024, 2048, 3072, 6144],
+        stages: &[1, 2, 4, 6],
+        split_k: &[1, 2, 3, 4, 6, 8, 12, 16],
+        min_ctas: &[1, 2, 4],
+    };
+    streamed_space(a_type, Pipeline::Global, &values, |c| {
+        let chunks_per_pass = c.block_k / (128 * c.warps_k);
+        (1..=24).contains(&chunks_per_pass)
+            && c.stages <= chunks_per_pass
+            && (c.stages >= 2 || chunks_per_pass < 4)
+            && (c.split_k <= MAX_CLUSTER_SPLIT || (c.block_n <= 64 && c.block_k <= 512))
     })
 }
 
@@ -943,7 +1066,7 @@ mod tests {
     fn search_space_is_legal_rich_and_renders() {
         for a_type in [AType::Bf16, AType::Nvfp4] {
             let space = search_space(a_type);
-            assert!((300..=5000).contains(&space.len()), "{} configs for {a_type}", space.len());
+            assert!((300..=8000).contains(&space.len()), "{} configs for {a_type}", space.len());
             let names: HashSet<String> = space.iter().map(|c| c.name()).collect();
             assert_eq!(names.len(), space.len(), "duplicate configurations");
             assert!(space.iter().any(|c| c.swap_ab && c.block_m <= 16 && c.split_k > 1));
@@ -968,8 +1091,7 @@ mod tests {
         let u = instantiation(&c);
         assert!(u.contains("#include \"sm90/gemm.cuh\""));
         assert!(u.contains("Sm90Config<16, 64, 128, 1, 4, 1, 4, 1, true, true>"), "{u}");
-        assert!(u.contains("__launch_bounds__(128)"));
-        assert!(u.contains(&format!("void __launch_bounds__(128) {}(", c.kernel_name())));
+        assert!(u.contains(&format!("void __launch_bounds__(128, 1) {}(", c.kernel_name())));
     }
 }
 
@@ -989,6 +1111,7 @@ pub fn representative_configs(a_type: AType) -> Vec<GemmConfig> {
         split_k: 1,
         swap_ab: true,
         pipeline: Pipeline::CpAsync,
+        min_ctas: 1,
     };
     vec![
         base,
@@ -1106,6 +1229,7 @@ pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
             split_k,
             swap_ab,
             pipeline: Pipeline::CpAsync,
+            min_ctas: 1,
         }
     };
     // The streamed pipelines: swap-AB, one warp along M.
@@ -1163,6 +1287,7 @@ mod dump {
                                 split_k,
                                 swap_ab: true,
                                 pipeline: Pipeline::CpAsync,
+                                min_ctas: 1,
                             };
                             if check(&c).is_ok() {
                                 out.push(c);
@@ -1366,17 +1491,80 @@ mod direct_tests {
         for a_type in [AType::Bf16, AType::Nvfp4] {
             let space = direct_space(a_type);
             eprintln!("{a_type}: {} register-streamed configurations", space.len());
-            assert!(space.len() > 200 && space.len() < 1000, "{}", space.len());
+            assert!(space.len() > 200 && space.len() < 2500, "{}", space.len());
             for c in &space {
                 check(c).unwrap();
                 assert!(c.name().contains(&format!("_r{}_", c.stages)), "{c}");
             }
             let ring = warp_ring_space(a_type);
             eprintln!("{a_type}: {} warp-ring configurations", ring.len());
-            assert!(ring.len() > 100 && ring.len() < 800, "{}", ring.len());
+            assert!(ring.len() > 100 && ring.len() < 1500, "{}", ring.len());
             for c in &ring {
                 check(c).unwrap();
                 assert!(c.name().contains(&format!("_p{}_", c.stages)), "{c}");
+            }
+            let global = global_space(a_type);
+            eprintln!("{a_type}: {} global configurations", global.len());
+            assert!(global.len() > 200 && global.len() < 2500, "{}", global.len());
+            for c in space.iter().chain(&ring).chain(&global) {
+                check(c).unwrap();
+                // Occupancy variants: named _o<n>, at most 32 warps per SM.
+                assert_eq!(c.name().ends_with(&format!("_o{}", c.min_ctas)), c.min_ctas > 1, "{c}");
+                assert!(c.min_ctas == 1 || c.threads() / 32 * c.min_ctas <= 32, "{c}");
+            }
+            assert!(global.iter().any(|c| c.min_ctas == 4));
+        }
+    }
+
+    /// The deepest ring of every warp-tile size of the global pipeline, both activation types,
+    /// compiles for sm_90a without spills or local memory, and touches neither cp.async nor
+    /// shared memory in its main loop (only split-K partials may go through shared memory).
+    #[test]
+    fn nvrtc_compiles_global_pipeline_kernels_without_spills() {
+        use crate::compile::{sass, Compiler};
+        let dir = tempfile::tempdir().unwrap();
+        let compiler =
+            Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
+        let mut configs: Vec<GemmConfig> = Vec::new();
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            let space = global_space(a_type);
+            for (bm, bn, wn) in [(8, 16, 1), (16, 32, 1), (8, 64, 2), (16, 32, 2)] {
+                // The deepest ring with 8 warps and with 16 (the tighter register budget).
+                for warps in [8, 16] {
+                    let deepest = space
+                        .iter()
+                        .filter(|c| {
+                            c.block_m == bm
+                                && c.block_n == bn
+                                && c.warps_n == wn
+                                && c.warps_n * c.warps_k == warps
+                                && c.split_k == 1
+                        })
+                        .max_by_key(|c| (c.stages, c.block_k));
+                    configs.extend(deepest);
+                }
+            }
+        }
+        assert_eq!(configs.len(), 16, "{configs:?}");
+        let sources: Vec<_> = configs.iter().map(|c| c.render().unwrap()).collect();
+        for (c, res) in configs.iter().zip(compiler.compile_many(&sources)) {
+            let k = res.unwrap_or_else(|e| panic!("{c}: {e}"));
+            let stats = k.stats.unwrap_or_else(|| panic!("{c}: no ptxas statistics"));
+            eprintln!("{c}: {stats:?}");
+            assert!(!stats.spills(), "{c} spills: {stats:?}");
+            match sass::dump_sass(&k.kernel_name, &k.cubin) {
+                Ok(text) => {
+                    assert!(sass::count_opcode(&text, "HMMA.16816.F32.BF16") > 0, "{c}: no HMMA");
+                    assert!(!sass::uses_local_memory(&text), "{c}: local memory");
+                    assert_eq!(sass::count_opcode(&text, "LDGSTS"), 0, "{c}: cp.async");
+                    if c.warps_k == 1 {
+                        assert_eq!(sass::count_opcode(&text, "LDS"), 0, "{c}: shared loads");
+                    }
+                }
+                Err(sass::SassError::NotFound { .. }) => {
+                    eprintln!("cuobjdump not found: SASS check skipped")
+                }
+                Err(e) => panic!("{e}"),
             }
         }
     }
