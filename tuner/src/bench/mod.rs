@@ -1,6 +1,8 @@
 //! The measuring harness: timing policy, interleaved graph timing, statistics, physical floors,
-//! GEMM candidates and peers on rotated operands, and the reports they produce.
+//! GEMM candidates, peers and the dequantize-then-cuBLAS path on rotated operands, and the
+//! reports they produce.
 
+pub mod composite;
 pub mod floors;
 pub mod gemm;
 pub mod peers;

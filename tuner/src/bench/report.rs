@@ -1,5 +1,6 @@
 //! Benchmark reports: one CSV row per (shape, M, implementation) and a markdown summary.
 
+use super::composite::NAME as COMPOSITE;
 use super::stats::Summary;
 use crate::gpu::DeviceInfo;
 use serde::{Deserialize, Serialize};
@@ -110,6 +111,12 @@ pub fn markdown(title: &str, prov: &Provenance, rows: &[Row], peers: &[&str]) ->
         let _ = write!(header, " {p} us | speedup vs {p} |");
         sep.push_str("---|---|");
     }
+    // The dequantize-then-cuBLAS path (bench::composite): its time and its ratio to cuBLAS BF16.
+    let composite = rows.iter().any(|r| r.implementation == COMPOSITE);
+    if composite {
+        let _ = write!(header, " {COMPOSITE} us | x cublas_bf16 time |");
+        sep.push_str("---|---|");
+    }
     let _ = writeln!(md, "{header}\n{sep}");
     let mut keys: Vec<(String, u32, u32, u32)> =
         rows.iter().map(|r| (r.shape.clone(), r.n, r.k, r.m)).collect();
@@ -119,7 +126,9 @@ pub fn markdown(title: &str, prov: &Provenance, rows: &[Row], peers: &[&str]) ->
         let ours = rows
             .iter()
             .filter(of)
-            .filter(|r| !peers.contains(&r.implementation.as_str()))
+            .filter(|r| {
+                !peers.contains(&r.implementation.as_str()) && r.implementation != COMPOSITE
+            })
             .min_by(|a, b| a.time.median.total_cmp(&b.time.median));
         let Some(best) = ours else { continue };
         let _ = write!(
@@ -143,6 +152,23 @@ pub fn markdown(title: &str, prov: &Provenance, rows: &[Row], peers: &[&str]) ->
                     );
                 }
                 None => md.push_str(" - | - |"),
+            }
+        }
+        if composite {
+            let find = |name: &str| rows.iter().filter(of).find(|r| r.implementation == name);
+            match (find(COMPOSITE), find("cublas_bf16")) {
+                (Some(c), Some(b)) => {
+                    let _ = write!(
+                        md,
+                        " {:.2} | {:.2}x |",
+                        c.time.median,
+                        c.time.median / b.time.median
+                    );
+                }
+                (Some(c), None) => {
+                    let _ = write!(md, " {:.2} | - |", c.time.median);
+                }
+                _ => md.push_str(" - | - |"),
             }
         }
         md.push('\n');
@@ -231,5 +257,19 @@ mod tests {
             &["cublas_bf16"],
         );
         assert!(md.contains("| `b` | 2.00 [1.80, 2.20] | 1.00 | 4.00 | 8.00 | 4.00x |"), "{md}");
+        assert!(!md.contains(COMPOSITE), "no composite column without its rows: {md}");
+        // The dequantize-then-cuBLAS path is not one of our fused kernels even when faster; its
+        // column shows its time against cuBLAS BF16.
+        let md = markdown(
+            "t",
+            &prov,
+            &[row("a", 3.0), row(COMPOSITE, 1.0), row("cublas_bf16", 8.0)],
+            &["cublas_bf16"],
+        );
+        assert!(md.contains(&format!(" {COMPOSITE} us | x cublas_bf16 time |")), "{md}");
+        assert!(
+            md.contains("| `a` | 3.00 [2.70, 3.30] | 1.50 | 6.00 | 8.00 | 2.67x | 1.00 | 0.12x |"),
+            "{md}"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! One benchmark run: floors, then for every (shape, M) our verified candidates and the peers,
 //! all under one timing policy, into report rows. The CLI only parses flags and prints.
 
+use super::composite::{self, Composite};
 use super::floors::{FloorError, Floors};
 use super::gemm::{time_candidates, verify, Candidate, DeviceProblem, HostProblem};
 use super::peers::time_peers;
@@ -296,6 +297,20 @@ pub fn run(
                         )),
                         Err(e) => failures.push(fail(name.to_string(), format!("peer: {e}"))),
                     }
+                }
+                // The dequantize-then-cuBLAS path, verified like our kernels.
+                let name = composite::NAME.to_string();
+                match Composite::new(gpu, compiler, p) {
+                    Ok(comp) => match comp.verify(&host, &mut dp)? {
+                        Ok(()) => match comp.time(policy, &dp) {
+                            Ok(s) => {
+                                rows.push(mk_row(name, Summary::of(&s.us).expect("samples"), "ok"))
+                            }
+                            Err(e) => failures.push(fail(name, format!("timing: {e}"))),
+                        },
+                        Err(why) => failures.push(fail(name, why)),
+                    },
+                    Err(e) => failures.push(fail(name, format!("setup: {e}"))),
                 }
             }
             progress(Event::ProblemDone {
