@@ -167,7 +167,7 @@ mod tests {
             )
             .unwrap();
             let k = compiler.compile(&src).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
-            let stats = k.stats.clone().unwrap_or_else(|| panic!("no ptxas statistics"));
+            let stats = k.stats.unwrap_or_else(|| panic!("no ptxas statistics"));
             assert!(!stats.spills(), "{stats:?}");
         }
     }
