@@ -1521,10 +1521,7 @@ mod direct_tests {
     /// shared memory in its main loop (only split-K partials may go through shared memory).
     #[test]
     fn nvrtc_compiles_global_pipeline_kernels_without_spills() {
-        use crate::compile::{sass, Compiler};
-        let dir = tempfile::tempdir().unwrap();
-        let compiler =
-            Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
+        use crate::compile::sass;
         let mut configs: Vec<GemmConfig> = Vec::new();
         for a_type in [AType::Bf16, AType::Nvfp4] {
             let space = global_space(a_type);
@@ -1546,27 +1543,12 @@ mod direct_tests {
             }
         }
         assert_eq!(configs.len(), 16, "{configs:?}");
-        let sources: Vec<_> = configs.iter().map(|c| c.render().unwrap()).collect();
-        for (c, res) in configs.iter().zip(compiler.compile_many(&sources)) {
-            let k = res.unwrap_or_else(|e| panic!("{c}: {e}"));
-            let stats = k.stats.unwrap_or_else(|| panic!("{c}: no ptxas statistics"));
-            eprintln!("{c}: {stats:?}");
-            assert!(!stats.spills(), "{c} spills: {stats:?}");
-            match sass::dump_sass(&k.kernel_name, &k.cubin) {
-                Ok(text) => {
-                    assert!(sass::count_opcode(&text, "HMMA.16816.F32.BF16") > 0, "{c}: no HMMA");
-                    assert!(!sass::uses_local_memory(&text), "{c}: local memory");
-                    assert_eq!(sass::count_opcode(&text, "LDGSTS"), 0, "{c}: cp.async");
-                    if c.warps_k == 1 {
-                        assert_eq!(sass::count_opcode(&text, "LDS"), 0, "{c}: shared loads");
-                    }
-                }
-                Err(sass::SassError::NotFound { .. }) => {
-                    eprintln!("cuobjdump not found: SASS check skipped")
-                }
-                Err(e) => panic!("{e}"),
+        compile_without_spills(&configs, |c, text| {
+            assert_eq!(sass::count_opcode(text, "LDGSTS"), 0, "{c}: cp.async");
+            if c.warps_k == 1 {
+                assert_eq!(sass::count_opcode(text, "LDS"), 0, "{c}: shared loads");
             }
-        }
+        });
     }
 
     /// A sample of register-streamed kernels of both activation types, at every ring depth and
@@ -1574,10 +1556,6 @@ mod direct_tests {
     /// without cp.async for the weights (only the activation slice uses LDGSTS).
     #[test]
     fn nvrtc_compiles_register_streamed_kernels_without_spills() {
-        use crate::compile::{sass, Compiler};
-        let dir = tempfile::tempdir().unwrap();
-        let compiler =
-            Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
         let mut configs = Vec::new();
         for a_type in [AType::Bf16, AType::Nvfp4] {
             let space = direct_space(a_type);
@@ -1599,6 +1577,16 @@ mod direct_tests {
                 .extend(ring.iter().find(|c| c.block_m == 16 && c.block_n == 64 && c.stages == 4));
         }
         assert!(configs.len() >= 10, "{configs:?}");
+        compile_without_spills(&configs, |_, _| {});
+    }
+
+    /// Compiles `configs` for sm_90a and checks each: ptxas statistics without spills, and (when
+    /// cuobjdump is there) SASS with the bf16 HMMA, no local memory, and `more`.
+    fn compile_without_spills(configs: &[GemmConfig], more: impl Fn(&GemmConfig, &str)) {
+        use crate::compile::{sass, Compiler};
+        let dir = tempfile::tempdir().unwrap();
+        let compiler =
+            Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
         let sources: Vec<_> = configs.iter().map(|c| c.render().unwrap()).collect();
         for (c, res) in configs.iter().zip(compiler.compile_many(&sources)) {
             let k = res.unwrap_or_else(|e| panic!("{c}: {e}"));
@@ -1609,6 +1597,7 @@ mod direct_tests {
                 Ok(text) => {
                     assert!(sass::count_opcode(&text, "HMMA.16816.F32.BF16") > 0, "{c}: no HMMA");
                     assert!(!sass::uses_local_memory(&text), "{c}: local memory");
+                    more(c, &text);
                 }
                 Err(sass::SassError::NotFound { .. }) => {
                     eprintln!("cuobjdump not found: SASS check skipped")
