@@ -1214,6 +1214,17 @@ pub fn representative_configs(a_type: AType) -> Vec<GemmConfig> {
 /// | m8n32k6144 w1x2x8 p4 sk1 | 1 x 4096 x 6144 | 7.83 |
 /// | m8n16k2048 w1x1x4 p8 sk1 | 1 x 6144 x 2048 | 5.25 |
 /// | m16n32k2048 w1x2x4 p8 sk3 | 16 x 1024 x 6144 | 5.68 |
+///
+/// Global-pipeline (`g`) and occupancy (`_o<n>`) winners, same policy, 2026-11-29
+/// (results/h200/bench-w4a16.md of that day):
+///
+/// | config | shape M x N x K | us |
+/// |---|---|---|
+/// | m8n16k1024 w1x1x4 g2 sk6 o4 | 1 x 512 x 6144 | 3.52 |
+/// | m8n16k1024 w1x1x4 g2 sk6 o2 | 4 x 512 x 6144 | 3.57 |
+/// | m8n16k3072 w1x1x8 p4 sk2 o2 | 1 x 1024 x 6144 | 4.01 |
+/// | m8n32k6144 w1x1x8 p4 sk1 | 1 x 4096 x 6144 | 7.67 |
+/// | m8n16k1024 w1x1x4 g2 sk1 | 1 x 6144 x 2048 | 4.96 |
 pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
     let c = |block_m, block_n, block_k, warps_m, warps_n, warps_k, stages, split_k, swap_ab| {
         GemmConfig {
@@ -1253,6 +1264,11 @@ pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
         d(8, 32, 6144, 2, 8, 4, 1, Pipeline::WarpRing),
         d(8, 16, 2048, 1, 4, 8, 1, Pipeline::WarpRing),
         d(16, 32, 2048, 2, 4, 8, 3, Pipeline::WarpRing),
+        GemmConfig { min_ctas: 4, ..d(8, 16, 1024, 1, 4, 2, 6, Pipeline::Global) },
+        GemmConfig { min_ctas: 2, ..d(8, 16, 1024, 1, 4, 2, 6, Pipeline::Global) },
+        GemmConfig { min_ctas: 2, ..d(8, 16, 3072, 1, 8, 4, 2, Pipeline::WarpRing) },
+        d(8, 32, 6144, 1, 8, 4, 1, Pipeline::WarpRing),
+        d(8, 16, 1024, 1, 4, 2, 1, Pipeline::Global),
     ]
 }
 
