@@ -150,6 +150,19 @@ enum PipelineArg {
     Direct,
 }
 
+impl PipelineArg {
+    fn admits(self, p: Pipeline) -> bool {
+        match self {
+            PipelineArg::All => true,
+            PipelineArg::CpAsync => p == Pipeline::CpAsync,
+            PipelineArg::Registers => p == Pipeline::Registers,
+            PipelineArg::WarpRing => p == Pipeline::WarpRing,
+            PipelineArg::Global => p == Pipeline::Global,
+            PipelineArg::Direct => p.is_direct(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum ATypeArg {
     W4a4,
@@ -401,14 +414,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         ConfigsArg::Space => template::search_space(family, a_type),
         ConfigsArg::Default => vec![template::default_config(family, a_type)],
     };
-    match a.pipeline {
-        PipelineArg::All => {}
-        PipelineArg::CpAsync => configs.retain(|c| c.pipeline == Pipeline::CpAsync),
-        PipelineArg::Registers => configs.retain(|c| c.pipeline == Pipeline::Registers),
-        PipelineArg::WarpRing => configs.retain(|c| c.pipeline == Pipeline::WarpRing),
-        PipelineArg::Global => configs.retain(|c| c.pipeline == Pipeline::Global),
-        PipelineArg::Direct => configs.retain(|c| c.pipeline.is_direct()),
-    }
+    configs.retain(|c| a.pipeline.admits(c.pipeline));
     if configs.is_empty() {
         bail!(
             "no {} configuration of the {family} family uses the {:?} pipeline",

@@ -30,13 +30,18 @@ pub enum CompositeError {
     Unsupported(GemmProblem),
 }
 
-/// The dequantization kernel, cuBLAS and the bf16 scratch operands of one problem.
+/// The dequantization kernel and cuBLAS, set up once per benchmark run.
 #[derive(Debug)]
 pub struct Composite<'g> {
     gpu: &'g Gpu,
-    problem: GemmProblem,
     dequant: Kernel,
     blas: CublasBf16,
+}
+
+/// The bf16 scratch operands of one problem.
+#[derive(Debug)]
+pub struct Scratch {
+    problem: GemmProblem,
     /// W as bf16 [N, K].
     w16: DeviceBuf<u16>,
     /// NVFP4 activations as bf16 [M, K] (W4A4 only).
@@ -44,14 +49,7 @@ pub struct Composite<'g> {
 }
 
 impl<'g> Composite<'g> {
-    pub fn new(
-        gpu: &'g Gpu,
-        compiler: &Compiler,
-        problem: GemmProblem,
-    ) -> Result<Self, CompositeError> {
-        if problem.k % 16 != 0 {
-            return Err(CompositeError::Unsupported(problem));
-        }
+    pub fn new(gpu: &'g Gpu, compiler: &Compiler) -> Result<Self, CompositeError> {
         let (major, minor) = gpu.info().compute_capability;
         let arch = Arch::for_compute_capability(major, minor).unwrap_or(Arch::Sm90a);
         let src = KernelSource::from_unit(
@@ -61,29 +59,35 @@ impl<'g> Composite<'g> {
         )
         .map_err(CompositeError::Source)?;
         let compiled = compiler.compile(&src)?;
-        let dequant = gpu.load(&compiled, 0)?;
-        let (m, n, k) = (problem.m as usize, problem.n as usize, problem.k as usize);
-        let a16 = match problem.a_type {
-            AType::Nvfp4 => Some(gpu.alloc_zeros::<u16>(m * k)?),
-            AType::Bf16 => None,
-        };
-        Ok(Self {
-            gpu,
-            problem,
-            dequant,
-            blas: CublasBf16::new(gpu)?,
-            w16: gpu.alloc_zeros::<u16>(n * k)?,
-            a16,
-        })
+        Ok(Self { gpu, dequant: gpu.load(&compiled, 0)?, blas: CublasBf16::new(gpu)? })
     }
 
-    /// Expand `rows` x K NVFP4 codes + swizzled scales at `codes` / `sf` into `out` (bf16).
+    /// Scratch operands for `problem`.
+    pub fn scratch(&self, problem: GemmProblem) -> Result<Scratch, CompositeError> {
+        if problem.k % 16 != 0 {
+            return Err(CompositeError::Unsupported(problem));
+        }
+        let (m, n, k) = (problem.m as usize, problem.n as usize, problem.k as usize);
+        let a16 = match problem.a_type {
+            AType::Nvfp4 => Some(self.gpu.alloc_zeros::<u16>(m * k)?),
+            AType::Bf16 => None,
+        };
+        Ok(Scratch { problem, w16: self.gpu.alloc_zeros::<u16>(n * k)?, a16 })
+    }
+
+    /// Expand `rows` x `k` NVFP4 codes + swizzled scales at `codes` / `sf` into `out` (bf16).
     ///
     /// # Safety
-    /// `codes` must hold rows * K / 2 bytes, `sf` the swizzled scales of rows (padded to 128) x
-    /// K / 16 (padded to 4), `out` rows * K bf16; K a multiple of 16 (`new` checks it).
-    unsafe fn expand(&self, codes: u64, sf: u64, out: u64, rows: u64) -> Result<(), GpuError> {
-        let k = self.problem.k as u64;
+    /// `codes` must hold rows * k / 2 bytes, `sf` the swizzled scales of rows (padded to 128) x
+    /// k / 16 (padded to 4), `out` rows * k bf16; k a multiple of 16 (`scratch` checks it).
+    unsafe fn expand(
+        &self,
+        k: u64,
+        codes: u64,
+        sf: u64,
+        out: u64,
+        rows: u64,
+    ) -> Result<(), GpuError> {
         let threads = rows * (k / 16);
         let blocks = u32::try_from(threads.div_ceil(256)).map_err(|_| GpuError::Kernel {
             kernel: "fp4tune_dequant_bf16".into(),
@@ -94,22 +98,22 @@ impl<'g> Composite<'g> {
         unsafe { self.gpu.launch_u64s(&self.dequant, dims, &[codes, sf, out, rows, k]) }
     }
 
-    /// Dequantize operand copy `c` of `dp` and run cuBLAS into `dp.y`.
-    pub fn launch(&self, dp: &DeviceProblem, c: usize) -> Result<(), GpuError> {
+    /// Dequantize operand copy `c` of `dp` into `s` and run cuBLAS into `dp.y`.
+    pub fn launch(&self, s: &Scratch, dp: &DeviceProblem, c: usize) -> Result<(), GpuError> {
         let p = dp.params(c);
-        let (m, n, k) = (self.problem.m, self.problem.n, self.problem.k);
-        // SAFETY: `dp` holds the operands of `self.problem` in the layout `expand` expects, the
-        // scratch buffers are sized for it, and everything outside `dp` lives in `self`.
+        let (m, n, k) = (s.problem.m, s.problem.n, s.problem.k);
+        // SAFETY: `dp` holds the operands of `s.problem` in the layout `expand` expects and the
+        // scratch buffers of `s` are sized for it.
         unsafe {
-            self.expand(p.w, p.w_sf, self.w16.ptr(), n as u64)?;
-            let a = match &self.a16 {
+            self.expand(k as u64, p.w, p.w_sf, s.w16.ptr(), n as u64)?;
+            let a = match &s.a16 {
                 Some(a16) => {
-                    self.expand(p.a, p.a_sf, a16.ptr(), m as u64)?;
+                    self.expand(k as u64, p.a, p.a_sf, a16.ptr(), m as u64)?;
                     a16.ptr()
                 }
                 None => p.a,
             };
-            self.blas.gemm(m as i32, n as i32, k as i32, p.alpha, a, self.w16.ptr(), p.y)
+            self.blas.gemm(m as i32, n as i32, k as i32, p.alpha, a, s.w16.ptr(), p.y)
         }
     }
 
@@ -117,18 +121,19 @@ impl<'g> Composite<'g> {
     /// and the output must pass the reference check of every fused kernel.
     pub fn verify(
         &self,
+        s: &Scratch,
         host: &HostProblem,
         dp: &mut DeviceProblem,
     ) -> Result<Result<(), String>, GpuError> {
         dp.y = self.gpu.upload(&vec![0xFFFFu16; dp.y.len()])?;
-        self.launch(dp, 0)?;
+        self.launch(s, dp, 0)?;
         self.gpu.synchronize()?;
-        let w16 = self.gpu.download(&self.w16)?;
+        let w16 = self.gpu.download(&s.w16)?;
         let want = host.w.dequantize_block_scaled();
         if let Some(i) =
             w16.iter().zip(&want).position(|(g, w)| bf16::from_bits(*g) != bf16::from_f32(*w))
         {
-            let k = self.problem.k as usize;
+            let k = s.problem.k as usize;
             return Ok(Err(format!(
                 "dequantized W differs at (n={}, k={}): {} vs {}",
                 i / k,
@@ -141,8 +146,13 @@ impl<'g> Composite<'g> {
     }
 
     /// Time the path on `dp` under `policy` (the same rotation as the fused kernels).
-    pub fn time(&self, policy: &TimingPolicy, dp: &DeviceProblem) -> Result<Samples, GpuError> {
-        measure(self.gpu, policy, vec![Box::new(move |i| self.launch(dp, i))])
+    pub fn time(
+        &self,
+        s: &Scratch,
+        policy: &TimingPolicy,
+        dp: &DeviceProblem,
+    ) -> Result<Samples, GpuError> {
+        measure(self.gpu, policy, vec![Box::new(move |i| self.launch(s, dp, i))])
             .pop()
             .expect("one candidate")
     }
@@ -188,14 +198,15 @@ mod gpu_tests {
         let gpu = Gpu::open(0).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
+        let c = Composite::new(&gpu, &compiler).unwrap();
         for (m, n, k, a) in
             [(7, 48, 256, AType::Bf16), (3, 512, 6144, AType::Bf16), (33, 200, 512, AType::Nvfp4)]
         {
             let p = GemmProblem::new(m, n, k, a);
             let host = HostProblem::random(p, 7).unwrap();
             let mut dp = DeviceProblem::upload(&gpu, &host, &TimingPolicy::default(), &[]).unwrap();
-            let c = Composite::new(&gpu, &compiler, p).unwrap();
-            c.verify(&host, &mut dp).unwrap().unwrap_or_else(|e| panic!("{p}: {e}"));
+            let s = c.scratch(p).unwrap();
+            c.verify(&s, &host, &mut dp).unwrap().unwrap_or_else(|e| panic!("{p}: {e}"));
         }
     }
 }

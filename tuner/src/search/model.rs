@@ -314,12 +314,8 @@ impl CostModel {
         let wm = c.warps_m.max(1);
         let wn = c.warps_n.max(1);
         let acc = (c.block_m / wm).max(1) * (c.block_n / wn).max(1) / 32;
-        // A register-streamed kernel also holds its weight ring: 10 registers per m16 tile and chunk.
-        let ring = match c.pipeline {
-            Pipeline::CpAsync | Pipeline::WarpRing => 0,
-            Pipeline::Registers => 10 * (c.block_n / wn / 16).max(1) * c.stages,
-            Pipeline::Global => crate::template::sm90::global_ring_registers(c),
-        };
+        // A register-streamed kernel also holds its ring (weights, and activations for `Global`).
+        let ring = crate::template::sm90::ring_registers(c);
         (48 + acc + acc / 4 + ring).min(c.register_cap())
     }
 

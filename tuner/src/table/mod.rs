@@ -27,10 +27,12 @@
 //! )
 //! ```
 //!
-//! `pipeline` (`CpAsync`, `Registers`, `WarpRing`) was added to the configuration without a schema
-//! change: tables written before it have none and read as `CpAsync`, which is what they ran; a
-//! reader older than the field would ignore it, but such a table also carries a template hash the
-//! old reader does not have, so [`Table::check_against`] flags it before anything is launched.
+//! `pipeline` (`CpAsync`, `Registers`, `WarpRing`, `Global`) and `min_ctas` were added to the
+//! configuration without a schema change: tables written before them have neither and read as
+//! `CpAsync` with `min_ctas: 1`, which is what they ran; a reader older than the fields would
+//! ignore them, but such a table also carries a template hash the old reader does not have, so
+//! [`Table::check_against`] flags it before anything is launched. An illegal value (a `min_ctas`
+//! out of range, a streamed pipeline in an sm120 entry) is a validation error naming the entry.
 //!
 //! # Lookup order ([`Lookup::resolve`])
 //!

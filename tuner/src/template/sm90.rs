@@ -5,12 +5,14 @@
 //! search space and a generic default. It also mirrors the template's index maps (the K permutation
 //! of the MMA fragments and the shared-memory swizzles) so that they can be tested without a GPU.
 //!
-//! Three weight pipelines ([`Pipeline`]): `CpAsync` (`gemm.cuh`, `Sm90Config`, any M) and the two
+//! Four weight pipelines ([`Pipeline`]): `CpAsync` (`gemm.cuh`, `Sm90Config`, any M) and the three
 //! streamed ones of `direct.cuh` (`DirectConfig`, swap-AB, decode-sized M): `Registers` (a per-warp
-//! register ring, `stages` = ring depth 1..8) and `WarpRing` (a per-warp shared-memory ring 2..16
-//! deep). For the streamed pipelines `block_k` is the activation slice a CTA keeps in shared memory
-//! per pass (one pass when `block_k = K / split_k`), and split-K <= 8 is reduced with one cluster
-//! barrier into rank 0 (workspace + counters above 8, as for `CpAsync`).
+//! register ring, `stages` = ring depth 1..8), `WarpRing` (a per-warp shared-memory ring 2..16
+//! deep) and `Global` (the register ring holds the activations too). For `Registers` and
+//! `WarpRing`, `block_k` is the activation slice a CTA keeps in shared memory per pass (one pass
+//! when `block_k = K / split_k`); for `Global` it only orders the chunks. Split-K <= 8 is reduced
+//! with one cluster barrier into rank 0 (workspace + counters above 8, as for `CpAsync`), and
+//! `min_ctas` compiles a streamed kernel for that many CTAs per SM.
 //!
 //! Launch contract (see `templates/sm90/gemm.cuh`): grid `(ceil(N/block_n), ceil(M/block_m),
 //! split_k)`, `threads()` threads, `smem_bytes()` of dynamic shared memory (opt-in above 48 KiB);
@@ -148,11 +150,17 @@ pub const SMEM_RESERVED_PER_CTA: u32 = 1024;
 /// Shared memory per SM (228 KiB) that `min_ctas` CTAs share.
 pub const SMEM_PER_SM: u32 = 233_472;
 
-/// Registers per lane of a `Pipeline::Global` kernel's ring: per chunk, 10 per m16 weight tile
-/// (two 16-byte code runs and their scales) and per n8 token tile 16 (bf16 run) or 5 (NVFP4).
-pub fn global_ring_registers(c: &GemmConfig) -> u32 {
+/// Registers per lane of a kernel's register ring (`DirectConfig`): per chunk, 10 per m16 weight
+/// tile (two 16-byte code runs and their scales), and with `Pipeline::Global` also 16 (bf16 run)
+/// or 5 (NVFP4) per n8 token tile; 0 for the pipelines that prefetch into shared memory.
+pub fn ring_registers(c: &GemmConfig) -> u32 {
+    let per_token_tile = match (c.pipeline, c.a_type) {
+        (Pipeline::Registers, _) => 0,
+        (Pipeline::Global, AType::Nvfp4) => 5,
+        (Pipeline::Global, AType::Bf16) => 16,
+        (Pipeline::CpAsync | Pipeline::WarpRing, _) => return 0,
+    };
     let d = Derived::of(c);
-    let per_token_tile = if c.a_type == AType::Nvfp4 { 5 } else { 16 };
     c.stages * (d.p_tiles * 10 + d.q_tiles * per_token_tile)
 }
 
@@ -245,14 +253,12 @@ pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
 fn check_direct(c: &GemmConfig) -> Result<(), ConstraintError> {
     let err = |msg: String| Err(c.violation(msg));
     if !c.swap_ab || c.warps_m != 1 {
-        return err(
-            "the register and warp-ring pipelines are swap_ab only, with warps_m = 1".into()
-        );
+        return err(format!("the {:?} pipeline is swap_ab only, with warps_m = 1", c.pipeline));
     }
     if ![8, 16, 32].contains(&c.block_m) {
         return err(format!(
-            "block_m {} must be 8, 16 or 32 with the register and warp-ring pipelines",
-            c.block_m
+            "block_m {} must be 8, 16 or 32 with the {:?} pipeline",
+            c.block_m, c.pipeline
         ));
     }
     let d = Derived::of(c);
@@ -281,7 +287,7 @@ fn check_direct(c: &GemmConfig) -> Result<(), ConstraintError> {
     } else if !(1..=8).contains(&c.stages) {
         return err(format!("ring depth {} must be 1..=8 chunks", c.stages));
     } else if c.pipeline == Pipeline::Global {
-        let regs = global_ring_registers(c);
+        let regs = ring_registers(c);
         let budget = max_global_ring_registers(c);
         if regs > budget {
             return err(format!(
@@ -339,10 +345,7 @@ fn check_occupancy(c: &GemmConfig, smem: u32) -> Result<(), ConstraintError> {
             c.min_ctas
         ));
     }
-    let ring = match c.pipeline {
-        Pipeline::Registers => 10 * Derived::of(c).p_tiles * c.stages,
-        _ => 0,
-    };
+    let ring = ring_registers(c);
     let cap = c.register_cap();
     if cap < 64 + ring {
         return err(format!(
@@ -548,7 +551,7 @@ pub fn direct_space(a_type: AType) -> Vec<GemmConfig> {
 }
 
 /// Value lists of a streamed-pipeline space (block_m {8, 16}, 16 or 32 weight rows per warp and
-/// warps_n {1, 2} are common to both).
+/// warps_n {1, 2} are common to all three).
 struct StreamedValues {
     warps_k: &'static [u32],
     block_k: &'static [u32],

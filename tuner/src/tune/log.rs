@@ -6,7 +6,6 @@
 //! ignored on reading; any other malformed line is an error naming the file and line.
 
 use crate::bench::Summary;
-
 use crate::template::GemmConfig;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
