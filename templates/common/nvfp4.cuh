@@ -21,11 +21,18 @@ constexpr uint32_t SCALE_BIAS_F32_BITS = 0x7B000000u;
 
 // Two E2M1 codes of a 32-bit word of 8 codes (nibble i = element i, element 0 in the low nibble)
 // as raw bf16x2: nibble S -> lower half, nibble S + 4 -> upper half, each value * 2^-126.
+// One mask, one multiply, one mask: x = codes S and S + 4 alone (S >= 2 reads the word shifted by 8
+// bits, which the compiler shares between the two pairs), and x * (2^(6-4s) + 2^(12-4s)) with
+// s = S % 2 adds two copies of x that never overlap (so no carries): the first puts the magnitude
+// bits (e1 e0 m) on bf16 bits 8..6, the second the sign on bit 15 (and 24..22, 31 for S + 4). In the
+// sm_90a SASS this is one instruction per pair fewer than shifting the sign and the magnitude
+// separately, and the multiply issues to the FMA pipe instead of the integer pipe.
 template <int S>
 __device__ __forceinline__ uint32_t e2m1_pair_raw(uint32_t w) {
     static_assert(S >= 0 && S < 4, "nibble pair index is 0..3");
-    const uint32_t q = w << (12 - 4 * S);  // nibbles S and S+4 now in bits 12..15 and 28..31
-    return (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
+    const uint32_t src = S >= 2 ? w >> 8 : w;
+    const uint32_t x = src & (S % 2 == 0 ? 0x000F000Fu : 0x00F000F0u);
+    return (x * (S % 2 == 0 ? 0x1040u : 0x0104u)) & 0x81C081C0u;
 }
 
 // One E4M3 scale (fp32 value s) -> bf16x2 (s * 2^119, s * 2^119).

@@ -19,6 +19,14 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
     return d;
 }
 
+// The same for a pointer (per-lane row pointers that would otherwise be recomputed every chunk).
+template <class T>
+__device__ __forceinline__ const T* opaque_ptr(const T* v) {
+    uint64_t d;
+    asm volatile("mov.b64 %0, %1;\n" : "=l"(d) : "l"(reinterpret_cast<uint64_t>(v)));
+    return reinterpret_cast<const T*>(d);
+}
+
 // cp.async.cg.shared.global, 16 bytes, L2 only. src_bytes = 0 zero-fills the destination (rows
 // beyond M or N); the source address must still be a valid pointer, callers pass a clamped one.
 __device__ __forceinline__ void cp_async_cg_16(uint32_t dst, const void* src, uint32_t src_bytes) {

@@ -128,6 +128,24 @@ __device__ __forceinline__ int direct_code_unit_swizzle(int r, int u) {
     return u ^ (((r & 1) << 2) | (((r >> 1) & 1) << 1));
 }
 
+// Chunk c of a warp -> its first k, walked forward one chunk at a time: chunk c is chunk c % CHUNKS
+// of pass c / CHUNKS, at k = (kb_begin + c / CHUNKS) * BLOCK_K + wk * K_PER_WARP + (c % CHUNKS) * 128.
+// The main loops keep one cursor per role (issue, consume) instead of dividing by CHUNKS per chunk.
+template <class Cfg>
+struct ChunkCursor {
+    int k;   // first k of the chunk
+    int cc;  // its index inside the pass (c % CHUNKS)
+
+    __device__ __forceinline__ void next() {
+        if (++cc == Cfg::CHUNKS) {
+            cc = 0;
+            k += Cfg::BLOCK_K - (Cfg::CHUNKS - 1) * 128;
+        } else {
+            k += 128;
+        }
+    }
+};
+
 // One chunk of the warp's weights, as loaded: rows g and g + 8 of every m16 tile, the lane's 16
 // bytes of codes (32 k) and its two scale bytes (blocks 2t, 2t + 1 of the chunk).
 template <class Cfg>
@@ -313,6 +331,16 @@ __device__ __forceinline__ void bf16_run_offsets(int lane, uint32_t (&off)[Cfg::
     }
 }
 
+// Keeps the run offsets in registers for the whole main loop (the compiler would otherwise recompute
+// them from the lane index before every chunk).
+template <class Cfg>
+__device__ __forceinline__ void opaque_offsets(uint32_t (&off)[Cfg::Q_TILES][4]) {
+#pragma unroll
+    for (int q = 0; q < Cfg::Q_TILES; ++q)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) off[q][w] = ptx::opaque(off[q][w]);
+}
+
 template <class Cfg, class Activations>
 __device__ __forceinline__ void chunk_mma(const WeightChunk<Cfg>& wc, const Activations& act, int lane,
                                           float (&acc)[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4]) {
@@ -459,11 +487,11 @@ __device__ __forceinline__ void direct_epilogue(const GemmParams& p, uint8_t* sm
 
 // The SMEM_RING main loop and epilogue: chunk c waits for its own cp.async group (no barrier),
 // reads the lane's bytes, refills the slot consumed one iteration earlier, and computes.
-template <class Cfg, class ChunkK>
+template <class Cfg>
 __device__ __forceinline__ void direct_main_loop_smem_ring(const GemmParams& p, uint8_t* smem, uint32_t smem_base,
                                                            const uint8_t* const (&code_row)[Cfg::P_TILES][2], int m0,
-                                                           int rows, int kb_begin, int n_chunks, ChunkK chunk_k, int wk,
-                                                           int warp, int lane, int tid) {
+                                                           int rows, int kb_begin, int n_chunks, ChunkCursor<Cfg> first,
+                                                           int wk, int warp, int lane, int tid) {
     const int g = lane >> 2;
     const int t = lane & 3;
     const int wmn = warp % Cfg::WARPS_MN;
@@ -477,13 +505,17 @@ __device__ __forceinline__ void direct_main_loop_smem_ring(const GemmParams& p, 
         for (int h = 0; h < 2; ++h) {
             const int row = min(n0 + p0 + 16 * i + 8 * h + g, p.n - 1);
             // blocks 2t, 2t + 1 of a chunk live in scale word (2t) / 4 = t / 2 of the 128x4 tile column
-            sf_word_row[i][h] = p.w_sf + swizzled_sf_offset(static_cast<uint32_t>(row), 4 * (t >> 1), ksf_pad);
+            sf_word_row[i][h] =
+                ptx::opaque_ptr(p.w_sf + swizzled_sf_offset(static_cast<uint32_t>(row), 4 * (t >> 1), ksf_pad));
         }
     WarpRing<Cfg> ring;
     ring.init(smem_base, warp, lane);
+    ring.base = ptx::opaque(ring.base);
+    ChunkCursor<Cfg> ahead = first;  // the next chunk to issue
 #pragma unroll
     for (int d = 0; d < Cfg::DEPTH - 1; ++d) {
-        if (d < n_chunks) ring.issue(code_row, sf_word_row, chunk_k(d), d, lane);
+        if (d < n_chunks) ring.issue(code_row, sf_word_row, ahead.k, d, lane);
+        ahead.next();
         ptx::cp_async_commit();
     }
 
@@ -491,29 +523,38 @@ __device__ __forceinline__ void direct_main_loop_smem_ring(const GemmParams& p, 
     zero_accumulators<Cfg>(acc);
     uint32_t a_off[Cfg::Q_TILES][4];
     bf16_run_offsets<Cfg>(lane, a_off);
+    opaque_offsets<Cfg>(a_off);
 
     // The activation slice is the oldest group: done once at most DEPTH - 1 ring groups are pending.
     ptx::cp_async_wait<Cfg::DEPTH - 1>();
     __syncthreads();
 
+    int cc = 0;    // c % CHUNKS
+    int pass = 0;  // c / CHUNKS
+    int slot = 0;  // c % DEPTH: the slot to read; the slot read one iteration ago is refilled
 #pragma unroll 1
     for (int c = 0; c < n_chunks; ++c) {
-        const int cc = c % Cfg::CHUNKS;
         if (cc == 0 && c > 0) {
             // Next pass: swap the activation slice (drains this thread's ring groups too).
             __syncthreads();
-            copy_activation_slice<Cfg>(p, smem_base, m0, rows, kb_begin + c / Cfg::CHUNKS, tid);
+            copy_activation_slice<Cfg>(p, smem_base, m0, rows, kb_begin + pass, tid);
             ptx::cp_async_wait<0>();
             __syncthreads();
         } else {
             ptx::cp_async_wait<Cfg::DEPTH - 2>();  // groups 0 .. c of the ring have landed
         }
         WeightChunk<Cfg> wc;
-        ring.read(wc, c % Cfg::DEPTH, lane);
-        const int next = c + Cfg::DEPTH - 1;  // into the slot read one iteration ago
-        if (next < n_chunks) ring.issue(code_row, sf_word_row, chunk_k(next), next % Cfg::DEPTH, lane);
+        ring.read(wc, slot, lane);
+        const int refill = slot == 0 ? Cfg::DEPTH - 1 : slot - 1;  // chunk c + DEPTH - 1 goes here
+        if (c + Cfg::DEPTH - 1 < n_chunks) ring.issue(code_row, sf_word_row, ahead.k, refill, lane);
+        ahead.next();
         ptx::cp_async_commit();
         chunk_mma<Cfg>(wc, SliceActivations<Cfg>{smem, wk * Cfg::K_PER_WARP + cc * 128, a_off}, lane, acc);
+        slot = slot == Cfg::DEPTH - 1 ? 0 : slot + 1;
+        if (++cc == Cfg::CHUNKS) {
+            cc = 0;
+            ++pass;
+        }
     }
 
     fold_accumulators<Cfg>(acc);
@@ -522,43 +563,53 @@ __device__ __forceinline__ void direct_main_loop_smem_ring(const GemmParams& p, 
 }
 
 // The register-ring main loop (unrolled by DEPTH so that ring indices are static) and epilogue.
-template <class Cfg, class ChunkK>
+template <class Cfg>
 __device__ __forceinline__ void direct_main_loop_registers(const GemmParams& p, uint8_t* smem, uint32_t smem_base,
                                                            const uint8_t* const (&code_row)[Cfg::P_TILES][2],
                                                            const uint8_t* const (&sf_row)[Cfg::P_TILES][2], int m0,
-                                                           int rows, int kb_begin, int n_chunks, ChunkK chunk_k,
+                                                           int rows, int kb_begin, int n_chunks, ChunkCursor<Cfg> first,
                                                            int wk, int wmn, int p0, int lane, int tid) {
     const int n0 = blockIdx.x * Cfg::BLOCK_N;
     WeightChunk<Cfg> ring[Cfg::DEPTH];
+    ChunkCursor<Cfg> ahead = first;  // the next chunk to load
 #pragma unroll
-    for (int d = 0; d < Cfg::DEPTH; ++d)
-        if (d < n_chunks) ring[d].load(code_row, sf_row, chunk_k(d));
+    for (int d = 0; d < Cfg::DEPTH; ++d) {
+        if (d < n_chunks) ring[d].load(code_row, sf_row, ahead.k);
+        ahead.next();
+    }
 
     float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];
     zero_accumulators<Cfg>(acc);
 
     uint32_t a_off[Cfg::Q_TILES][4];
     bf16_run_offsets<Cfg>(lane, a_off);
+    opaque_offsets<Cfg>(a_off);
 
     ptx::cp_async_wait<0>();
     __syncthreads();
 
+    int cc = 0;    // c % CHUNKS
+    int pass = 0;  // c / CHUNKS
 #pragma unroll 1
     for (int base = 0; base < n_chunks; base += Cfg::DEPTH) {
 #pragma unroll
         for (int d = 0; d < Cfg::DEPTH; ++d) {
             const int c = base + d;
             if (c >= n_chunks) break;
-            const int cc = c % Cfg::CHUNKS;
             if (cc == 0 && c > 0) {
                 // Next pass (every warp of the CTA is here at the same c): swap the activation slice.
                 __syncthreads();
-                copy_activation_slice<Cfg>(p, smem_base, m0, rows, kb_begin + c / Cfg::CHUNKS, tid);
+                copy_activation_slice<Cfg>(p, smem_base, m0, rows, kb_begin + pass, tid);
                 ptx::cp_async_wait<0>();
                 __syncthreads();
             }
             chunk_mma<Cfg>(ring[d], SliceActivations<Cfg>{smem, wk * Cfg::K_PER_WARP + cc * 128, a_off}, lane, acc);
-            if (c + Cfg::DEPTH < n_chunks) ring[d].load(code_row, sf_row, chunk_k(c + Cfg::DEPTH));
+            if (c + Cfg::DEPTH < n_chunks) ring[d].load(code_row, sf_row, ahead.k);
+            ahead.next();
+            if (++cc == Cfg::CHUNKS) {
+                cc = 0;
+                ++pass;
+            }
         }
     }
 
@@ -570,22 +621,25 @@ __device__ __forceinline__ void direct_main_loop_registers(const GemmParams& p, 
 // The A_GLOBAL main loop (unrolled by DEPTH so that ring indices are static) and epilogue: weights
 // and activations of chunk c + DEPTH are requested as soon as chunk c is consumed; nothing waits
 // for anything but its own loads until the epilogue.
-template <class Cfg, class ChunkK>
+template <class Cfg>
 __device__ __forceinline__ void direct_main_loop_global(const GemmParams& p, uint8_t* smem,
                                                         const uint8_t* const (&code_row)[Cfg::P_TILES][2],
                                                         const uint8_t* const (&sf_row)[Cfg::P_TILES][2],
                                                         const uint8_t* const (&a_row)[Cfg::Q_TILES],
                                                         const uint8_t* const (&a_sf_row)[Cfg::Q_TILES], int m0,
-                                                        int n_chunks, ChunkK chunk_k, int wk, int wmn, int p0, int lane,
-                                                        int tid) {
+                                                        int n_chunks, ChunkCursor<Cfg> first, int wk, int wmn, int p0,
+                                                        int lane, int tid) {
     WeightChunk<Cfg> ring[Cfg::DEPTH];
     ActivationChunk<Cfg> aring[Cfg::DEPTH];
+    ChunkCursor<Cfg> ahead = first;  // the next chunk to load
 #pragma unroll
-    for (int d = 0; d < Cfg::DEPTH; ++d)
+    for (int d = 0; d < Cfg::DEPTH; ++d) {
         if (d < n_chunks) {
-            ring[d].load(code_row, sf_row, chunk_k(d));
-            aring[d].load(a_row, a_sf_row, chunk_k(d));
+            ring[d].load(code_row, sf_row, ahead.k);
+            aring[d].load(a_row, a_sf_row, ahead.k);
         }
+        ahead.next();
+    }
 
     float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];
     zero_accumulators<Cfg>(acc);
@@ -598,9 +652,10 @@ __device__ __forceinline__ void direct_main_loop_global(const GemmParams& p, uin
             if (c >= n_chunks) break;
             chunk_mma<Cfg>(ring[d], RingActivations<Cfg>{aring[d]}, lane, acc);
             if (c + Cfg::DEPTH < n_chunks) {
-                ring[d].load(code_row, sf_row, chunk_k(c + Cfg::DEPTH));
-                aring[d].load(a_row, a_sf_row, chunk_k(c + Cfg::DEPTH));
+                ring[d].load(code_row, sf_row, ahead.k);
+                aring[d].load(a_row, a_sf_row, ahead.k);
             }
+            ahead.next();
         }
     }
 
@@ -641,13 +696,11 @@ __device__ __forceinline__ void gemm_direct(const GemmParams& p) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = min(n0 + p0 + 16 * i + 8 * h + g, p.n - 1);
-            code_row[i][h] = p.w + static_cast<size_t>(row) * (p.k / 2) + 16 * t;
-            sf_row[i][h] = p.w_sf + swizzled_sf_offset(static_cast<uint32_t>(row), 2 * t, ksf_pad);
+            code_row[i][h] = ptx::opaque_ptr(p.w + static_cast<size_t>(row) * (p.k / 2) + 16 * t);
+            sf_row[i][h] = ptx::opaque_ptr(p.w_sf + swizzled_sf_offset(static_cast<uint32_t>(row), 2 * t, ksf_pad));
         }
-    // Chunk c of this warp -> its first k.
-    auto chunk_k = [&](int c) {
-        return (kb_begin + c / Cfg::CHUNKS) * Cfg::BLOCK_K + wk * Cfg::K_PER_WARP + (c % Cfg::CHUNKS) * 128;
-    };
+    // This warp's first chunk (chunk 0 of pass kb_begin).
+    const ChunkCursor<Cfg> first{kb_begin * Cfg::BLOCK_K + wk * Cfg::K_PER_WARP, 0};
 
     if constexpr (Cfg::A_GLOBAL) {
         // This lane's token rows (clamped to M - 1: their columns are computed but never stored).
@@ -657,24 +710,24 @@ __device__ __forceinline__ void gemm_direct(const GemmParams& p) {
         for (int q = 0; q < Cfg::Q_TILES; ++q) {
             const int r = min(m0 + 8 * q + g, p.m - 1);
             if constexpr (Cfg::A_FP4) {
-                a_row[q] = p.a + static_cast<size_t>(r) * (p.k / 2) + 16 * t;
-                a_sf_row[q] = p.a_sf + swizzled_sf_offset(static_cast<uint32_t>(r), 2 * t, ksf_pad);
+                a_row[q] = ptx::opaque_ptr(p.a + static_cast<size_t>(r) * (p.k / 2) + 16 * t);
+                a_sf_row[q] = ptx::opaque_ptr(p.a_sf + swizzled_sf_offset(static_cast<uint32_t>(r), 2 * t, ksf_pad));
             } else {
-                a_row[q] = p.a + (static_cast<size_t>(r) * p.k + 32 * t) * 2;
+                a_row[q] = ptx::opaque_ptr(p.a + (static_cast<size_t>(r) * p.k + 32 * t) * 2);
                 a_sf_row[q] = nullptr;
             }
         }
-        direct_main_loop_global<Cfg>(p, smem, code_row, sf_row, a_row, a_sf_row, m0, n_chunks, chunk_k, wk, wmn, p0,
+        direct_main_loop_global<Cfg>(p, smem, code_row, sf_row, a_row, a_sf_row, m0, n_chunks, first, wk, wmn, p0,
                                      lane, tid);
         return;
     }
     // Activations of the first pass (cp.async), then the weight ring; both are in flight together.
     copy_activation_slice<Cfg>(p, smem_base, m0, rows, kb_begin, tid);
     if constexpr (Cfg::SMEM_RING) {
-        direct_main_loop_smem_ring<Cfg>(p, smem, smem_base, code_row, m0, rows, kb_begin, n_chunks, chunk_k, wk, warp,
+        direct_main_loop_smem_ring<Cfg>(p, smem, smem_base, code_row, m0, rows, kb_begin, n_chunks, first, wk, warp,
                                         lane, tid);
     } else {
-        direct_main_loop_registers<Cfg>(p, smem, smem_base, code_row, sf_row, m0, rows, kb_begin, n_chunks, chunk_k,
+        direct_main_loop_registers<Cfg>(p, smem, smem_base, code_row, sf_row, m0, rows, kb_begin, n_chunks, first,
                                         wk, wmn, p0, lane, tid);
     }
 }

@@ -1031,10 +1031,34 @@ mod tests {
             (1.0 + m as f32 / 8.0) * 2f32.powi(e as i32 - 7)
         }
     }
-    /// `e2m1_pair_raw<S>` of nvfp4.cuh.
+    /// `e2m1_pair_raw<S>` of nvfp4.cuh: mask, multiply (two copies that never overlap), mask.
     fn pair_raw(w: u32, s: u32) -> u32 {
-        let q = w << (12 - 4 * s);
-        (q & 0x8000_8000) | ((q & 0x7000_7000) >> 6)
+        let src = if s >= 2 { w >> 8 } else { w };
+        let (mask, mul) = if s % 2 == 0 { (0x000F_000F, 0x1040) } else { (0x00F0_00F0, 0x0104) };
+        (src & mask).wrapping_mul(mul) & 0x81C0_81C0
+    }
+
+    /// The bit placement `pair_raw` must produce, written out: sign to bit 15, (e1 e0 m) to bits
+    /// 8..6 of each half.
+    fn pair_raw_by_bits(w: u32, s: u32) -> u32 {
+        let half = |code: u32| ((code & 8) << 12) | ((code & 7) << 6);
+        half((w >> (4 * s)) & 15) | (half((w >> (4 * s + 16)) & 15) << 16)
+    }
+
+    #[test]
+    fn pair_extraction_places_every_code_pair_exactly() {
+        // Every 16-bit pattern in each half (the other half random), all four pairs.
+        let mut x = 0x9E37_79B9u32;
+        for lo in 0..=0xFFFFu32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            for w in [lo | (x << 16), (lo << 16) | (x >> 16)] {
+                for s in 0..4 {
+                    assert_eq!(pair_raw(w, s), pair_raw_by_bits(w, s), "word {w:#010x} pair {s}");
+                }
+            }
+        }
     }
 
     #[test]
