@@ -20,8 +20,9 @@
  *
  * Errors: every function returning int returns an fp4tune_status; on failure
  * fp4tune_last_error() holds a message for the calling thread. Thread safety: a dispatcher may be
- * used by several threads at once; close it once, after all other calls returned. Split-K kernels
- * share one workspace per dispatcher: order launches on different streams yourself.
+ * used by several threads at once; close it once, after all other calls returned. Split-K kernels,
+ * and the dequantize-then-cuBLAS entries, share one workspace each per dispatcher: order such
+ * launches on different streams yourself.
  *
  * Build against it: cc app.c -I include -L target/release -lfp4tune (and -Wl,-rpath,...).
  */
@@ -92,7 +93,8 @@ FP4TUNE_API int fp4tune_gemm(const fp4tune_dispatcher* d, uint64_t a, uint64_t a
                              int a_type, float alpha, uint64_t stream);
 
 /* Write the configuration this shape would launch and why (exact, nearest bucket, common,
- * default) into buf (NUL-terminated, truncated to len). */
+ * default) into buf (NUL-terminated, truncated to len): a kernel name, or dequant_cublas_bf16 for
+ * entries that chose the dequantize-then-cuBLAS path. */
 FP4TUNE_API int fp4tune_route(const fp4tune_dispatcher* d, int32_t m, int32_t n, int32_t k,
                               int a_type, char* buf, size_t len);
 

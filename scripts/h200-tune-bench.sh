@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device calls behind results/nvidia-h200.ron and results/h200/bench-*.md (session 5,
-# results/h200/session-5-log.txt): tune first, then the table check, the runtime and composite GPU
-# tests, the Rust/Python/C examples and the W4A16 benchmark; then (SUITE=1) the whole GPU suite, one
+# results/h200/session-5-log.txt): tune first (fused kernels, then the dequantize-then-cuBLAS
+# method on M >= 128), then the table check, the runtime and composite GPU tests, the Rust/Python/C
+# examples and the W4A16 benchmark; then (SUITE=1) the whole GPU suite, one
 # activation type per step because a cold cubin cache needs ~160 s (W4A16) and ~290 s (W4A4) of
 # NVRTC on 16 cores; then (EXTRA=1) the W4A4 and prefill benchmarks. Session 5 ran it as four
 # device calls (SUITE=0 EXTRA=0, the two suite steps, then EXTRA) so that no call came near the

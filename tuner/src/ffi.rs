@@ -111,6 +111,7 @@ fn status_of(e: &RuntimeError, launching: bool) -> Status {
         | RuntimeError::Render { .. }
         | RuntimeError::Compile { .. } => Status::Compile,
         RuntimeError::Lookup(_) | RuntimeError::NotLoaded(_) => Status::NoKernel,
+        RuntimeError::Composite(_) => Status::Launch,
         RuntimeError::InvalidArgument(_) => Status::InvalidArgument,
         RuntimeError::WorkspaceDuringCapture { .. } => Status::Launch,
     }
@@ -294,7 +295,8 @@ pub unsafe extern "C" fn fp4tune_gemm(
 }
 
 /// Write the configuration a GEMM of this shape would launch, and why, into `buf` (e.g.
-/// `sm90_w4a16_m16n64k128_w1x4x1_s4_sk1_swap (nearest bucket M=16)`), truncated to `len`.
+/// `sm90_w4a16_m16n64k128_w1x4x1_s4_sk1_swap (nearest bucket M=16)`, or
+/// `dequant_cublas_bf16 (exact)` for an entry that chose the composite path), truncated to `len`.
 ///
 /// # Safety
 /// `d` must be a live handle; `buf` must be valid for `len` bytes of writes.
@@ -320,7 +322,7 @@ pub unsafe extern "C" fn fp4tune_route(
             RouteKind::Default => "not in the table: family default".into(),
         };
         // SAFETY: forwarded buffer contract.
-        unsafe { write_str(&format!("{} ({kind})", r.config), buf, len) }
+        unsafe { write_str(&format!("{} ({kind})", r.name()), buf, len) }
     })
 }
 

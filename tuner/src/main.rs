@@ -77,6 +77,11 @@ enum Command {
         timeout: u64,
         #[arg(long, default_value_t = 0)]
         device: usize,
+        /// Also measure the dequantize-then-cuBLAS path (W expanded to bf16, then cuBLAS BF16)
+        /// on buckets with M >= this; an entry takes it where it beats every fused kernel by the
+        /// default margin. 0 turns it off.
+        #[arg(long, default_value_t = 128)]
+        composite_min_m: u32,
     },
     /// Validate a dispatch table (schema, configurations, template hashes) and summarize it.
     Table {
@@ -225,11 +230,24 @@ fn run(cli: Cli) -> Result<()> {
             budget,
             timeout,
             device,
+            composite_min_m,
         } => {
             let a_type = a_type.map(|a| a.single("tune")).transpose()?;
             let strategy = fp4tune::search::StrategyKind::parse(&strategy)?;
+            let composite_min_m = (composite_min_m > 0).then_some(composite_min_m);
             cmd_tune(
-                shapes, set, only, max_m, a_type, shard, out, strategy, budget, timeout, device,
+                shapes,
+                set,
+                only,
+                max_m,
+                a_type,
+                shard,
+                out,
+                strategy,
+                budget,
+                timeout,
+                device,
+                composite_min_m,
             )
         }
         Command::Table { check, device } => cmd_table_check(check, device),
@@ -639,6 +657,7 @@ fn cmd_tune(
     budget: f64,
     timeout: u64,
     device: usize,
+    composite_min_m: Option<u32>,
 ) -> Result<()> {
     use fp4tune::bench::TimingPolicy;
     use fp4tune::tune::run::{self, Event, Exhaustive, Shard, TuneSpec};
@@ -718,6 +737,7 @@ fn cmd_tune(
         },
         batch: 256,
         precompile: exhaustive,
+        composite_min_m,
     };
     let compiler = Compiler::with_default_cache()?;
     let mp = indicatif::MultiProgress::new();
@@ -751,6 +771,20 @@ fn cmd_tune(
             cand_bar.inc(1);
             *counts.borrow_mut().entry(outcome).or_default() += 1;
             cand_bar.set_message(format!("{:?}", counts.borrow()));
+        }
+        Event::Composite { key, outcome, median_us } => {
+            keys_bar.set_message(format!("N={} K={} M={}: dequant + cuBLAS", key.n, key.k, key.m));
+            if let Some(t) = median_us {
+                keys_bar.println(format!(
+                    "N={} K={} M={}: dequant_cublas_bf16 {t:.2} us",
+                    key.n, key.k, key.m
+                ));
+            } else {
+                keys_bar.println(format!(
+                    "N={} K={} M={}: dequant_cublas_bf16 {outcome}",
+                    key.n, key.k, key.m
+                ));
+            }
         }
         Event::WorkerRestart(why) => keys_bar
             .println(format!("worker restarted: {}", why.chars().take(200).collect::<String>())),
@@ -796,12 +830,17 @@ fn print_selection(records: &[fp4tune::tune::log::Record], sel: &fp4tune::tune::
             .as_ref()
             .map_or(f64::NAN, |x| 100.0 * fp4tune::tune::emit::roofline_us(&p, x) / c.time.median);
         log_sum += c.speedup_over_default().ln();
+        let winner = match (c.method, c.fused_time) {
+            (fp4tune::table::Method::Fused, _) => c.config.name(),
+            (m, Some(f)) => format!("{} (fused {:.2} us)", m.label(), f.median),
+            (m, None) => m.label().to_string(),
+        };
         println!(
             "{:>6} {:>6} {:>6}  {:<52} {:>9.2} {:>8.0}% {:>9.2}x {:>7}",
             c.key.n,
             c.key.k,
             c.key.m,
-            c.config.name(),
+            winner,
             c.time.median,
             roof,
             c.speedup_over_default(),

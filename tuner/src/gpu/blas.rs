@@ -13,7 +13,7 @@ fn lt_err(call: &'static str) -> impl Fn(cudarc::cublaslt::result::CublasError) 
     move |e| GpuError::Blas { call, message: format!("{e:?}") }
 }
 
-/// cuBLAS BF16 GEMM on the Gpu's stream.
+/// cuBLAS BF16 GEMM on the Gpu's stream (or, through [`CublasBf16::set_stream`], a raw one).
 #[derive(Debug)]
 pub struct CublasBf16 {
     blas: CudaBlas,
@@ -22,6 +22,17 @@ pub struct CublasBf16 {
 impl CublasBf16 {
     pub fn new(gpu: &Gpu) -> Result<Self, GpuError> {
         Ok(Self { blas: CudaBlas::new(gpu.stream().clone()).map_err(blas_err("cublasCreate"))? })
+    }
+
+    /// Issue the following GEMMs on the raw stream `stream`.
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of the device's primary context, alive while GEMMs
+    /// are issued on it.
+    pub unsafe fn set_stream(&self, stream: super::raw::RawStream) -> Result<(), GpuError> {
+        // SAFETY: the handle is live; the stream per the contract above.
+        unsafe { blas::set_stream(*self.blas.handle(), stream as bsys::cudaStream_t) }
+            .map_err(blas_err("cublasSetStream"))
     }
 
     /// Y = alpha * A * W^T with A bf16 [m, k], W bf16 [n, k], Y bf16 [m, n], all row-major.

@@ -51,6 +51,43 @@ impl Gpu {
         .map_err(drv("cuLaunchKernel"))
     }
 
+    /// The raw handle of this `Gpu`'s own stream (the one `launch`, `capture` and the benchmark use).
+    pub fn own_stream(&self) -> RawStream {
+        self.stream().cu_stream() as RawStream
+    }
+
+    /// Launch a kernel whose arguments are all 64-bit values on the raw stream `stream`.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch_u64s`] (the parameter list is exactly `args.len()` 64-bit values, pointers
+    /// valid until the work completes), and `stream` must be 0 or a live stream of this device's
+    /// primary context.
+    pub unsafe fn launch_u64s_on_stream(
+        &self,
+        kernel: &Kernel,
+        dims: LaunchDims,
+        args: &[u64],
+        stream: RawStream,
+    ) -> Result<(), GpuError> {
+        self.bind_to_thread()?;
+        let mut ptrs: Vec<*mut c_void> =
+            args.iter().map(|a| a as *const u64 as *mut c_void).collect();
+        // SAFETY: the function handle is alive (kept by `kernel`'s module); `ptrs` points at the
+        // 64-bit values of `args`, which outlive this call (cuLaunchKernel copies them before
+        // returning); buffer and stream validity are the caller's contract above.
+        unsafe {
+            result::launch_kernel(
+                kernel.function().cu_function(),
+                dims.grid,
+                dims.block,
+                dims.smem_bytes,
+                stream as sys::CUstream,
+                &mut ptrs,
+            )
+        }
+        .map_err(drv("cuLaunchKernel"))
+    }
+
     /// Block until all work on `stream` has finished (surfaces asynchronous launch errors).
     ///
     /// # Safety

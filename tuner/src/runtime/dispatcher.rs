@@ -1,5 +1,6 @@
 //! The dispatcher: kernels loaded at open, routes by shape, launches on the caller's stream.
 
+use super::composite::{workspace_elems, DequantGemm, Operands};
 use super::error::RuntimeError;
 use super::plan::{origins, Plan};
 use crate::compile::cache::DiskCache;
@@ -7,7 +8,7 @@ use crate::compile::Compiler;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, DeviceInfo, GemmParams, Gpu, Kernel};
 use crate::problem::{AType, GemmProblem};
-use crate::table::{Fallback, MismatchPolicy, Table, OP_GEMM};
+use crate::table::{Fallback, Method, MismatchPolicy, Table, OP_GEMM};
 use crate::template::{Family, GemmConfig};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -51,8 +52,21 @@ pub enum RouteKind {
 /// The configuration a launch uses and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
+    /// The fused kernel (for `Method::DequantCublasBf16`, the entry's fallback kernel).
     pub config: GemmConfig,
+    /// What the launch runs: the fused kernel, or the dequantize-then-cuBLAS path.
+    pub method: Method,
     pub kind: RouteKind,
+}
+
+impl Route {
+    /// The kernel configuration's name, or the composite method's label.
+    pub fn name(&self) -> String {
+        match self.method {
+            Method::Fused => self.config.name(),
+            m => m.label().to_string(),
+        }
+    }
 }
 
 /// One GEMM's device operands (raw device addresses of the caller's buffers, in the layout of
@@ -91,6 +105,8 @@ pub struct StartupReport {
     pub load_s: f64,
     pub total_s: f64,
     pub workspace_bytes: usize,
+    /// Bytes of the composite path's bf16 workspace (0 when no entry uses it).
+    pub composite_bytes: usize,
     pub warnings: Vec<String>,
 }
 
@@ -118,6 +134,13 @@ impl fmt::Display for StartupReport {
             "  start-up {:.3} s (compile {:.3} s, load {:.3} s), split-K workspace {} bytes",
             self.total_s, self.compile_s, self.load_s, self.workspace_bytes
         )?;
+        if self.composite_bytes > 0 {
+            write!(
+                f,
+                "\n  dequantize-then-cuBLAS entries: cuBLAS loaded, bf16 workspace {} bytes",
+                self.composite_bytes
+            )?;
+        }
         for w in &self.warnings {
             write!(f, "\n  warning: {w}")?;
         }
@@ -154,9 +177,13 @@ pub struct Dispatcher {
     plan: Plan,
     kernels: Vec<Loaded>,
     by_config: HashMap<GemmConfig, usize>,
-    /// Per (N, K, A type): (bucket, kernel index), buckets ascending.
-    routes: HashMap<Shape, Vec<(u32, usize)>>,
+    /// Per (N, K, A type): (bucket, kernel index, method), buckets ascending.
+    routes: HashMap<Shape, Vec<(u32, usize, Method)>>,
     workspace: Mutex<Workspace>,
+    /// The composite path, loaded when an entry chose it (else its entries run their fallback).
+    composite: Option<DequantGemm>,
+    /// Its bf16 workspace (W, then NVFP4 A), shared like the split-K workspace.
+    composite_ws: Mutex<DeviceBuf<u16>>,
     /// First warning of each shape that fell back, and how many launches took it.
     fallbacks: Mutex<BTreeMap<Shape, (String, u64)>>,
     report: StartupReport,
@@ -201,16 +228,34 @@ impl Dispatcher {
             by_config.insert(*config, kernels.len());
             kernels.push(Loaded { config: *config, kernel });
         }
+        // The composite path only when an entry chose it; without cuBLAS those entries run their
+        // fallback kernel, said once in the start-up report.
+        let composite = if plan.composite_elems > 0 {
+            match DequantGemm::new(&gpu, &compiler) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    plan.warnings.push(format!(
+                        "dequantize-then-cuBLAS entries run their fallback fused kernels: {e}"
+                    ));
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let mut routes = HashMap::with_capacity(plan.routes.len());
         for (shape, buckets) in &plan.routes {
             let mut r = Vec::with_capacity(buckets.len());
-            for (bucket, config) in buckets {
+            for (bucket, config, method) in buckets {
                 let idx =
                     *by_config.get(config).ok_or_else(|| RuntimeError::NotLoaded(config.name()))?;
-                r.push((*bucket, idx));
+                let method = if composite.is_some() { *method } else { Method::Fused };
+                r.push((*bucket, idx, method));
             }
             routes.insert(*shape, r);
         }
+        let composite_elems = if composite.is_some() { plan.composite_elems } else { 0 };
+        let composite_ws = gpu.alloc_zeros::<u16>(composite_elems.max(1))?;
         let workspace = Workspace {
             floats: gpu.alloc_zeros::<f32>(plan.workspace_floats)?,
             counters: gpu.alloc_zeros::<u32>(plan.counter_words)?,
@@ -233,6 +278,7 @@ impl Dispatcher {
             load_s,
             total_s: t0.elapsed().as_secs_f64(),
             workspace_bytes: workspace.bytes(),
+            composite_bytes: composite_elems * 2,
             warnings: plan.warnings.clone(),
         };
         Ok(Self {
@@ -242,6 +288,8 @@ impl Dispatcher {
             by_config,
             routes,
             workspace: Mutex::new(workspace),
+            composite,
+            composite_ws: Mutex::new(composite_ws),
             fallbacks: Mutex::new(BTreeMap::new()),
             report,
         })
@@ -273,21 +321,24 @@ impl Dispatcher {
 
     /// The configuration a GEMM of this shape launches, and why (no launch).
     pub fn route(&self, m: u32, n: u32, k: u32, a_type: AType) -> Result<Route, RuntimeError> {
-        self.route_index(&GemmProblem::new(m, n, k, a_type))
-            .map(|(i, kind)| Route { config: self.kernels[i].config, kind })
+        self.route_index(&GemmProblem::new(m, n, k, a_type)).map(|(i, kind, method)| Route {
+            config: self.kernels[i].config,
+            method,
+            kind,
+        })
     }
 
-    fn route_index(&self, p: &GemmProblem) -> Result<(usize, RouteKind), RuntimeError> {
+    fn route_index(&self, p: &GemmProblem) -> Result<(usize, RouteKind, Method), RuntimeError> {
         if let Some(buckets) = self.routes.get(&(p.n, p.k, p.a_type)) {
-            let i = buckets.partition_point(|(m, _)| *m < p.m).min(buckets.len() - 1);
-            let (bucket, idx) = buckets[i];
+            let i = buckets.partition_point(|(m, _, _)| *m < p.m).min(buckets.len() - 1);
+            let (bucket, idx, method) = buckets[i];
             if self.kernels[idx].config.check_problem(p).is_ok() {
                 let kind = if bucket == p.m {
                     RouteKind::Exact
                 } else {
                     RouteKind::NearestBucket { bucket }
                 };
-                return Ok((idx, kind));
+                return Ok((idx, kind, method));
             }
         }
         self.route_slow(p)
@@ -295,7 +346,7 @@ impl Dispatcher {
 
     /// Shapes without a usable route: the table's lookup with its fallback order, recorded.
     #[cold]
-    fn route_slow(&self, p: &GemmProblem) -> Result<(usize, RouteKind), RuntimeError> {
+    fn route_slow(&self, p: &GemmProblem) -> Result<(usize, RouteKind, Method), RuntimeError> {
         let resolved = self.plan.lookup.resolve(OP_GEMM, self.plan.family, p, None)?;
         let idx = *self
             .by_config
@@ -311,7 +362,8 @@ impl Dispatcher {
             let mut f = self.fallbacks.lock().unwrap_or_else(|e| e.into_inner());
             f.entry((p.n, p.k, p.a_type)).or_insert((w, 0)).1 += 1;
         }
-        Ok((idx, kind))
+        let method = if self.composite.is_some() { resolved.method } else { Method::Fused };
+        Ok((idx, kind, method))
     }
 
     /// Launch Y = alpha * A * W^T with the table's kernel for this shape on `stream`.
@@ -325,9 +377,30 @@ impl Dispatcher {
     pub unsafe fn gemm(&self, args: &GemmArgs, stream: RawStream) -> Result<Route, RuntimeError> {
         validate(args)?;
         let p = GemmProblem::new(args.m, args.n, args.k, args.a_type);
-        let (idx, kind) = self.route_index(&p)?;
+        let (idx, kind, method) = self.route_index(&p)?;
         let loaded = &self.kernels[idx];
         let config = loaded.config;
+        if let (Method::DequantCublasBf16, Some(composite)) = (method, &self.composite) {
+            let elems = workspace_elems(&p);
+            let mut ws = self.composite_ws.lock().unwrap_or_else(|e| e.into_inner());
+            if ws.len() < elems {
+                // SAFETY: stream validity is the caller's contract.
+                unsafe { self.grow_composite(&mut ws, elems, stream)? };
+            }
+            let ops = Operands {
+                a: args.a,
+                a_sf: args.a_sf,
+                w: args.w,
+                w_sf: args.w_sf,
+                y: args.y,
+                alpha: args.alpha,
+            };
+            // SAFETY: caller's buffer/stream contract; the workspace holds what this launch needs
+            // (checked above) and outlives it (freed only after a device synchronization); the
+            // lock orders composite launches issued from the host.
+            unsafe { composite.launch(&self.gpu, &p, &ops, ws.ptr(), stream) }?;
+            return Ok(Route { config, method, kind });
+        }
         let mut params = GemmParams {
             a: args.a,
             a_sf: args.a_sf,
@@ -361,7 +434,32 @@ impl Dispatcher {
             // SAFETY: caller's buffer/stream contract; no workspace is used without split-K.
             unsafe { self.gpu.launch_on_stream(&loaded.kernel, dims, &params, stream)? };
         }
-        Ok(Route { config, kind })
+        Ok(Route { config, method: Method::Fused, kind })
+    }
+
+    /// Grow the composite workspace (slow path), with the same rules as [`Dispatcher::grow`].
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of the primary context.
+    #[cold]
+    unsafe fn grow_composite(
+        &self,
+        ws: &mut DeviceBuf<u16>,
+        elems: usize,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        // SAFETY: forwarded stream contract.
+        if unsafe { self.gpu.stream_is_capturing(stream)? } {
+            return Err(RuntimeError::WorkspaceDuringCapture {
+                needed_bytes: elems * 2,
+                have_bytes: ws.bytes(),
+            });
+        }
+        self.gpu.synchronize_device()?;
+        let new = self.gpu.alloc_zeros::<u16>(elems.max(ws.len() * 2))?;
+        self.gpu.synchronize()?;
+        *ws = new;
+        Ok(())
     }
 
     /// Grow the split-K workspace (slow path): refused during graph capture; otherwise waits for
@@ -493,6 +591,7 @@ mod tests {
             cache_dir: Some("/tmp/c".into()),
             compile_s: 0.5,
             load_s: 0.01,
+            composite_bytes: 0,
             total_s: 0.7,
             workspace_bytes: 4096,
             warnings: vec!["w1".into()],

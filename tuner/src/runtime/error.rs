@@ -26,9 +26,11 @@ pub enum RuntimeError {
     Lookup(#[from] LookupError),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    #[error(transparent)]
+    Composite(#[from] super::composite::CompositeError),
     #[error(
-        "the split-K workspace must grow to {needed_bytes} bytes (has {have_bytes}) while the stream is \
-         being captured into a CUDA graph; launch this shape once before capturing"
+        "a workspace (split-K or dequantize-then-cuBLAS) must grow to {needed_bytes} bytes (has {have_bytes}) \
+         while the stream is being captured into a CUDA graph; launch this shape once before capturing"
     )]
     WorkspaceDuringCapture { needed_bytes: usize, have_bytes: usize },
     #[error("internal error: configuration {0} was chosen but not loaded")]

@@ -4,7 +4,7 @@ use super::*;
 use crate::format::{quantize_activations, quantize_weight, reference_gemm, GemmA, Nvfp4Matrix};
 use crate::gpu::{DeviceBuf, Gpu};
 use crate::problem::{AType, GemmProblem};
-use crate::table::{DeviceIdentity, Entry, Table, TableKey, Toolchain};
+use crate::table::{DeviceIdentity, Entry, Method, Table, TableKey, Toolchain};
 use crate::template::{default_config, family_template_hash, search_space, GemmConfig};
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -112,6 +112,7 @@ fn table_for(gpu: &Gpu) -> (Table, GemmConfig, GemmConfig) {
     t.template_hashes.insert(family, family_template_hash(family));
     let entry = |m, config| Entry {
         key: TableKey::gemm(family, AType::Bf16, 512, 6144, m),
+        method: Method::Fused,
         config,
         median_us: 5.0,
         interval_us: (4.9, 5.1),
@@ -159,6 +160,45 @@ fn gemm_through_the_table_matches_the_reference() {
     // A second open finds every kernel in the disk cache.
     let disp = Dispatcher::open_with(Some((&table, Path::new("test.ron"))), &options).unwrap();
     assert_eq!(disp.report().compiled, 0, "{}", disp.report());
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn dequantize_then_cublas_entries_run_through_the_table() {
+    let gpu = Gpu::open(0).unwrap();
+    let (mut table, d, _) = table_for(&gpu);
+    // W4A16 and W4A4 entries that chose the composite path at M = 64 (fallback: the default).
+    let family = d.family;
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        let fallback = default_config(family, a_type);
+        table.entries.push(Entry {
+            key: TableKey::gemm(family, a_type, 200, 512, 64),
+            method: Method::DequantCublasBf16,
+            config: fallback,
+            median_us: 9.0,
+            interval_us: (8.9, 9.1),
+            roofline_fraction: 0.2,
+            runners_up: vec![],
+        });
+    }
+    table.validate("test").unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let options =
+        Options { cache_dir: Some(cache.path().to_path_buf()), max_m: 64, ..Options::default() };
+    let disp = Dispatcher::open_with(Some((&table, Path::new("test.ron"))), &options).unwrap();
+    assert!(disp.report().composite_bytes >= 200 * 512 * 2, "{}", disp.report());
+    for (a_type, m, seed) in [(AType::Bf16, 64, 21), (AType::Nvfp4, 64, 22), (AType::Bf16, 100, 23)]
+    {
+        let route = run(&gpu, &disp, GemmProblem::new(m, 200, 512, a_type), seed);
+        assert_eq!(route.method, Method::DequantCublasBf16, "{route:?}");
+        assert_eq!(route.name(), "dequant_cublas_bf16");
+    }
+    // (M = 100 above took the nearest bucket, 64.) Other shapes still run fused kernels.
+    let route = run(&gpu, &disp, GemmProblem::new(1, 512, 6144, AType::Bf16), 24);
+    assert_eq!(route.method, Method::Fused);
 }
 
 #[test]

@@ -15,7 +15,7 @@
 //!    ([`StartupReport`]).
 //!
 //! No tuning, no search, no benchmarking here: `runtime` depends on `table`, `template`,
-//! `compile` and `gpu` only.
+//! `compile` and `gpu` only (`bench` and `tune` use [`composite`] from here).
 //!
 //! # Launch ([`Dispatcher::gemm`])
 //! A `HashMap` lookup of (N, K, A type), a binary search over the shape's buckets (smallest
@@ -31,6 +31,14 @@
 //! Split-K launches on *different* streams must be ordered by the caller (they share the
 //! counters); launches on one stream, or without split-K, need nothing.
 //!
+//! Entries whose method is `DequantCublasBf16` (the tuner measured it faster than every fused
+//! kernel, at large M) launch [`composite::DequantGemm`]: fp4tune's kernel expands W (and NVFP4
+//! A) into a bf16 workspace owned by the dispatcher, then cuBLAS BF16 on the caller's stream.
+//! cuBLAS and the workspace (N x K bf16 for the largest such shape, grown like the split-K one)
+//! are set up at open only when the table has such entries; if cuBLAS cannot be loaded, those
+//! entries run their fallback fused kernel (`Entry::config`) and the start-up report says so.
+//! These launches share their workspace across streams like split-K launches.
+//!
 //! # Grouped MoE (planned; no format or API break)
 //! The grouped operation (all experts of a layer in one launch) will be
 //! `Dispatcher::grouped_gemm(&GroupedGemmArgs, stream)` with stacked expert weights `w`
@@ -42,6 +50,7 @@
 //! per active expert, and the workspace sizing takes the maximum over both. The C ABI gains
 //! `fp4tune_grouped_gemm` next to `fp4tune_gemm`; existing symbols do not change.
 
+pub mod composite;
 mod dispatcher;
 mod error;
 mod plan;

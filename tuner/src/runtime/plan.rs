@@ -5,7 +5,7 @@ use super::error::RuntimeError;
 use crate::compile::{CompiledKernel, Compiler, Origin};
 use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
-use crate::table::{Lookup, MismatchPolicy, Table, TableCheck, OP_GEMM};
+use crate::table::{Bucket, Lookup, Method, MismatchPolicy, Table, TableCheck, OP_GEMM};
 use crate::template::{default_config, Arch, Family, GemmConfig};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -27,11 +27,14 @@ pub struct Plan {
     pub check: TableCheck,
     /// Kernels to build, in a stable order (required first).
     pub kernels: Vec<PlannedKernel>,
-    /// Per (N, K, A type): (bucket, configuration), buckets ascending.
-    pub routes: HashMap<(u32, u32, AType), Vec<(u32, GemmConfig)>>,
+    /// Per (N, K, A type): (bucket, configuration, method), buckets ascending.
+    pub routes: HashMap<(u32, u32, AType), Vec<Bucket>>,
     /// Split-K workspace (f32 elements) and tile counters (u32) the routes need for M <= max_m.
     pub workspace_floats: usize,
     pub counter_words: usize,
+    /// bf16 elements of the composite path's workspace the routes need for M <= max_m (0: no
+    /// entry uses it, and cuBLAS is not loaded).
+    pub composite_elems: usize,
     pub max_m: u32,
     /// Table entries (all ops and families).
     pub entries: usize,
@@ -72,16 +75,19 @@ impl Plan {
         }
         let mut kernels: BTreeMap<GemmConfig, bool> = BTreeMap::new();
         let mut routes = HashMap::new();
-        let (mut ws, mut counters) = (0usize, 0usize);
+        let (mut ws, mut counters, mut composite) = (0usize, 0usize, 0usize);
         for a_type in [AType::Nvfp4, AType::Bf16] {
             for ((n, k), buckets) in lookup.shapes(OP_GEMM, family, a_type) {
-                for (i, &(bucket, config)) in buckets.iter().enumerate() {
+                for (i, &(bucket, config, method)) in buckets.iter().enumerate() {
                     kernels.insert(config, true);
                     // M routed here: up to this bucket, or up to max_m for the largest bucket.
                     let m = if i + 1 == buckets.len() { bucket.max(max_m) } else { bucket };
                     let p = GemmProblem::new(m, n, k, a_type);
                     ws = ws.max(config.workspace_floats(&p));
                     counters = counters.max(config.counter_words(&p));
+                    if method == Method::DequantCublasBf16 {
+                        composite = composite.max(super::composite::workspace_elems(&p));
+                    }
                 }
                 routes.insert((n, k, a_type), buckets.to_vec());
             }
@@ -106,6 +112,7 @@ impl Plan {
             routes,
             workspace_floats: ws,
             counter_words: counters,
+            composite_elems: composite,
             max_m,
             entries: table.map_or(0, |t| t.entries.len()),
             warnings,

@@ -362,6 +362,7 @@ mod tests {
     fn record(key: &TuneKey, config: GemmConfig, t: Option<f64>) -> Record {
         Record {
             schema_version: LOG_SCHEMA_VERSION,
+            method: crate::table::Method::Fused,
             key: key.clone(),
             config,
             outcome: match t {

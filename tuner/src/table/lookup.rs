@@ -1,7 +1,7 @@
 //! Lookup with a fixed fallback order: exact -> nearest bucket -> common configuration -> default.
 
 use super::check::TableCheck;
-use super::schema::Table;
+use super::schema::{Method, Table};
 use crate::problem::{AType, GemmProblem};
 use crate::template::{default_config, Family, GemmConfig};
 use std::collections::{BTreeSet, HashMap};
@@ -69,6 +69,8 @@ impl fmt::Display for Fallback {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
     pub config: GemmConfig,
+    /// The entry's method (exact and nearest-bucket routes); `Fused` for common and default ones.
+    pub method: Method,
     pub fallback: Fallback,
 }
 
@@ -104,11 +106,14 @@ struct ShapeKey {
     experts: Option<u32>,
 }
 
+/// A shape's token bucket with its winner and method.
+pub type Bucket = (u32, GemmConfig, Method);
+
 /// An index over a table for lookups (built once; lookups take `&self`).
 #[derive(Debug, Clone, Default)]
 pub struct Lookup {
-    /// Buckets of each shape, ascending, with their winners.
-    shapes: HashMap<ShapeKey, Vec<(u32, GemmConfig)>>,
+    /// Buckets of each shape, ascending, with their winners and methods.
+    shapes: HashMap<ShapeKey, Vec<Bucket>>,
     /// Winners of each (op, family, a_type), most robust first.
     common: HashMap<OpKey, Vec<GemmConfig>>,
     disabled: BTreeSet<Family>,
@@ -118,7 +123,7 @@ impl Lookup {
     /// Index `table`, skipping the families `check` disabled. `None` gives a lookup that always
     /// answers with family defaults (serving without a tuned table).
     pub fn new(table: Option<&Table>, check: &TableCheck) -> Self {
-        let mut shapes: HashMap<ShapeKey, Vec<(u32, GemmConfig)>> = HashMap::new();
+        let mut shapes: HashMap<ShapeKey, Vec<Bucket>> = HashMap::new();
         let mut score: HashMap<OpKey, HashMap<GemmConfig, (u32, u32)>> = HashMap::new();
         for e in table.map(|t| t.entries.as_slice()).unwrap_or_default() {
             let k = &e.key;
@@ -133,7 +138,7 @@ impl Lookup {
                 k: k.k,
                 experts: k.experts,
             };
-            shapes.entry(sk).or_default().push((k.m, e.config));
+            shapes.entry(sk).or_default().push((k.m, e.config, e.method));
             let s = score.entry((k.op.clone(), k.family, k.a_type)).or_default();
             s.entry(e.config).or_default().0 += 1;
             for r in &e.runners_up {
@@ -141,7 +146,7 @@ impl Lookup {
             }
         }
         for v in shapes.values_mut() {
-            v.sort_by_key(|(m, _)| *m);
+            v.sort_by_key(|(m, _, _)| *m);
         }
         let common = score
             .into_iter()
@@ -178,12 +183,12 @@ impl Lookup {
         let mut missing =
             if self.disabled.contains(&family) { Missing::FamilyDisabled } else { Missing::Shape };
         if let Some(buckets) = self.shapes.get(&key) {
-            let first = buckets.partition_point(|(m, _)| *m < problem.m);
+            let first = buckets.partition_point(|(m, _, _)| *m < problem.m);
             // Smallest bucket >= M, then larger ones ascending, then smaller ones descending.
             let order = (first..buckets.len()).chain((0..first).rev());
             let mut last_err = String::new();
             for i in order {
-                let (bucket, config) = buckets[i];
+                let (bucket, config, method) = buckets[i];
                 match config.check_problem(problem) {
                     Ok(()) => {
                         let fallback = if bucket == problem.m {
@@ -191,7 +196,7 @@ impl Lookup {
                         } else {
                             Fallback::NearestBucket { bucket }
                         };
-                        return Ok(Resolved { config, fallback });
+                        return Ok(Resolved { config, method, fallback });
                     }
                     Err(e) => last_err = e.to_string(),
                 }
@@ -202,11 +207,19 @@ impl Lookup {
         if let Some(config) =
             ranked.into_iter().flatten().find(|c| c.check_problem(problem).is_ok())
         {
-            return Ok(Resolved { config: *config, fallback: Fallback::Common { missing } });
+            return Ok(Resolved {
+                config: *config,
+                method: Method::Fused,
+                fallback: Fallback::Common { missing },
+            });
         }
         let config = default_config(family, problem.a_type);
         match config.check_problem(problem) {
-            Ok(()) => Ok(Resolved { config, fallback: Fallback::Default { missing } }),
+            Ok(()) => Ok(Resolved {
+                config,
+                method: Method::Fused,
+                fallback: Fallback::Default { missing },
+            }),
             Err(e) => Err(LookupError {
                 op: op.to_string(),
                 family,
@@ -221,13 +234,13 @@ impl Lookup {
         self.common.get(&(op.to_string(), family, a_type)).map(Vec::as_slice).unwrap_or_default()
     }
 
-    /// Every (N, K) with entries for (op, family, a_type), with their buckets and winners.
+    /// Every (N, K) with entries for (op, family, a_type), with their buckets, winners and methods.
     pub fn shapes(
         &self,
         op: &str,
         family: Family,
         a_type: AType,
-    ) -> impl Iterator<Item = ((u32, u32), &[(u32, GemmConfig)])> + '_ {
+    ) -> impl Iterator<Item = ((u32, u32), &[Bucket])> + '_ {
         let op = op.to_string();
         self.shapes.iter().filter_map(move |(k, v)| {
             (k.op == op && k.family == family && k.a_type == a_type && k.experts.is_none())

@@ -7,11 +7,11 @@
 //! table made on another GPU or with other kernel sources is detected at load time
 //! ([`Table::check_against`]).
 //!
-//! # Format (schema version 1)
+//! # Format (schema version 2)
 //!
 //! ```text
 //! (
-//!     schema_version: 1,
+//!     schema_version: 2,
 //!     device: (name: "NVIDIA H200", compute_capability: (9, 0), sm_count: 132),
 //!     toolchain: (nvrtc: (13, 0), driver: (13, 0)),
 //!     template_hashes: {Sm90: "3f1c..."},
@@ -23,9 +23,21 @@
 //!             median_us: 3.1, interval_us: (3.0, 3.2), roofline_fraction: 0.41,
 //!             runners_up: [(config: (...), median_us: 3.15)],
 //!         ),
+//!         (
+//!             key: (op: "gemm", family: Sm90, a_type: Bf16, n: 512, k: 6144, m: 1024),
+//!             method: DequantCublasBf16,
+//!             config: (...), median_us: 17.0, ...
+//!         ),
 //!     ],
 //! )
 //! ```
+//!
+//! `method` (version 2) is `Fused` when absent: the entry launches `config`. `DequantCublasBf16`
+//! means the tuner measured the composite path (W expanded to bf16 by fp4tune's kernel, then
+//! cuBLAS BF16) faster than every fused kernel; the entry's times are the composite's, and
+//! `config` is the best fused kernel, which the runtime launches when cuBLAS cannot be loaded.
+//! Version 1 tables (no `method`) are read as all-fused; a reader that knows only version 1
+//! refuses version 2 by its `schema_version`.
 //!
 //! `pipeline` (`CpAsync`, `Registers`, `WarpRing`, `Global`) and `min_ctas` were added to the
 //! configuration without a schema change: tables written before them have neither and read as
@@ -69,10 +81,10 @@ mod schema;
 mod summary;
 
 pub use check::{Mismatch, MismatchPolicy, TableCheck};
-pub use lookup::{Fallback, Lookup, LookupError, Missing, Resolved};
+pub use lookup::{Bucket, Fallback, Lookup, LookupError, Missing, Resolved};
 pub use schema::{
-    DeviceIdentity, Entry, RunnerUp, Table, TableError, TableKey, Toolchain, KNOWN_OPS, OP_GEMM,
-    OP_GROUPED_GEMM, TABLE_SCHEMA_VERSION,
+    DeviceIdentity, Entry, Method, RunnerUp, Table, TableError, TableKey, Toolchain, KNOWN_OPS,
+    OP_GEMM, OP_GROUPED_GEMM, TABLE_SCHEMA_VERSION, TABLE_SCHEMA_VERSIONS_READ,
 };
 pub use summary::summary;
 

@@ -8,8 +8,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// Version of the table format; readers refuse other versions.
-pub const TABLE_SCHEMA_VERSION: u32 = 1;
+/// Version of the table format this fp4tune writes. Version 2 added `Entry::method`.
+pub const TABLE_SCHEMA_VERSION: u32 = 2;
+/// Versions this fp4tune reads (a version 1 table has only fused entries); others are refused.
+pub const TABLE_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2];
 
 /// One weight matrix per launch.
 pub const OP_GEMM: &str = "gemm";
@@ -83,10 +85,42 @@ pub struct RunnerUp {
     pub median_us: f64,
 }
 
+/// How an entry computes its GEMM.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+pub enum Method {
+    /// One fused fp4tune kernel: `Entry::config`.
+    #[default]
+    Fused,
+    /// W (and NVFP4 activations) expanded to bf16 by fp4tune's kernel into a runtime workspace,
+    /// then cuBLAS BF16 with alpha (large M, where cuBLAS's kernels beat a fused mma.sync
+    /// kernel). `Entry::config` stays the best fused kernel measured for the key: the fallback
+    /// when cuBLAS cannot be loaded.
+    DequantCublasBf16,
+}
+
+impl Method {
+    pub fn is_fused(&self) -> bool {
+        *self == Method::Fused
+    }
+
+    /// The name reports and routes use ("dequant_cublas_bf16" for the composite path).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Method::Fused => "fused",
+            Method::DequantCublasBf16 => "dequant_cublas_bf16",
+        }
+    }
+}
+
 /// The selected configuration of one key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     pub key: TableKey,
+    /// `Fused` unless the composite path measured faster (omitted from the file when `Fused`).
+    #[serde(default, skip_serializing_if = "Method::is_fused")]
+    pub method: Method,
     pub config: GemmConfig,
     /// Median time per launch, microseconds.
     pub median_us: f64,
@@ -130,10 +164,11 @@ pub enum TableError {
     #[error("{origin}:{line}:{column}: malformed dispatch table (RON): {message}")]
     Syntax { origin: String, line: usize, column: usize, message: String },
     #[error(
-        "{origin}: unsupported dispatch-table schema_version {found} (this fp4tune reads schema_version {expected}); \
-         re-run the tuning or use a matching fp4tune"
+        "{origin}: unsupported dispatch-table schema_version {found} (this fp4tune reads schema_version {}); \
+         re-run the tuning or use a matching fp4tune",
+        TABLE_SCHEMA_VERSIONS_READ.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" and ")
     )]
-    SchemaVersion { origin: String, found: u32, expected: u32 },
+    SchemaVersion { origin: String, found: u32 },
     #[error("{origin}: the dispatch table has no entries")]
     Empty { origin: String },
     #[error("{origin}: {at}: {reason}")]
@@ -179,14 +214,15 @@ impl Table {
         };
         // Unknown fields are ignored by the probe; a truncated file fails here with its position.
         let probe: VersionProbe = ron::Options::default().from_str(text).map_err(ron_err)?;
-        if probe.schema_version != TABLE_SCHEMA_VERSION {
+        if !TABLE_SCHEMA_VERSIONS_READ.contains(&probe.schema_version) {
             return Err(TableError::SchemaVersion {
                 origin: origin.to_string(),
                 found: probe.schema_version,
-                expected: TABLE_SCHEMA_VERSION,
             });
         }
-        let table: Table = ron::Options::default().from_str(text).map_err(ron_err)?;
+        let mut table: Table = ron::Options::default().from_str(text).map_err(ron_err)?;
+        // Version 1 has no `method` (every entry fused, the serde default); held as version 2.
+        table.schema_version = TABLE_SCHEMA_VERSION;
         table.validate(origin)?;
         Ok(table)
     }
@@ -207,7 +243,6 @@ impl Table {
             return Err(TableError::SchemaVersion {
                 origin: origin.to_string(),
                 found: self.schema_version,
-                expected: TABLE_SCHEMA_VERSION,
             });
         }
         if self.entries.is_empty() {
@@ -350,6 +385,9 @@ impl Table {
         for e in entries {
             let _ = writeln!(out, "        (");
             let _ = writeln!(out, "            key: {},", one(&e.key));
+            if !e.method.is_fused() {
+                let _ = writeln!(out, "            method: {},", one(&e.method));
+            }
             let _ = writeln!(out, "            config: {},", one(&e.config));
             let _ = writeln!(out, "            median_us: {},", one(&e.median_us));
             let _ = writeln!(out, "            interval_us: {},", one(&e.interval_us));
@@ -403,6 +441,7 @@ pub(crate) mod tests {
         t.template_hashes.insert(Family::Sm90, crate::template::family_template_hash(Family::Sm90));
         let entry = |n, k, m, c: GemmConfig, us: f64| Entry {
             key: TableKey::gemm(Family::Sm90, AType::Bf16, n, k, m),
+            method: Method::Fused,
             config: c,
             median_us: us,
             interval_us: (us * 0.98, us * 1.02),
@@ -493,13 +532,34 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_schema_version_is_refused_clearly() {
-        let text = sample().to_ron_string().replace("schema_version: 1,", "schema_version: 7,");
+        let text = sample().to_ron_string().replace("schema_version: 2,", "schema_version: 7,");
         let e = err(&text);
         assert!(e.contains("unsupported dispatch-table schema_version 7"), "{e}");
-        assert!(e.contains("reads schema_version 1"), "{e}");
+        assert!(e.contains("reads schema_version 1 and 2"), "{e}");
         // A newer schema with fields we do not know still gets the version error, not a field error.
         let text = text.replace("entries: [", "new_field: 3, entries: [");
         assert!(err(&text).contains("schema_version 7"));
+    }
+
+    /// Version 1 tables (no `method`) read as all-fused; a composite entry round-trips and is
+    /// written only where it is not `Fused`.
+    #[test]
+    fn version_1_reads_as_fused_and_methods_round_trip() {
+        let v1 = sample().to_ron_string().replace("schema_version: 2,", "schema_version: 1,");
+        let t = Table::from_ron_str(&v1, "old.ron").unwrap();
+        assert_eq!(t.schema_version, TABLE_SCHEMA_VERSION);
+        assert!(t.entries.iter().all(|e| e.method == Method::Fused));
+        let mut t = sample();
+        t.entries[2].method = Method::DequantCublasBf16;
+        let text = t.to_ron_string();
+        assert_eq!(text.matches("method: DequantCublasBf16").count(), 1, "{text}");
+        assert!(!text.contains("method: Fused"), "{text}");
+        let back = Table::from_ron_str(&text, "t.ron").unwrap();
+        let m256 = back.entries.iter().find(|e| e.key.m == 256).unwrap();
+        assert_eq!(m256.method, Method::DequantCublasBf16);
+        // An unknown method is a syntax error naming the file.
+        let e = err(&text.replace("DequantCublasBf16", "Magic"));
+        assert!(e.contains("results/h200.ron"), "{e}");
     }
 
     #[test]

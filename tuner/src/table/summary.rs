@@ -41,9 +41,16 @@ pub fn summary(table: &Table) -> String {
         let lo = entries.iter().map(|e| e.median_us).fold(f64::INFINITY, f64::min);
         let hi = entries.iter().map(|e| e.median_us).fold(0.0, f64::max);
         let e = experts.map(|e| format!(" E={e}")).unwrap_or_default();
+        let composite: Vec<String> =
+            entries.iter().filter(|e| !e.method.is_fused()).map(|e| e.key.m.to_string()).collect();
+        let composite = if composite.is_empty() {
+            String::new()
+        } else {
+            format!(", dequantize-then-cuBLAS at M = {}", composite.join(", "))
+        };
         let _ = writeln!(
             out,
-            "  {op} {family} {a_type} N={n} K={k}{e}: {} entries, buckets [{}], {} distinct configs, median {lo:.2}..{hi:.2} us",
+            "  {op} {family} {a_type} N={n} K={k}{e}: {} entries, buckets [{}], {} distinct configs, median {lo:.2}..{hi:.2} us{composite}",
             entries.len(),
             buckets.join(", "),
             configs.len(),

@@ -46,6 +46,7 @@ pub fn dispatch_table(
         let p = GemmProblem::new(c.key.m, c.key.n, c.key.k, c.key.a_type);
         table.entries.push(Entry {
             key: c.key.clone(),
+            method: c.method,
             config: c.config,
             median_us: c.time.median,
             interval_us: (c.time.lo, c.time.hi),

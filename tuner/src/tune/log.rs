@@ -6,13 +6,16 @@
 //! ignored on reading; any other malformed line is an error naming the file and line.
 
 use crate::bench::Summary;
+use crate::table::Method;
 use crate::template::GemmConfig;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
-/// Version of the record format.
-pub const LOG_SCHEMA_VERSION: u32 = 1;
+/// Version of the record format this fp4tune writes. Version 2 added `Record::method`.
+pub const LOG_SCHEMA_VERSION: u32 = 2;
+/// Versions this fp4tune reads (version 1 records are all fused kernels).
+pub const LOG_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2];
 
 /// What a tuning entry is about: one operation on one weight shape at one token bucket. The same
 /// key as the dispatch table's, so a record's key is the entry's key (grouped ops set `experts`).
@@ -92,6 +95,10 @@ pub struct Context {
 pub struct Record {
     pub schema_version: u32,
     pub key: TuneKey,
+    /// `Fused`: `config` was measured. `DequantCublasBf16`: the composite path was measured, and
+    /// `config` is the key's best fused kernel at that time (the table entry's fallback).
+    #[serde(default, skip_serializing_if = "Method::is_fused")]
+    pub method: Method,
     pub config: GemmConfig,
     pub outcome: Outcome,
     /// Device name and compute capability the record was measured on.
@@ -113,7 +120,7 @@ pub enum LogError {
     #[error("{path}:{line}: not a measurement record: {message}")]
     Parse { path: PathBuf, line: usize, message: String },
     #[error(
-        "{path}:{line}: record schema version {found}, this fp4tune reads {LOG_SCHEMA_VERSION}"
+        "{path}:{line}: record schema version {found}, this fp4tune reads versions 1 and {LOG_SCHEMA_VERSION}"
     )]
     Version { path: PathBuf, line: usize, found: u32 },
 }
@@ -139,7 +146,7 @@ pub fn read(path: &Path) -> Result<Vec<Record>, LogError> {
             schema_version: u32,
         }
         match serde_json::from_str::<Version>(line) {
-            Ok(v) if v.schema_version != LOG_SCHEMA_VERSION => {
+            Ok(v) if !LOG_SCHEMA_VERSIONS_READ.contains(&v.schema_version) => {
                 return Err(LogError::Version {
                     path: path.to_path_buf(),
                     line: i + 1,
@@ -211,6 +218,7 @@ pub(crate) mod tests {
         let config = crate::template::search_space(Family::Sm90, AType::Bf16)[0];
         Record {
             schema_version: LOG_SCHEMA_VERSION,
+            method: Method::Fused,
             key: TuneKey {
                 experts: None,
                 op: "gemm".into(),
@@ -266,9 +274,13 @@ pub(crate) mod tests {
         std::fs::write(&path, format!("{good}\n{{\"nonsense\": 1}}\n{good}\n")).unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("log.jsonl:2"), "{e}");
-        let v2 = good.replace("\"schema_version\":1", "\"schema_version\":2");
-        std::fs::write(&path, format!("{v2}\n")).unwrap();
+        // Version 1 records (no `method`) still read, as fused kernels.
+        let v1 = good.replace("\"schema_version\":2", "\"schema_version\":1");
+        std::fs::write(&path, format!("{v1}\n")).unwrap();
+        assert_eq!(read(&path).unwrap()[0].method, Method::Fused);
+        let v9 = good.replace("\"schema_version\":2", "\"schema_version\":9");
+        std::fs::write(&path, format!("{v9}\n")).unwrap();
         let e = read(&path).unwrap_err().to_string();
-        assert!(e.contains("schema version 2"), "{e}");
+        assert!(e.contains("schema version 9"), "{e}");
     }
 }

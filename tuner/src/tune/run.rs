@@ -177,6 +177,9 @@ pub struct TuneSpec {
     /// Compile every configuration any key may need before measuring (worth it when the planner
     /// is exhaustive; budgeted planners let the worker compile each batch in parallel instead).
     pub precompile: bool,
+    /// Measure the dequantize-then-cuBLAS path on every key with M >= this (after its fused
+    /// candidates; `None`: never). Its record names the key's best fused kernel as the fallback.
+    pub composite_min_m: Option<u32>,
 }
 
 impl std::fmt::Debug for TuneSpec {
@@ -205,8 +208,24 @@ pub enum TuneError {
 pub enum Event {
     Device(DeviceInfo),
     Compiling(usize),
-    Key { index: usize, total: usize, key: TuneKey, candidates: usize, done_before: usize },
-    Result { key: TuneKey, config: GemmConfig, outcome: &'static str },
+    Key {
+        index: usize,
+        total: usize,
+        key: TuneKey,
+        candidates: usize,
+        done_before: usize,
+    },
+    Result {
+        key: TuneKey,
+        config: GemmConfig,
+        outcome: &'static str,
+    },
+    /// The dequantize-then-cuBLAS path on a key: its outcome label and median.
+    Composite {
+        key: TuneKey,
+        outcome: &'static str,
+        median_us: Option<f64>,
+    },
     WorkerRestart(String),
 }
 
@@ -407,6 +426,7 @@ pub fn run(
             writer.append(&Record {
                 schema_version: LOG_SCHEMA_VERSION,
                 key: key.clone(),
+                method: crate::table::Method::Fused,
                 config,
                 outcome,
                 device: info.name.clone(),
@@ -497,6 +517,76 @@ pub fn run(
                     }
                 }
             }
+        }
+    }
+    if let Some(min_m) = spec.composite_min_m {
+        let records: Vec<Record> = log::read(&log_path)?
+            .into_iter()
+            .filter(|r| r.template_hash == template_hash)
+            .collect();
+        let fused = super::select::timed_table(&records);
+        let measured: HashSet<TuneKey> =
+            records.iter().filter(|r| !r.method.is_fused()).map(|r| r.key.clone()).collect();
+        for key in keys.iter().filter(|k| k.m >= min_m && k.k % 16 == 0 && !measured.contains(k)) {
+            // The fallback: the key's fastest fused kernel (no fused kernel ran: nothing to fall
+            // back to, and nothing to compare with).
+            let Some(fallback) = fused.get(key).and_then(|per| {
+                per.iter().min_by(|a, b| a.1.median.total_cmp(&b.1.median)).map(|(c, _)| *c)
+            }) else {
+                continue;
+            };
+            let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
+            let seed = 0xF4F4 ^ ((key.m as u64) << 40) ^ ((key.n as u64) << 20) ^ key.k as u64;
+            let worker = session.worker()?;
+            worker.send(&Request::Composite { problem, fallback, policy: spec.policy, seed })?;
+            let mut outcome = None;
+            let mut failed = false;
+            loop {
+                match worker.recv(spec.candidate_timeout) {
+                    Ok(Reply::Result { outcome: o, .. }) => outcome = Some(o),
+                    Ok(Reply::Done) => break,
+                    Ok(Reply::Fatal(e)) => {
+                        outcome = Some(Outcome::LaunchError { reason: e });
+                        failed = true;
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(WorkerError::Timeout(s)) => {
+                        outcome = Some(Outcome::Timeout { seconds: s });
+                        failed = true;
+                        break;
+                    }
+                    Err(e) => {
+                        outcome =
+                            Some(Outcome::LaunchError { reason: format!("worker died: {e}") });
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if failed {
+                progress(Event::WorkerRestart(format!("{outcome:?}")));
+                session.restart();
+            }
+            let Some(outcome) = outcome else { continue };
+            progress(Event::Composite {
+                key: key.clone(),
+                outcome: outcome.label(),
+                median_us: outcome.median_us(),
+            });
+            writer.append(&Record {
+                schema_version: LOG_SCHEMA_VERSION,
+                key: key.clone(),
+                method: crate::table::Method::DequantCublasBf16,
+                config: fallback,
+                outcome,
+                device: info.name.clone(),
+                compute_capability: info.compute_capability,
+                template_hash: template_hash.clone(),
+                at: now(),
+                context: Some(context.clone()),
+            })?;
+            new_records += 1;
         }
     }
     session.restart();
@@ -629,6 +719,7 @@ for line in sys.stdin:
             planner: Box::new(|_, _, _, _| Box::new(List(configs().into()))),
             batch: 16,
             precompile: false,
+            composite_min_m: None,
         }
     }
 

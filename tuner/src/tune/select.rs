@@ -4,9 +4,14 @@
 //! The default configuration is what one would ship without per-shape tuning: the single
 //! configuration with the best geometric-mean time over every key of the campaign (among those
 //! timed on all keys; if none was, those timed on the most keys).
+//!
+//! Fused kernels are chosen first. A key's dequantize-then-cuBLAS record (large M) then replaces
+//! the fused winner only when it is faster by more than the default margin and outside the
+//! winner's interval; the fused winner stays in the entry as its fallback.
 
 use super::log::{Outcome, Record, TuneKey};
 use crate::bench::Summary;
+use crate::table::Method;
 use crate::template::GemmConfig;
 use std::collections::BTreeMap;
 
@@ -30,8 +35,13 @@ impl Default for SelectRules {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choice {
     pub key: TuneKey,
+    /// `DequantCublasBf16` when the composite path won; `config` is then the fused fallback.
+    pub method: Method,
     pub config: GemmConfig,
+    /// The winner's time (the composite's when it won).
     pub time: Summary,
+    /// The fused winner's time when the composite path won.
+    pub fused_time: Option<Summary>,
     /// Other candidates tied with the winner (config, time), fastest first.
     pub runners_up: Vec<(GemmConfig, Summary)>,
     /// The default configuration's time on this key, if it was timed.
@@ -55,13 +65,24 @@ pub struct Selection {
     pub choices: Vec<Choice>,
 }
 
-/// Timed medians per key and config (the first record of a (key, config) pair wins, so merged
-/// logs with duplicates select deterministically).
+/// Timed medians of fused kernels per key and config (the first record of a (key, config) pair
+/// wins, so merged logs with duplicates select deterministically).
 pub fn timed_table(records: &[Record]) -> BTreeMap<TuneKey, BTreeMap<GemmConfig, Summary>> {
     let mut t: BTreeMap<TuneKey, BTreeMap<GemmConfig, Summary>> = BTreeMap::new();
-    for r in records {
+    for r in records.iter().filter(|r| r.method.is_fused()) {
         if let Outcome::Timed { time, .. } = &r.outcome {
             t.entry(r.key.clone()).or_default().entry(r.config).or_insert(*time);
+        }
+    }
+    t
+}
+
+/// The first timed dequantize-then-cuBLAS record of each key.
+pub fn composite_times(records: &[Record]) -> BTreeMap<TuneKey, Summary> {
+    let mut t = BTreeMap::new();
+    for r in records.iter().filter(|r| r.method == Method::DequantCublasBf16) {
+        if let Outcome::Timed { time, .. } = &r.outcome {
+            t.entry(r.key.clone()).or_insert(*time);
         }
     }
     t
@@ -90,6 +111,7 @@ pub fn default_config(
 
 pub fn select(records: &[Record], rules: &SelectRules) -> Selection {
     let table = timed_table(records);
+    let composite = composite_times(records);
     let default = default_config(&table);
     let mut choices = Vec::new();
     for (key, per_key) in &table {
@@ -112,10 +134,21 @@ pub fn select(records: &[Record], rules: &SelectRules) -> Selection {
             }
         }
         let runners_up = ties.into_iter().filter(|(c, _)| *c != winner.0).collect();
+        let (method, time, fused_time) = match composite.get(key) {
+            Some(ct)
+                if ct.median < winner.1.median * (1.0 - rules.default_margin)
+                    && ct.hi < winner.1.lo =>
+            {
+                (Method::DequantCublasBf16, *ct, Some(winner.1))
+            }
+            _ => (Method::Fused, winner.1, None),
+        };
         choices.push(Choice {
             key: key.clone(),
+            method,
             config: winner.0,
-            time: winner.1,
+            time,
+            fused_time,
             runners_up,
             default_time,
             timed: per_key.len(),
@@ -138,6 +171,7 @@ mod tests {
     fn rec(m: u32, c: GemmConfig, t: f64, width: f64) -> Record {
         Record {
             schema_version: LOG_SCHEMA_VERSION,
+            method: crate::table::Method::Fused,
             key: TuneKey {
                 experts: None,
                 op: "gemm".into(),
@@ -200,5 +234,31 @@ mod tests {
         let second = select(&recs, &SelectRules::default());
         assert_eq!(first.choices[0].config, second.choices[0].config);
         assert_eq!(first.choices[0].runners_up.len(), 1);
+    }
+
+    #[test]
+    fn composite_replaces_the_fused_winner_only_when_clearly_faster() {
+        let s = search_space(Family::Sm90, AType::Bf16);
+        let (a, b) = (s[0], s[1]);
+        let composite =
+            |m, t: f64| Record { method: Method::DequantCublasBf16, ..rec(m, a, t, 0.2) };
+        let recs = vec![
+            rec(256, a, 50.0, 0.2),
+            rec(256, b, 60.0, 0.2),
+            composite(256, 40.0),
+            rec(1024, a, 100.0, 0.2),
+            composite(1024, 99.0),
+        ];
+        let sel = select(&recs, &SelectRules::default());
+        let (m256, m1024) = (&sel.choices[0], &sel.choices[1]);
+        assert_eq!(m256.method, Method::DequantCublasBf16);
+        assert_eq!(m256.config, a, "the fused winner stays as the fallback");
+        assert_eq!(m256.time.median, 40.0);
+        assert_eq!(m256.fused_time.map(|t| t.median), Some(50.0));
+        assert_eq!(m1024.method, Method::Fused, "1% faster is inside the margin");
+        assert_eq!(m1024.time.median, 100.0);
+        // Composite records never count as fused configurations (nor for the default).
+        assert_eq!(m256.timed, 2);
+        assert_eq!(sel.default, Some(a));
     }
 }

@@ -24,6 +24,9 @@ pub enum Request {
     Floors { policy: TimingPolicy },
     /// Verify every config on `problem` (random operands from `seed`), then time the correct ones.
     Evaluate { problem: GemmProblem, configs: Vec<GemmConfig>, policy: TimingPolicy, seed: u64 },
+    /// Verify, then time, the dequantize-then-cuBLAS path on `problem`; the reply's `config` is
+    /// `fallback` (the key's best fused kernel, which the record names).
+    Composite { problem: GemmProblem, fallback: GemmConfig, policy: TimingPolicy, seed: u64 },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -125,9 +128,59 @@ pub fn serve(compiler: &Compiler) -> ! {
                 }
                 send(&Reply::Done);
             }
+            Request::Composite { problem, fallback, policy, seed } => {
+                let Some(g) = gpu.as_ref() else {
+                    send(&Reply::Fatal("Composite before Hello".into()));
+                    continue;
+                };
+                if host_cache.as_ref().is_none_or(|h| h.problem != problem) {
+                    match HostProblem::random(problem, seed) {
+                        Ok(h) => host_cache = Some(h),
+                        Err(e) => {
+                            send(&Reply::Fatal(format!("building {problem}: {e}")));
+                            continue;
+                        }
+                    }
+                }
+                let host = host_cache.as_ref().expect("just set");
+                send(&Reply::Running { config: fallback });
+                match evaluate_composite(g, compiler, host, &policy) {
+                    Ok(outcome) => send(&Reply::Result { config: fallback, outcome }),
+                    Err(e) => {
+                        send(&Reply::Fatal(format!("CUDA error, worker exits: {e}")));
+                        std::process::exit(3);
+                    }
+                }
+                send(&Reply::Done);
+            }
         }
     }
     std::process::exit(0)
+}
+
+/// The dequantize-then-cuBLAS path on `host`'s problem: set-up failures (no cuBLAS, K not a
+/// multiple of 16) and wrong answers are outcomes; a CUDA error during the runs is returned.
+fn evaluate_composite(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    host: &HostProblem,
+    policy: &TimingPolicy,
+) -> Result<Outcome, GpuError> {
+    use crate::bench::composite::Composite;
+    let setup = Composite::new(gpu, compiler).and_then(|c| {
+        let s = c.scratch(host.problem)?;
+        Ok((c, s))
+    });
+    let (c, s) = match setup {
+        Ok(x) => x,
+        Err(e) => return Ok(Outcome::ResourceLimit { reason: e.to_string() }),
+    };
+    let mut dp = DeviceProblem::upload(gpu, host, policy, &[])?;
+    if let Err(why) = c.verify(&s, host, &mut dp)? {
+        return Ok(Outcome::WrongAnswer { reason: why });
+    }
+    let samples = c.time(&s, policy, &dp)?;
+    Ok(Outcome::Timed { time: Summary::of(&samples.us).expect("samples"), samples: samples.us })
 }
 
 fn evaluate(
