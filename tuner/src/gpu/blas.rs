@@ -9,6 +9,15 @@ use std::ffi::c_void;
 fn blas_err(call: &'static str) -> impl Fn(cudarc::cublas::result::CublasError) -> GpuError {
     move |e| GpuError::Blas { call, message: format!("{e:?}") }
 }
+fn missing(what: &str) -> GpuError {
+    GpuError::Blas {
+        call: "dlopen",
+        message: format!(
+            "{what} not found by the system loader: install the CUDA toolkit's cuBLAS or add its \
+             lib folder to LD_LIBRARY_PATH"
+        ),
+    }
+}
 fn lt_err(call: &'static str) -> impl Fn(cudarc::cublaslt::result::CublasError) -> GpuError {
     move |e| GpuError::Blas { call, message: format!("{e:?}") }
 }
@@ -21,6 +30,11 @@ pub struct CublasBf16 {
 
 impl CublasBf16 {
     pub fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        // cudarc loads cuBLAS on first use and panics when it is missing: check first.
+        // SAFETY: probing only dlopens candidate names; no symbol of the library is called.
+        if !unsafe { bsys::is_culib_present() } {
+            return Err(missing("cuBLAS (libcublas.so)"));
+        }
         Ok(Self { blas: CudaBlas::new(gpu.stream().clone()).map_err(blas_err("cublasCreate"))? })
     }
 
@@ -107,6 +121,10 @@ impl CublasLtFp8 {
     ) -> Result<Self, GpuError> {
         use ltsys::cublasLtMatmulDescAttributes_t as D;
         use ltsys::cudaDataType_t as T;
+        // SAFETY: as in CublasBf16::new (a dlopen probe).
+        if !unsafe { ltsys::is_culib_present() } {
+            return Err(missing("cuBLASLt (libcublasLt.so)"));
+        }
         let handle = lt::create_handle().map_err(lt_err("cublasLtCreate"))?;
         let desc =
             lt::create_matmul_desc(ltsys::cublasComputeType_t::CUBLAS_COMPUTE_32F, T::CUDA_R_32F)

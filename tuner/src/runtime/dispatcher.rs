@@ -373,7 +373,9 @@ impl Dispatcher {
     /// at least the data layout's sizes for (m, n, k) (W codes `n*k/2` bytes, W scales the
     /// swizzled size with rows padded to 128, A `m*k*2` bytes (W4A16) or `m*k/2` + swizzled scales
     /// (W4A4), Y `m*n*2` bytes), alive until the launch completes; `stream` must be 0 or a live
-    /// stream of that context.
+    /// stream of that context. Launches that use the dispatcher's workspaces (split-K kernels,
+    /// dequantize-then-cuBLAS entries) on *different* streams must not overlap on the GPU: the
+    /// caller orders them (launches on one stream are ordered by the stream).
     pub unsafe fn gemm(&self, args: &GemmArgs, stream: RawStream) -> Result<Route, RuntimeError> {
         validate(args)?;
         let p = GemmProblem::new(args.m, args.n, args.k, args.a_type);
@@ -396,8 +398,9 @@ impl Dispatcher {
                 alpha: args.alpha,
             };
             // SAFETY: caller's buffer/stream contract; the workspace holds what this launch needs
-            // (checked above) and outlives it (freed only after a device synchronization); the
-            // lock orders composite launches issued from the host.
+            // (checked above) and outlives it (freed only after a device synchronization); no
+            // other launch uses it meanwhile: same-stream launches are ordered by the stream,
+            // and the caller orders launches on other streams (this function's contract).
             unsafe { composite.launch(&self.gpu, &p, &ops, ws.ptr(), stream) }?;
             return Ok(Route { config, method, kind });
         }
@@ -428,7 +431,8 @@ impl Dispatcher {
             // SAFETY: caller's buffer/stream contract; the workspace and counters hold at least
             // what this launch needs (checked above), are zero between launches (the kernel leaves
             // the counters zeroed) and outlive the launch (freed only after a device
-            // synchronization); the lock orders split-K launches issued from the host.
+            // synchronization); launches that share them are ordered by the stream or, across
+            // streams, by the caller (this function's contract).
             unsafe { self.gpu.launch_on_stream(&loaded.kernel, dims, &params, stream)? };
         } else {
             // SAFETY: caller's buffer/stream contract; no workspace is used without split-K.

@@ -190,7 +190,8 @@ where
     F: FnMut(&SimKey) -> Result<Box<dyn Strategy>, SearchError>,
 {
     let mut logs: BTreeMap<TuneKey, KeyLog> = BTreeMap::new();
-    for r in records {
+    // Strategies search fused kernels; composite records (whose config is a fallback) are not theirs.
+    for r in records.iter().filter(|r| r.method.is_fused()) {
         let log = logs.entry(r.key.clone()).or_default();
         let e = log.times.entry(r.config).or_insert(None);
         if matches!(r.outcome, Outcome::Illegal { .. }) {

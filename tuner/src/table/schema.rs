@@ -222,6 +222,15 @@ impl Table {
         }
         let mut table: Table = ron::Options::default().from_str(text).map_err(ron_err)?;
         // Version 1 has no `method` (every entry fused, the serde default); held as version 2.
+        if probe.schema_version == 1 {
+            if let Some(e) = table.entries.iter().find(|e| !e.method.is_fused()) {
+                return Err(TableError::Invalid {
+                    origin: origin.to_string(),
+                    at: format!("entry {}", e.key),
+                    reason: "`method` needs schema_version 2 (this file says 1)".into(),
+                });
+            }
+        }
         table.schema_version = TABLE_SCHEMA_VERSION;
         table.validate(origin)?;
         Ok(table)
@@ -240,10 +249,13 @@ impl Table {
             reason,
         };
         if self.schema_version != TABLE_SCHEMA_VERSION {
-            return Err(TableError::SchemaVersion {
-                origin: origin.to_string(),
-                found: self.schema_version,
-            });
+            return Err(invalid(
+                "schema_version".into(),
+                format!(
+                    "{} in memory: tables are held as version {TABLE_SCHEMA_VERSION} (reading converts version 1)",
+                    self.schema_version
+                ),
+            ));
         }
         if self.entries.is_empty() {
             return Err(TableError::Empty { origin: origin.to_string() });
@@ -279,6 +291,12 @@ impl Table {
             }
             if key.k % 16 != 0 {
                 return Err(invalid(at(), format!("K = {} is not a multiple of 16", key.k)));
+            }
+            if !e.method.is_fused() && key.op != OP_GEMM {
+                return Err(invalid(
+                    at(),
+                    format!("method {:?} is only defined for op \"gemm\"", e.method),
+                ));
             }
             if !seen.insert(key) {
                 return Err(invalid(
@@ -557,9 +575,12 @@ pub(crate) mod tests {
         let back = Table::from_ron_str(&text, "t.ron").unwrap();
         let m256 = back.entries.iter().find(|e| e.key.m == 256).unwrap();
         assert_eq!(m256.method, Method::DequantCublasBf16);
-        // An unknown method is a syntax error naming the file.
+        // An unknown method is a syntax error naming the file; a method in a version 1 file is
+        // refused.
         let e = err(&text.replace("DequantCublasBf16", "Magic"));
         assert!(e.contains("results/h200.ron"), "{e}");
+        let e = err(&text.replace("schema_version: 2,", "schema_version: 1,"));
+        assert!(e.contains("needs schema_version 2"), "{e}");
     }
 
     #[test]

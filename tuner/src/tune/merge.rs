@@ -24,7 +24,7 @@ pub enum MergeError {
     Write { path: PathBuf, source: std::io::Error },
 }
 
-/// Read `paths`, refuse mixed GPU models or template versions, drop duplicate (key, config)
+/// Read `paths`, refuse mixed GPU models or template versions, drop duplicate (key, method, config)
 /// pairs (the first wins), and return the records in a stable order.
 pub fn merge(paths: &[PathBuf]) -> Result<Vec<Record>, MergeError> {
     let mut out: Vec<Record> = Vec::new();
@@ -63,7 +63,9 @@ pub fn merge(paths: &[PathBuf]) -> Result<Vec<Record>, MergeError> {
                     expected: other.template_hash.chars().take(16).collect(),
                 });
             }
-            if seen.insert((r.key.clone(), r.config)) {
+            // A composite record names its key's fallback kernel, which has its own fused
+            // record: the method is part of the identity.
+            if seen.insert((r.key.clone(), r.method, r.config)) {
                 out.push(r);
             }
         }
@@ -71,7 +73,9 @@ pub fn merge(paths: &[PathBuf]) -> Result<Vec<Record>, MergeError> {
     if out.is_empty() {
         return Err(MergeError::Empty(paths.to_vec()));
     }
-    out.sort_by(|a, b| a.key.cmp(&b.key).then(a.config.cmp(&b.config)));
+    out.sort_by(|a, b| {
+        a.key.cmp(&b.key).then(a.method.cmp(&b.method)).then(a.config.cmp(&b.config))
+    });
     Ok(out)
 }
 
@@ -116,6 +120,20 @@ mod tests {
         let out = d.path().join("merged/all.jsonl");
         write(&out, &m).unwrap();
         assert_eq!(log::read(&out).unwrap(), m);
+    }
+
+    /// A composite record names its key's fallback kernel, which has a fused record of its own:
+    /// both survive the merge.
+    #[test]
+    fn composite_records_are_not_duplicates_of_their_fallback() {
+        let d = tempfile::tempdir().unwrap();
+        let fused = record(1, Some(3.0));
+        let composite =
+            Record { method: crate::table::Method::DequantCublasBf16, ..record(1, Some(2.0)) };
+        let a = log_of(d.path(), "a.jsonl", &[fused, composite]);
+        let merged = merge(&[a]).unwrap();
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged.iter().filter(|r| !r.method.is_fused()).count(), 1);
     }
 
     #[test]

@@ -369,9 +369,10 @@ pub fn run(
             )));
         }
     }
+    // Fused candidates already measured (composite records name a fallback config, not a run of it).
     let mut done: HashSet<(TuneKey, GemmConfig)> = previous
         .iter()
-        .filter(|r| r.template_hash == template_hash)
+        .filter(|r| r.template_hash == template_hash && r.method.is_fused())
         .map(|r| (r.key.clone(), r.config))
         .collect();
 
@@ -443,7 +444,7 @@ pub fn run(
         // Results already in the log are told to the planner without re-measuring.
         let known: std::collections::HashMap<GemmConfig, Option<f64>> = previous
             .iter()
-            .filter(|r| r.key == *key && r.template_hash == template_hash)
+            .filter(|r| r.key == *key && r.template_hash == template_hash && r.method.is_fused())
             .map(|r| (r.config, r.outcome.median_us()))
             .collect();
         loop {
