@@ -130,7 +130,8 @@ __device__ __forceinline__ void gemm_ablate(const GemmParams& p) {
             if (MODE == 1 || MODE == 4) {
                 acc[0][0][0][0] += __uint_as_float((ring[d].code[0][0].x ^ ring[d].code[0][1].w ^ ring[d].sf[0][0]) & 0x3fffffff);
             } else {
-                sm90::chunk_mma<Cfg>(ring[d], smem, wk * Cfg::K_PER_WARP + cc * 128, lane, a_off, acc);
+                sm90::chunk_mma<Cfg>(ring[d], sm90::SliceActivations<Cfg>{smem, wk * Cfg::K_PER_WARP + cc * 128, a_off},
+                                     lane, acc);
             }
             if (c + Cfg::DEPTH < n_chunks) ring[d].load(code_row, sf_row, chunk_k(c + Cfg::DEPTH));
         }
