@@ -43,46 +43,7 @@ enum Command {
         device: usize,
     },
     /// Tune: find the best kernel per (shape, token bucket) on this GPU and write its dispatch table.
-    Tune {
-        /// Shape file (default: the embedded GLM-5 file).
-        #[arg(long)]
-        shapes: Option<PathBuf>,
-        /// Shape set of the file (default: tp8).
-        #[arg(long, default_value = fp4tune::shapes::DEFAULT_SET)]
-        set: String,
-        /// Only shapes whose name contains one of these (e.g. routed), comma separated.
-        #[arg(long, value_delimiter = ',')]
-        only: Vec<String>,
-        /// Largest token bucket to tune (buckets come from the shape set).
-        #[arg(long, default_value_t = 8192)]
-        max_m: u32,
-        /// Activation type (default: w4a16 on SM90, w4a4 on SM120, whose family is W4A4 only).
-        #[arg(long, value_enum)]
-        a_type: Option<ATypeArg>,
-        /// This process's slice of the campaign, i/n (Slurm array index / count, ...).
-        #[arg(long, value_parser = fp4tune::tune::run::Shard::parse)]
-        shard: Option<fp4tune::tune::run::Shard>,
-        /// Folder for the measurement log and the dispatch table.
-        #[arg(long, default_value = "results")]
-        out: PathBuf,
-        /// Search strategy per key: exhaustive, random or model (analytic model pre-ranks, then
-        /// the best and their neighbours are measured).
-        #[arg(long, default_value = "model")]
-        strategy: String,
-        /// Evaluations per key as a fraction of its legal configurations (model/random).
-        #[arg(long, default_value_t = 0.1)]
-        budget: f64,
-        /// A candidate that runs longer than this many seconds is recorded as a hang.
-        #[arg(long, default_value_t = 60)]
-        timeout: u64,
-        #[arg(long, default_value_t = 0)]
-        device: usize,
-        /// Also measure the dequantize-then-cuBLAS path (W expanded to bf16, then cuBLAS BF16)
-        /// on buckets with M >= this; an entry takes it where it beats every fused kernel by the
-        /// default margin. 0 turns it off.
-        #[arg(long, default_value_t = 128)]
-        composite_min_m: u32,
-    },
+    Tune(TuneArgs),
     /// Validate a dispatch table (schema, configurations, template hashes) and summarize it.
     Table {
         /// The table to check (results/<sku>.ron).
@@ -218,38 +179,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(args) => cmd_bench(args),
         Command::Floors { bytes, device } => cmd_floors(bytes, device),
-        Command::Tune {
-            shapes,
-            set,
-            only,
-            max_m,
-            a_type,
-            shard,
-            out,
-            strategy,
-            budget,
-            timeout,
-            device,
-            composite_min_m,
-        } => {
-            let a_type = a_type.map(|a| a.single("tune")).transpose()?;
-            let strategy = fp4tune::search::StrategyKind::parse(&strategy)?;
-            let composite_min_m = (composite_min_m > 0).then_some(composite_min_m);
-            cmd_tune(
-                shapes,
-                set,
-                only,
-                max_m,
-                a_type,
-                shard,
-                out,
-                strategy,
-                budget,
-                timeout,
-                device,
-                composite_min_m,
-            )
-        }
+        Command::Tune(args) => cmd_tune(args),
         Command::Table { check, device } => cmd_table_check(check, device),
         Command::Merge { logs, out, table } => cmd_merge(logs, out, table),
         Command::Simulate { log, strategy, budget } => cmd_simulate(log, strategy, budget),
@@ -338,6 +268,48 @@ fn cmd_compile(
         bail!("{failed} of {} variants failed to compile", configs.len());
     }
     Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+struct TuneArgs {
+    /// Shape file (default: the embedded GLM-5 file).
+    #[arg(long)]
+    shapes: Option<PathBuf>,
+    /// Shape set of the file (default: tp8).
+    #[arg(long, default_value = fp4tune::shapes::DEFAULT_SET)]
+    set: String,
+    /// Only shapes whose name contains one of these (e.g. routed), comma separated.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Largest token bucket to tune (buckets come from the shape set).
+    #[arg(long, default_value_t = 8192)]
+    max_m: u32,
+    /// Activation type (default: w4a16 on SM90, w4a4 on SM120, whose family is W4A4 only).
+    #[arg(long, value_enum)]
+    a_type: Option<ATypeArg>,
+    /// This process's slice of the campaign, i/n (Slurm array index / count, ...).
+    #[arg(long, value_parser = fp4tune::tune::run::Shard::parse)]
+    shard: Option<fp4tune::tune::run::Shard>,
+    /// Folder for the measurement log and the dispatch table.
+    #[arg(long, default_value = "results")]
+    out: PathBuf,
+    /// Search strategy per key: exhaustive, random or model (analytic model pre-ranks, then
+    /// the best and their neighbours are measured).
+    #[arg(long, default_value = "model")]
+    strategy: String,
+    /// Evaluations per key as a fraction of its legal configurations (model/random).
+    #[arg(long, default_value_t = 0.1)]
+    budget: f64,
+    /// A candidate that runs longer than this many seconds is recorded as a hang.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Also measure the dequantize-then-cuBLAS path (W expanded to bf16, then cuBLAS BF16)
+    /// on buckets with M >= this; an entry takes it where it beats every fused kernel by the
+    /// default margin. 0 turns it off.
+    #[arg(long, default_value_t = 128)]
+    composite_min_m: u32,
 }
 
 #[derive(clap::Args, Debug)]
@@ -644,21 +616,24 @@ fn common_configs(dims: &[(u32, u32)], buckets: &[u32], a_type: AType) -> Vec<Ge
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-fn cmd_tune(
-    shapes: Option<PathBuf>,
-    set: String,
-    only: Vec<String>,
-    max_m: u32,
-    a_type: Option<AType>,
-    shard: Option<fp4tune::tune::run::Shard>,
-    out: PathBuf,
-    strategy: fp4tune::search::StrategyKind,
-    budget: f64,
-    timeout: u64,
-    device: usize,
-    composite_min_m: Option<u32>,
-) -> Result<()> {
+fn cmd_tune(args: TuneArgs) -> Result<()> {
+    let TuneArgs {
+        shapes,
+        set,
+        only,
+        max_m,
+        a_type,
+        shard,
+        out,
+        strategy,
+        budget,
+        timeout,
+        device,
+        composite_min_m,
+    } = args;
+    let a_type = a_type.map(|a| a.single("tune")).transpose()?;
+    let strategy = fp4tune::search::StrategyKind::parse(&strategy)?;
+    let composite_min_m = (composite_min_m > 0).then_some(composite_min_m);
     use fp4tune::bench::TimingPolicy;
     use fp4tune::tune::run::{self, Event, Exhaustive, Shard, TuneSpec};
     use fp4tune::tune::select::SelectRules;

@@ -33,11 +33,29 @@ impl Gpu {
         params: &GemmParams,
         stream: RawStream,
     ) -> Result<(), GpuError> {
-        self.bind_to_thread()?;
         let mut args = [params as *const GemmParams as *mut c_void];
-        // SAFETY: the function handle is alive (kept by `kernel`'s module); `args` holds one pointer
-        // to a GemmParams that outlives this call (cuLaunchKernel copies the argument bytes before
-        // returning); buffer and stream validity are the caller's contract above.
+        // SAFETY: `args` holds one pointer to a GemmParams that outlives the call; the rest is the
+        // caller's contract above.
+        unsafe { self.launch_raw(kernel, dims, &mut args, stream) }
+    }
+
+    /// `cuLaunchKernel` of `kernel` on `stream` with `args` (one pointer per kernel parameter),
+    /// after making the primary context current.
+    ///
+    /// # Safety
+    /// `args` must point at values matching the kernel's parameter list, alive for the call
+    /// (cuLaunchKernel copies them before returning); the buffers they name must stay valid
+    /// until the work completes; `stream` must be 0 or a live stream of the primary context.
+    unsafe fn launch_raw(
+        &self,
+        kernel: &Kernel,
+        dims: LaunchDims,
+        args: &mut [*mut c_void],
+        stream: RawStream,
+    ) -> Result<(), GpuError> {
+        self.bind_to_thread()?;
+        // SAFETY: the function handle is alive (kept by `kernel`'s module); the arguments and
+        // the stream per the contract above.
         unsafe {
             result::launch_kernel(
                 kernel.function().cu_function(),
@@ -45,7 +63,7 @@ impl Gpu {
                 dims.block,
                 dims.smem_bytes,
                 stream as sys::CUstream,
-                &mut args,
+                args,
             )
         }
         .map_err(drv("cuLaunchKernel"))
@@ -69,23 +87,11 @@ impl Gpu {
         args: &[u64],
         stream: RawStream,
     ) -> Result<(), GpuError> {
-        self.bind_to_thread()?;
         let mut ptrs: Vec<*mut c_void> =
             args.iter().map(|a| a as *const u64 as *mut c_void).collect();
-        // SAFETY: the function handle is alive (kept by `kernel`'s module); `ptrs` points at the
-        // 64-bit values of `args`, which outlive this call (cuLaunchKernel copies them before
-        // returning); buffer and stream validity are the caller's contract above.
-        unsafe {
-            result::launch_kernel(
-                kernel.function().cu_function(),
-                dims.grid,
-                dims.block,
-                dims.smem_bytes,
-                stream as sys::CUstream,
-                &mut ptrs,
-            )
-        }
-        .map_err(drv("cuLaunchKernel"))
+        // SAFETY: `ptrs` points at the 64-bit values of `args`, which outlive the call; the rest
+        // is the caller's contract above.
+        unsafe { self.launch_raw(kernel, dims, &mut ptrs, stream) }
     }
 
     /// Block until all work on `stream` has finished (surfaces asynchronous launch errors).

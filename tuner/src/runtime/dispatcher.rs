@@ -441,37 +441,50 @@ impl Dispatcher {
         Ok(Route { config, method: Method::Fused, kind })
     }
 
-    /// Grow the composite workspace (slow path), with the same rules as [`Dispatcher::grow`].
+    /// Replace a workspace (slow path), for both the split-K and the composite one: refused
+    /// during graph capture; otherwise waits for the whole device (the old buffers may be in use
+    /// on any stream), then allocates the new, zeroed buffers with `alloc`.
     ///
     /// # Safety
     /// `stream` must be 0 or a live stream of the primary context.
     #[cold]
+    unsafe fn regrow<T>(
+        &self,
+        needed_bytes: usize,
+        have_bytes: usize,
+        stream: RawStream,
+        alloc: impl FnOnce(&Gpu) -> Result<T, crate::gpu::GpuError>,
+    ) -> Result<T, RuntimeError> {
+        // SAFETY: forwarded stream contract.
+        if unsafe { self.gpu.stream_is_capturing(stream)? } {
+            return Err(RuntimeError::WorkspaceDuringCapture { needed_bytes, have_bytes });
+        }
+        self.gpu.synchronize_device()?;
+        let new = alloc(&self.gpu)?;
+        self.gpu.synchronize()?;
+        Ok(new)
+    }
+
+    /// Grow the composite workspace to at least `elems` bf16 (at least doubling it).
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of the primary context.
     unsafe fn grow_composite(
         &self,
         ws: &mut DeviceBuf<u16>,
         elems: usize,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
+        let len = elems.max(ws.len() * 2);
         // SAFETY: forwarded stream contract.
-        if unsafe { self.gpu.stream_is_capturing(stream)? } {
-            return Err(RuntimeError::WorkspaceDuringCapture {
-                needed_bytes: elems * 2,
-                have_bytes: ws.bytes(),
-            });
-        }
-        self.gpu.synchronize_device()?;
-        let new = self.gpu.alloc_zeros::<u16>(elems.max(ws.len() * 2))?;
-        self.gpu.synchronize()?;
-        *ws = new;
+        *ws = unsafe { self.regrow(elems * 2, ws.bytes(), stream, |g| g.alloc_zeros::<u16>(len))? };
         Ok(())
     }
 
-    /// Grow the split-K workspace (slow path): refused during graph capture; otherwise waits for
-    /// the whole device (the old buffers may be in use on any stream), then reallocates zeroed.
+    /// Grow the split-K workspace and counters to at least these sizes (at least doubling them).
     ///
     /// # Safety
     /// `stream` must be 0 or a live stream of the primary context.
-    #[cold]
     unsafe fn grow(
         &self,
         ws: &mut Workspace,
@@ -481,20 +494,16 @@ impl Dispatcher {
     ) -> Result<(), RuntimeError> {
         let floats = floats.max(ws.floats.len());
         let counters = counters.max(ws.counters.len());
+        let (nf, nc) = (floats.max(ws.floats.len() * 2), counters.max(ws.counters.len() * 2));
         // SAFETY: forwarded stream contract.
-        if unsafe { self.gpu.stream_is_capturing(stream)? } {
-            return Err(RuntimeError::WorkspaceDuringCapture {
-                needed_bytes: floats * 4 + counters * 4,
-                have_bytes: ws.bytes(),
-            });
-        }
-        self.gpu.synchronize_device()?;
-        let new = Workspace {
-            floats: self.gpu.alloc_zeros::<f32>(floats.max(ws.floats.len() * 2))?,
-            counters: self.gpu.alloc_zeros::<u32>(counters.max(ws.counters.len() * 2))?,
+        *ws = unsafe {
+            self.regrow(floats * 4 + counters * 4, ws.bytes(), stream, |g| {
+                Ok(Workspace {
+                    floats: g.alloc_zeros::<f32>(nf)?,
+                    counters: g.alloc_zeros::<u32>(nc)?,
+                })
+            })?
         };
-        self.gpu.synchronize()?;
-        *ws = new;
         Ok(())
     }
 

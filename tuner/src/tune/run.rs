@@ -8,6 +8,7 @@ use crate::bench::TimingPolicy;
 use crate::compile::Compiler;
 use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
+use crate::table::Method;
 use crate::template::{self, Arch, Family, GemmConfig};
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -264,6 +265,19 @@ fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
+/// The random operands of a key (fused candidates and the composite path see the same ones).
+fn operand_seed(key: &TuneKey) -> u64 {
+    0xF4F4 ^ ((key.m as u64) << 40) ^ ((key.n as u64) << 20) ^ key.k as u64
+}
+
+/// The outcome recorded for the candidate in flight when the worker stopped answering.
+fn worker_failure(e: WorkerError) -> Outcome {
+    match e {
+        WorkerError::Timeout(seconds) => Outcome::Timeout { seconds },
+        e => Outcome::LaunchError { reason: format!("worker died: {e}") },
+    }
+}
+
 struct Session {
     worker: Option<WorkerHandle>,
     exe: PathBuf,
@@ -403,6 +417,19 @@ pub fn run(
 
     let mut writer = log::Writer::open(&log_path)?;
     let mut new_records = 0usize;
+    // A measurement as a log record of this device, template version and context.
+    let stamp = |key: &TuneKey, method: Method, config: GemmConfig, outcome: Outcome| Record {
+        schema_version: LOG_SCHEMA_VERSION,
+        key: key.clone(),
+        method,
+        config,
+        outcome,
+        device: info.name.clone(),
+        compute_capability: info.compute_capability,
+        template_hash: template_hash.clone(),
+        at: now(),
+        context: Some(context.clone()),
+    };
     let total = keys.len();
     for (index, key) in keys.iter().enumerate() {
         let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
@@ -424,18 +451,7 @@ pub fn run(
                           done: &mut HashSet<(TuneKey, GemmConfig)>,
                           todo: &mut Vec<GemmConfig>|
          -> Result<(), TuneError> {
-            writer.append(&Record {
-                schema_version: LOG_SCHEMA_VERSION,
-                key: key.clone(),
-                method: crate::table::Method::Fused,
-                config,
-                outcome,
-                device: info.name.clone(),
-                compute_capability: info.compute_capability,
-                template_hash: template_hash.clone(),
-                at: now(),
-                context: Some(context.clone()),
-            })?;
+            writer.append(&stamp(key, Method::Fused, config, outcome))?;
             new_records += 1;
             done.insert((key.clone(), config));
             todo.retain(|c| *c != config);
@@ -461,9 +477,12 @@ pub fn run(
                 }
             }
             while !todo.is_empty() {
-                let seed = 0xF4F4 ^ ((key.m as u64) << 40) ^ ((key.n as u64) << 20) ^ key.k as u64;
-                let req =
-                    Request::Evaluate { problem, configs: todo.clone(), policy: spec.policy, seed };
+                let req = Request::Evaluate {
+                    problem,
+                    configs: todo.clone(),
+                    policy: spec.policy,
+                    seed: operand_seed(key),
+                };
                 let mut running: Option<GemmConfig> = None;
                 let outcome_of_failure;
                 let worker = session.worker()?;
@@ -486,13 +505,8 @@ pub fn run(
                             break;
                         }
                         Ok(Reply::Device(_) | Reply::Floors { .. }) => {}
-                        Err(WorkerError::Timeout(s)) => {
-                            outcome_of_failure = Some(Outcome::Timeout { seconds: s });
-                            break;
-                        }
                         Err(e) => {
-                            outcome_of_failure =
-                                Some(Outcome::LaunchError { reason: format!("worker died: {e}") });
+                            outcome_of_failure = Some(worker_failure(e));
                             break;
                         }
                     }
@@ -537,56 +551,41 @@ pub fn run(
                 continue;
             };
             let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
-            let seed = 0xF4F4 ^ ((key.m as u64) << 40) ^ ((key.n as u64) << 20) ^ key.k as u64;
             let worker = session.worker()?;
-            worker.send(&Request::Composite { problem, fallback, policy: spec.policy, seed })?;
+            worker.send(&Request::Composite {
+                problem,
+                fallback,
+                policy: spec.policy,
+                seed: operand_seed(key),
+            })?;
             let mut outcome = None;
-            let mut failed = false;
+            let mut failure = None;
             loop {
                 match worker.recv(spec.candidate_timeout) {
                     Ok(Reply::Result { outcome: o, .. }) => outcome = Some(o),
                     Ok(Reply::Done) => break,
                     Ok(Reply::Fatal(e)) => {
-                        outcome = Some(Outcome::LaunchError { reason: e });
-                        failed = true;
+                        failure = Some(Outcome::LaunchError { reason: e });
                         break;
                     }
                     Ok(_) => {}
-                    Err(WorkerError::Timeout(s)) => {
-                        outcome = Some(Outcome::Timeout { seconds: s });
-                        failed = true;
-                        break;
-                    }
                     Err(e) => {
-                        outcome =
-                            Some(Outcome::LaunchError { reason: format!("worker died: {e}") });
-                        failed = true;
+                        failure = Some(worker_failure(e));
                         break;
                     }
                 }
             }
-            if failed {
-                progress(Event::WorkerRestart(format!("{outcome:?}")));
+            if let Some(f) = &failure {
+                progress(Event::WorkerRestart(format!("{f:?}")));
                 session.restart();
             }
-            let Some(outcome) = outcome else { continue };
+            let Some(outcome) = failure.or(outcome) else { continue };
             progress(Event::Composite {
                 key: key.clone(),
                 outcome: outcome.label(),
                 median_us: outcome.median_us(),
             });
-            writer.append(&Record {
-                schema_version: LOG_SCHEMA_VERSION,
-                key: key.clone(),
-                method: crate::table::Method::DequantCublasBf16,
-                config: fallback,
-                outcome,
-                device: info.name.clone(),
-                compute_capability: info.compute_capability,
-                template_hash: template_hash.clone(),
-                at: now(),
-                context: Some(context.clone()),
-            })?;
+            writer.append(&stamp(key, Method::DequantCublasBf16, fallback, outcome))?;
             new_records += 1;
         }
     }

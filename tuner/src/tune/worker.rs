@@ -111,16 +111,13 @@ pub fn serve(compiler: &Compiler) -> ! {
                     send(&Reply::Fatal("Evaluate before Hello".into()));
                     continue;
                 };
-                if host_cache.as_ref().is_none_or(|h| h.problem != problem) {
-                    match HostProblem::random(problem, seed) {
-                        Ok(h) => host_cache = Some(h),
-                        Err(e) => {
-                            send(&Reply::Fatal(format!("building {problem}: {e}")));
-                            continue;
-                        }
+                let host = match host_for(&mut host_cache, problem, seed) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        send(&Reply::Fatal(e));
+                        continue;
                     }
-                }
-                let host = host_cache.as_ref().expect("just set");
+                };
                 if let Err(e) = evaluate(g, compiler, host, &configs, &policy, &mut send) {
                     // A context-poisoning error: report and die; the parent respawns.
                     send(&Reply::Fatal(format!("CUDA error, worker exits: {e}")));
@@ -133,16 +130,13 @@ pub fn serve(compiler: &Compiler) -> ! {
                     send(&Reply::Fatal("Composite before Hello".into()));
                     continue;
                 };
-                if host_cache.as_ref().is_none_or(|h| h.problem != problem) {
-                    match HostProblem::random(problem, seed) {
-                        Ok(h) => host_cache = Some(h),
-                        Err(e) => {
-                            send(&Reply::Fatal(format!("building {problem}: {e}")));
-                            continue;
-                        }
+                let host = match host_for(&mut host_cache, problem, seed) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        send(&Reply::Fatal(e));
+                        continue;
                     }
-                }
-                let host = host_cache.as_ref().expect("just set");
+                };
                 send(&Reply::Running { config: fallback });
                 match evaluate_composite(g, compiler, host, &policy) {
                     Ok(outcome) => send(&Reply::Result { config: fallback, outcome }),
@@ -156,6 +150,21 @@ pub fn serve(compiler: &Compiler) -> ! {
         }
     }
     std::process::exit(0)
+}
+
+/// The host operands of `problem` from `seed`, kept across requests for the same problem (a
+/// key's batches and its composite measurement).
+fn host_for(
+    cache: &mut Option<HostProblem>,
+    problem: GemmProblem,
+    seed: u64,
+) -> Result<&HostProblem, String> {
+    if cache.as_ref().is_none_or(|h| h.problem != problem) {
+        *cache = Some(
+            HostProblem::random(problem, seed).map_err(|e| format!("building {problem}: {e}"))?,
+        );
+    }
+    Ok(cache.as_ref().expect("just set"))
 }
 
 /// The dequantize-then-cuBLAS path on `host`'s problem: set-up failures (no cuBLAS, K not a
