@@ -635,7 +635,7 @@ fn cmd_tune(args: TuneArgs) -> Result<()> {
     let strategy = fp4tune::search::StrategyKind::parse(&strategy)?;
     let composite_min_m = (composite_min_m > 0).then_some(composite_min_m);
     use fp4tune::bench::TimingPolicy;
-    use fp4tune::tune::run::{self, Event, Exhaustive, Shard, TuneSpec};
+    use fp4tune::tune::run::{self, Event, Planner, Shard, TuneSpec};
     use fp4tune::tune::select::SelectRules;
     let file = match &shapes {
         Some(p) => ShapeFile::load(p)?,
@@ -677,7 +677,7 @@ fn cmd_tune(args: TuneArgs) -> Result<()> {
         device,
         candidate_timeout: std::time::Duration::from_secs(timeout),
         planner: {
-            Box::new(move |key, legal, info, ctx| -> Box<dyn run::Planner> {
+            Box::new(move |key, legal, info, ctx| -> Planner {
                 use fp4tune::search::{CostModel, DeviceModel, StrategyKind};
                 let p = fp4tune::problem::GemmProblem::new(key.m, key.n, key.k, key.a_type);
                 // The analytic model of the GPU at hand, from what was measured on it just now.
@@ -690,7 +690,7 @@ fn cmd_tune(args: TuneArgs) -> Result<()> {
                     ))
                 };
                 match &strategy {
-                    StrategyKind::Exhaustive => Box::new(Exhaustive::new(legal)),
+                    StrategyKind::Exhaustive => Planner::exhaustive(legal),
                     kind => {
                         let kind = match kind {
                             StrategyKind::Model { options, .. } => {
@@ -705,7 +705,7 @@ fn cmd_tune(args: TuneArgs) -> Result<()> {
                             .collect();
                         let s = kind.build(legal, &p, fp4tune::search::Budget::fraction(budget));
 
-                        Box::new(run::StrategyPlanner::new(first, s, 16))
+                        Planner::new(first, s, 16)
                     }
                 }
             })
@@ -842,7 +842,8 @@ fn cmd_merge(logs: Vec<PathBuf>, out: PathBuf, table: Option<PathBuf>) -> Result
 }
 
 fn cmd_simulate(log: PathBuf, strategies: Vec<String>, budget: f64) -> Result<()> {
-    use fp4tune::search::{simulate_kind, Budget, Candidates, StrategyKind};
+    use fp4tune::search::{Budget, StrategyKind};
+    use fp4tune::tune::replay::{simulate_kind, Candidates};
     let records = fp4tune::tune::log::read(&log)?;
     if records.is_empty() {
         bail!("{}: no records", log.display());

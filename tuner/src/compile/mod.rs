@@ -45,6 +45,15 @@ pub struct CompiledKernel {
     pub key: String,
 }
 
+impl crate::gpu::KernelImage for CompiledKernel {
+    fn kernel_name(&self) -> &str {
+        &self.kernel_name
+    }
+    fn cubin(&self) -> &[u8] {
+        &self.cubin
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
     Compiled,

@@ -1,8 +1,6 @@
 //! One CUDA device: context, stream, device facts, buffers, modules, launches, events and graphs.
 
 use super::loader;
-use crate::compile::CompiledKernel;
-use crate::template::LaunchDims;
 use cudarc::driver::sys::{CUdevice_attribute as Attr, CUfunction_attribute as FnAttr};
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
@@ -182,23 +180,25 @@ impl Gpu {
         DeviceBuf { slice, ptr }
     }
 
-    /// Load a compiled kernel and opt it into `smem_bytes` of dynamic shared memory.
-    pub fn load(&self, k: &CompiledKernel, smem_bytes: u32) -> Result<Kernel, GpuError> {
+    /// Load a kernel image (CUBIN bytes and symbol name) and opt it into `smem_bytes` of dynamic
+    /// shared memory.
+    pub fn load<K: KernelImage + ?Sized>(&self, k: &K, smem_bytes: u32) -> Result<Kernel, GpuError> {
+        let name = k.kernel_name();
         let module = self
             .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(k.cubin.clone()))
+            .load_module(cudarc::nvrtc::Ptx::from_binary(k.cubin().to_vec()))
             .map_err(|e| GpuError::Kernel {
-                kernel: k.kernel_name.clone(),
+                kernel: name.to_string(),
                 message: format!("loading the cubin: {e}"),
             })?;
-        let func = module.load_function(&k.kernel_name).map_err(|e| GpuError::Kernel {
-            kernel: k.kernel_name.clone(),
+        let func = module.load_function(name).map_err(|e| GpuError::Kernel {
+            kernel: name.to_string(),
             message: format!("symbol not found in its cubin: {e}"),
         })?;
         if smem_bytes > 48 * 1024 {
             if smem_bytes > self.info.max_smem_per_block_optin {
                 return Err(GpuError::Kernel {
-                    kernel: k.kernel_name.clone(),
+                    kernel: name.to_string(),
                     message: format!(
                         "needs {smem_bytes} B of shared memory, the device allows {}",
                         self.info.max_smem_per_block_optin
@@ -211,7 +211,7 @@ impl Gpu {
             )
             .map_err(drv("cuFuncSetAttribute"))?;
         }
-        Ok(Kernel { name: k.kernel_name.clone(), func })
+        Ok(Kernel { name: name.to_string(), func })
     }
 
     /// Launch `kernel` with one by-value parameter block.
@@ -305,6 +305,30 @@ impl Graph {
 }
 
 /// cudarc's launch configuration of our launch dimensions.
+/// A loadable kernel image: the CUBIN bytes and the kernel's symbol name. `gpu` takes bytes;
+/// whoever compiled them (`compile::CompiledKernel`) implements this.
+pub trait KernelImage {
+    fn kernel_name(&self) -> &str;
+    fn cubin(&self) -> &[u8];
+}
+
+impl<T: KernelImage + ?Sized> KernelImage for std::sync::Arc<T> {
+    fn kernel_name(&self) -> &str {
+        (**self).kernel_name()
+    }
+    fn cubin(&self) -> &[u8] {
+        (**self).cubin()
+    }
+}
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem_bytes: u32,
+}
+
 fn launch_config(dims: LaunchDims) -> LaunchConfig {
     LaunchConfig { grid_dim: dims.grid, block_dim: dims.block, shared_mem_bytes: dims.smem_bytes }
 }

@@ -2,9 +2,8 @@
 //! stream) in the device's primary context, the context PyTorch and the CUDA runtime use, so
 //! device pointers from either are valid here.
 
-use super::device::{drv, Gpu, GpuError, Kernel};
+use super::device::{drv, Gpu, GpuError, Kernel, LaunchDims};
 use super::params::GemmParams;
-use crate::template::LaunchDims;
 use cudarc::driver::{result, sys};
 use std::ffi::c_void;
 

@@ -1,8 +1,7 @@
-//! Search over kernel configurations: spaces as data, the analytic cost model, strategies and
-//! offline simulation of strategies against a measurement log.
+//! Search over kernel configurations: spaces as data, the analytic cost model and strategies
+//! (replaying a strategy against a measurement log is `tune::replay`).
 
 pub mod model;
-pub mod simulate;
 pub mod space;
 pub mod strategy;
 
@@ -10,7 +9,6 @@ use crate::problem::AType;
 use crate::template::Family;
 
 pub use model::{competitive_pipelines, Bound, CostModel, DeviceModel, Estimate, StreamFit};
-pub use simulate::{simulate, simulate_kind, Candidates, KeyReport, SimKey, SimulationReport};
 pub use space::{Constraint, Param, ParamValues, PruneReport, SearchSpace, Violation};
 pub use strategy::{
     Budget, Exhaustive, ModelGuided, ModelGuidedOptions, RandomSearch, Strategy, StrategyKind,

@@ -13,6 +13,7 @@ use crate::problem::{AType, GemmProblem};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub use crate::gpu::LaunchDims;
 pub use source::{template_tree_hash, KernelSource, TEMPLATE_FILES};
 
 /// GPU architectures we compile for.
@@ -258,14 +259,6 @@ impl fmt::Display for GemmConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())
     }
-}
-
-/// Grid, block and dynamic shared memory of one launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaunchDims {
-    pub grid: (u32, u32, u32),
-    pub block: (u32, u32, u32),
-    pub smem_bytes: u32,
 }
 
 impl GemmConfig {

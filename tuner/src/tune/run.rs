@@ -8,45 +8,19 @@ use crate::bench::TimingPolicy;
 use crate::compile::Compiler;
 use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
+use crate::search::{Budget, Exhaustive, Strategy};
 use crate::table::Method;
 use crate::template::{self, Arch, Family, GemmConfig};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Proposes candidates for one key, batch by batch, and learns from results.
-pub trait Planner {
-    /// Up to `max` configurations not proposed before; empty when done.
-    fn next_batch(&mut self, max: usize) -> Vec<GemmConfig>;
-    /// The outcome of a proposed configuration (median microseconds, or None if it failed).
-    fn observe(&mut self, config: &GemmConfig, median_us: Option<f64>);
-}
-
-/// Every legal configuration, in space order.
-#[derive(Debug)]
-pub struct Exhaustive {
-    queue: std::collections::VecDeque<GemmConfig>,
-}
-
-impl Exhaustive {
-    pub fn new(legal: Vec<GemmConfig>) -> Self {
-        Self { queue: legal.into() }
-    }
-}
-
-impl Planner for Exhaustive {
-    fn next_batch(&mut self, max: usize) -> Vec<GemmConfig> {
-        let n = max.min(self.queue.len());
-        self.queue.drain(..n).collect()
-    }
-    fn observe(&mut self, _: &GemmConfig, _: Option<f64>) {}
-}
-
-/// A search strategy driven in batches, after a fixed list of configurations every key measures
-/// (so the geomean default is chosen among configurations timed on all keys).
-pub struct StrategyPlanner {
+/// Drives one key's search strategy (`search::Strategy`) in batches, after a fixed list of
+/// configurations every key measures (so the geomean default is chosen among configurations
+/// timed on all keys). The exhaustive campaign is `Planner::exhaustive`.
+pub struct Planner {
     first: std::collections::VecDeque<GemmConfig>,
-    strategy: Box<dyn crate::search::Strategy>,
+    strategy: Box<dyn Strategy>,
     /// At most this many strategy proposals per batch (adaptive strategies want small batches).
     step: usize,
     proposed: HashSet<GemmConfig>,
@@ -54,18 +28,14 @@ pub struct StrategyPlanner {
     known: std::collections::HashMap<GemmConfig, Option<f64>>,
 }
 
-impl std::fmt::Debug for StrategyPlanner {
+impl std::fmt::Debug for Planner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StrategyPlanner").field("strategy", &self.strategy.name()).finish()
+        f.debug_struct("Planner").field("strategy", &self.strategy.name()).finish()
     }
 }
 
-impl StrategyPlanner {
-    pub fn new(
-        first: Vec<GemmConfig>,
-        strategy: Box<dyn crate::search::Strategy>,
-        step: usize,
-    ) -> Self {
+impl Planner {
+    pub fn new(first: Vec<GemmConfig>, strategy: Box<dyn Strategy>, step: usize) -> Self {
         Self {
             first: first.into(),
             strategy,
@@ -75,10 +45,14 @@ impl StrategyPlanner {
             known: std::collections::HashMap::new(),
         }
     }
-}
 
-impl Planner for StrategyPlanner {
-    fn next_batch(&mut self, max: usize) -> Vec<GemmConfig> {
+    /// Every legal configuration, in space order, as many per batch as asked for.
+    pub fn exhaustive(legal: Vec<GemmConfig>) -> Self {
+        Self::new(Vec::new(), Box::new(Exhaustive::new(legal, Budget::unlimited())), usize::MAX)
+    }
+
+    /// Up to `max` configurations not proposed before; empty when done.
+    pub fn next_batch(&mut self, max: usize) -> Vec<GemmConfig> {
         let mut out = Vec::new();
         while out.len() < max {
             match self.first.pop_front() {
@@ -112,7 +86,8 @@ impl Planner for StrategyPlanner {
         out
     }
 
-    fn observe(&mut self, config: &GemmConfig, median_us: Option<f64>) {
+    /// The outcome of a proposed configuration (median microseconds, or None if it failed).
+    pub fn observe(&mut self, config: &GemmConfig, median_us: Option<f64>) {
         self.known.insert(*config, median_us);
         if self.from_strategy.remove(config) {
             self.strategy.observe(*config, median_us);
@@ -155,7 +130,7 @@ impl Shard {
 /// Builds the planner of one key from its legal configurations, the device and what was measured
 /// on it at the start of the campaign.
 pub type PlannerFactory =
-    Box<dyn Fn(&TuneKey, Vec<GemmConfig>, &DeviceInfo, &log::Context) -> Box<dyn Planner>>;
+    Box<dyn Fn(&TuneKey, Vec<GemmConfig>, &DeviceInfo, &log::Context) -> Planner>;
 
 pub struct TuneSpec {
     /// (N, K) weight shapes (deduplicated) and the token buckets to tune each at.
@@ -635,7 +610,7 @@ mod tests {
     #[test]
     fn exhaustive_proposes_everything_once() {
         let space = template::search_space(Family::Sm90, AType::Bf16);
-        let mut p = Exhaustive::new(space.clone());
+        let mut p = Planner::exhaustive(space.clone());
         let mut seen = Vec::new();
         loop {
             let b = p.next_batch(100);
@@ -684,15 +659,6 @@ for line in sys.stdin:
         send("Done")
 "#;
 
-    #[derive(Debug)]
-    struct List(std::collections::VecDeque<GemmConfig>);
-    impl Planner for List {
-        fn next_batch(&mut self, max: usize) -> Vec<GemmConfig> {
-            let n = max.min(self.0.len());
-            self.0.drain(..n).collect()
-        }
-        fn observe(&mut self, _: &GemmConfig, _: Option<f64>) {}
-    }
 
     fn configs() -> Vec<GemmConfig> {
         let base = template::default_config(Family::Sm90, AType::Bf16);
@@ -716,7 +682,7 @@ for line in sys.stdin:
             exe,
             device: 0,
             candidate_timeout: Duration::from_secs(3),
-            planner: Box::new(|_, _, _, _| Box::new(List(configs().into()))),
+            planner: Box::new(|_, _, _, _| Planner::exhaustive(configs())),
             batch: 16,
             precompile: false,
             composite_min_m: None,

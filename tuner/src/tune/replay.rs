@@ -1,12 +1,11 @@
-//! Offline simulation of a strategy against a full measurement log: the strategy asks, the log
+//! Replay (offline simulation) of a search strategy against a full measurement log: the strategy asks, the log
 //! answers, and the report gives best-found regret against evaluations spent, per key and
 //! aggregated.
 
-use super::strategy::{Budget, Strategy, StrategyKind};
-use super::{SearchError, SearchSpace};
+use super::log::{Outcome, Record, TuneKey};
 use crate::problem::GemmProblem;
+use crate::search::{Budget, SearchError, SearchSpace, Strategy, StrategyKind};
 use crate::template::GemmConfig;
-use crate::tune::log::{Outcome, Record, TuneKey};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
