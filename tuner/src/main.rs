@@ -31,6 +31,18 @@ enum Command {
         /// Cubin cache folder (default: $FP4TUNE_CACHE or ~/.cache/fp4tune/cubin).
         #[arg(long)]
         cache: Option<PathBuf>,
+        /// Which configurations: the whole search space, the family's seeds (default + measured
+        /// seeds) or its representative configurations.
+        #[arg(long, value_enum, default_value = "space")]
+        configs: CompileSet,
+        /// Only the configurations with these names or kernel names (comma separated, e.g.
+        /// sm90_w4a16_m8n16k1024_w1x1x4_g2_sk6_swap_o4).
+        #[arg(long, value_delimiter = ',')]
+        names: Vec<String>,
+        /// Write each rendered kernel source to DIR/<kernel name>.cu instead of compiling (no
+        /// NVRTC needed).
+        #[arg(long, value_name = "DIR")]
+        emit: Option<PathBuf>,
     },
     /// Benchmark the family's kernels on a shape set against floors and peers (needs a GPU).
     Bench(BenchArgs),
@@ -92,6 +104,14 @@ enum Command {
         #[arg(long)]
         ep: Option<u32>,
     },
+}
+
+/// Which configurations `compile` takes.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum CompileSet {
+    Space,
+    Seeds,
+    Representative,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -174,8 +194,8 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Compile { arch, shapes, a_type, cache } => {
-            cmd_compile(arch, shapes, a_type, cache)
+        Command::Compile { arch, shapes, a_type, cache, configs, names, emit } => {
+            cmd_compile(arch, shapes, a_type, cache, configs, &names, emit)
         }
         Command::Bench(args) => cmd_bench(args),
         Command::Floors { bytes, device } => cmd_floors(bytes, device),
@@ -199,11 +219,33 @@ fn cmd_compile(
     shapes: Option<PathBuf>,
     a_type: ATypeArg,
     cache: Option<PathBuf>,
+    set: CompileSet,
+    names: &[String],
+    emit: Option<PathBuf>,
 ) -> Result<()> {
     let family = Family::for_arch(arch);
     let file = shapes.as_deref().map(ShapeFile::load).transpose()?;
-    let mut configs: Vec<_> =
-        a_type.types().into_iter().flat_map(|t| template::search_space(family, t)).collect();
+    let mut configs: Vec<GemmConfig> = Vec::new();
+    for t in a_type.types() {
+        if template::search_space(family, t).is_empty() {
+            continue;
+        }
+        match set {
+            CompileSet::Space => configs.extend(template::search_space(family, t)),
+            CompileSet::Seeds => {
+                configs.push(template::default_config(family, t));
+                configs.extend(template::measured_seeds(family, t));
+            }
+            CompileSet::Representative => {
+                configs.extend(template::representative_configs(family, t))
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    configs.retain(|c| seen.insert(*c));
+    if !names.is_empty() {
+        configs.retain(|c| names.iter().any(|n| *n == c.name() || *n == c.kernel_name()));
+    }
     if let Some(file) = &file {
         // Keep variants that can run at least one (shape, bucket) of the file.
         configs.retain(|c| {
@@ -219,6 +261,16 @@ fn cmd_compile(
         .iter()
         .map(|c| c.render().with_context(|| format!("rendering {c}")))
         .collect::<Result<Vec<_>>>()?;
+    if let Some(dir) = emit {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (c, src) in configs.iter().zip(&sources) {
+            let path = dir.join(format!("{}.cu", c.kernel_name()));
+            std::fs::write(&path, &src.code)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        println!("{} kernel sources written to {}", sources.len(), dir.display());
+        return Ok(());
+    }
     let compiler =
         Compiler::new(Some(cache.unwrap_or_else(fp4tune::compile::cache::DiskCache::default_dir)))?;
     let t0 = std::time::Instant::now();

@@ -89,3 +89,30 @@ fn gpu_commands_without_a_gpu_fail_cleanly() {
         assert_clean_error(ok, &err, &["CUDA driver"]);
     }
 }
+
+/// `compile --emit DIR` writes the rendered source of each chosen configuration, byte for byte
+/// what the library renders, without NVRTC.
+#[test]
+fn compile_emit_writes_the_rendered_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("emit");
+    let (ok, err) = run(
+        &fp4tune(),
+        &["compile", "--arch", "sm_90a", "--configs", "seeds", "--emit", out.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(ok, "{err}");
+    let mut expected = 0;
+    for a_type in [fp4tune::problem::AType::Bf16, fp4tune::problem::AType::Nvfp4] {
+        let family = fp4tune::template::Family::Sm90;
+        let mut configs = vec![fp4tune::template::default_config(family, a_type)];
+        configs.extend(fp4tune::template::measured_seeds(family, a_type));
+        for c in configs {
+            let written = std::fs::read_to_string(out.join(format!("{}.cu", c.kernel_name())))
+                .unwrap_or_else(|e| panic!("{}: {e}", c.kernel_name()));
+            assert_eq!(written, c.render().unwrap().code);
+            expected += 1;
+        }
+    }
+    assert!(std::fs::read_dir(&out).unwrap().count() <= expected);
+}

@@ -182,7 +182,11 @@ impl Gpu {
 
     /// Load a kernel image (CUBIN bytes and symbol name) and opt it into `smem_bytes` of dynamic
     /// shared memory.
-    pub fn load<K: KernelImage + ?Sized>(&self, k: &K, smem_bytes: u32) -> Result<Kernel, GpuError> {
+    pub fn load<K: KernelImage + ?Sized>(
+        &self,
+        k: &K,
+        smem_bytes: u32,
+    ) -> Result<Kernel, GpuError> {
         let name = k.kernel_name();
         let module = self
             .ctx

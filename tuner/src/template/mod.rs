@@ -292,8 +292,6 @@ impl GemmConfig {
 }
 
 pub mod sm120;
-pub mod sm120_fragments;
-pub mod sm120_report;
 pub mod sm90;
 
 impl GemmConfig {
@@ -357,6 +355,16 @@ pub fn measured_seeds(family: Family, a_type: AType) -> Vec<GemmConfig> {
     match family {
         Family::Sm90 => sm90::measured_winners(a_type),
         Family::Sm120 => Vec::new(),
+    }
+}
+
+/// A few configurations that cover the family's kernels (small-M streaming, mid-M, large-M) for
+/// compile checks and `fp4tune compile --configs representative`; the default for SM120.
+pub fn representative_configs(family: Family, a_type: AType) -> Vec<GemmConfig> {
+    match family {
+        Family::Sm90 => sm90::representative_configs(a_type),
+        Family::Sm120 if sm120::search_space(a_type).is_empty() => Vec::new(),
+        Family::Sm120 => vec![sm120::default_config(a_type)],
     }
 }
 

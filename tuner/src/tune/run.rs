@@ -659,7 +659,6 @@ for line in sys.stdin:
         send("Done")
 "#;
 
-
     fn configs() -> Vec<GemmConfig> {
         let base = template::default_config(Family::Sm90, AType::Bf16);
         let mut v = Vec::new();

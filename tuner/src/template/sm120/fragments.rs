@@ -12,8 +12,8 @@
 //! layout mistake in the template (mirrored here) shows up as a wrong product in a CPU test.
 //! The formulas in [`IndexMath::TEMPLATE`] must stay identical to the `.cuh` ones.
 
-use super::sm120::Sm120Layout;
-use super::GemmConfig;
+use super::Sm120Layout;
+use crate::template::GemmConfig;
 
 // ---------------------------------------------------------------------------------------------
 // Part 1: the instruction.
@@ -50,29 +50,14 @@ pub fn sfb_col(lane: u32, tid_b: u32) -> Option<u32> {
     (lane % 4 == tid_b).then_some(lane / 4)
 }
 
-/// Value of an E2M1 code (bit 3 sign).
+/// Value of an E2M1 code (bit 3 sign): `format::e2m1_decode`, exact in f64.
 pub fn e2m1_value(code: u8) -> f64 {
-    const MAG: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
-    let v = MAG[(code & 7) as usize];
-    if code & 8 != 0 {
-        -v
-    } else {
-        v
-    }
+    crate::format::e2m1_decode(code) as f64
 }
 
 /// Value of a UE4M3 scale (E4M3 without sign: bias 7, subnormals, 0x7F is NaN).
 pub fn ue4m3_value(bits: u8) -> f64 {
-    let b = bits & 0x7f;
-    if b == 0x7f {
-        return f64::NAN;
-    }
-    let (e, m) = ((b >> 3) as i32, (b & 7) as f64);
-    if e == 0 {
-        m / 8.0 * 2f64.powi(-6)
-    } else {
-        (1.0 + m / 8.0) * 2f64.powi(e - 7)
-    }
+    crate::format::e4m3_decode(bits & 0x7f) as f64
 }
 
 /// The registers of one warp for one MMA, indexed by lane.
@@ -133,12 +118,10 @@ pub fn execute_mma(ops: &MmaOperands, c: &[[f64; 4]; LANES]) -> [[f64; 4]; LANES
 // ---------------------------------------------------------------------------------------------
 // Part 2: the template's index math.
 
-/// Byte offset of scale (row, kb) in the swizzled 128x4 layout (`common/params.cuh`).
+/// Byte offset of scale (row, kb) in the swizzled 128x4 layout (`common/params.cuh`):
+/// `format::swizzle::swizzled_offset` in the index math's u32s.
 pub fn swizzled_sf_offset(row: u32, kb: u32, ksf_pad: u32) -> u32 {
-    ((row >> 7) * (ksf_pad >> 2) + (kb >> 2)) * 512
-        + (row & 31) * 16
-        + ((row >> 5) & 3) * 4
-        + (kb & 3)
+    crate::format::swizzle::swizzled_offset(row as usize, kb as usize, ksf_pad as usize) as u32
 }
 
 /// log2 of the code rows sharing one 128-byte line (`Config::ROWS_PER_LINE_LOG2`).

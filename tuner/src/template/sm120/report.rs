@@ -2,10 +2,10 @@
 //! its ptxas resources and its SASS inspected (block-scaled `OMMA.SF` present, no local memory),
 //! and a markdown report of registers, shared memory and MMA counts per variant.
 
-use super::sm120::{self, Sm120Layout};
-use super::{ConstraintError, GemmConfig};
+use super::Sm120Layout;
 use crate::compile::sass::{self, SassError};
 use crate::compile::{CompileError, CompiledKernel, Compiler};
+use crate::template::{sm120, ConstraintError, GemmConfig};
 use rayon::prelude::*;
 
 /// The SASS opcode of `mma.sync.m16n8k64 ... kind::mxf4nvf4.block_scale.scale_vec::4X` with

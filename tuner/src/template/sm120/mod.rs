@@ -9,6 +9,12 @@
 //! Vocabulary: P is the operand on the MMA's 16-row side and Q the one on its 8-column side. Without
 //! swap-AB, P = A (tokens, `block_m` rows) and Q = W (weights, `block_n` rows); with swap-AB (small M)
 //! P = W and Q = A, i.e. the kernel computes Y^T = W * A^T.
+//!
+//! [`fragments`] is the CPU model of the block-scaled MMA fragments the index math is tested
+//! against; [`report`] compiles every variant for `sm_120a` and checks its SASS.
+
+pub mod fragments;
+pub mod report;
 
 use super::{ConstraintError, Family, GemmConfig, Pipeline};
 use crate::problem::{AType, GemmProblem};

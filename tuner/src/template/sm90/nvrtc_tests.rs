@@ -1,0 +1,42 @@
+use super::*;
+use crate::compile::{sass, Compiler};
+use crate::problem::AType;
+
+/// NVRTC (sm_90a) compiles the measured winners and the representative configurations of both
+/// activation types; the winners spill nothing; a small-M kernel's SASS uses the bf16 HMMA and
+/// LDGSTS (cp.async) and no local memory.
+#[test]
+fn nvrtc_compiles_sample_configs_without_spills() {
+    let dir = tempfile::tempdir().unwrap();
+    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
+    let mut configs = Vec::new();
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        configs.extend(measured_winners(a_type));
+        configs.extend(representative_configs(a_type).into_iter().take(3));
+    }
+    let sources: Vec<_> = configs.iter().map(|c| c.render().unwrap()).collect();
+    let winners: Vec<_> =
+        [AType::Bf16, AType::Nvfp4].iter().flat_map(|&a| measured_winners(a)).collect();
+    for (c, res) in configs.iter().zip(compiler.compile_many(&sources)) {
+        let k = res.unwrap_or_else(|e| panic!("{c}: {e}"));
+        let stats = k.stats.unwrap_or_else(|| panic!("{c}: no ptxas statistics"));
+        assert!(stats.registers > 0 && stats.registers <= 255, "{c}: {stats:?}");
+        if winners.contains(c) {
+            assert!(!stats.spills(), "{c} spills: {stats:?}");
+        }
+    }
+    let small = measured_winners(AType::Bf16)[0];
+    let k = compiler.compile(&small.render().unwrap()).unwrap();
+    match sass::dump_sass(&k.kernel_name, &k.cubin) {
+        Ok(text) => {
+            assert!(sass::count_opcode(&text, "HMMA.16816.F32.BF16") > 0, "no bf16 HMMA");
+            assert!(sass::count_opcode(&text, "LDGSTS") > 0, "no cp.async");
+            assert!(!sass::uses_local_memory(&text), "local memory in {small}");
+        }
+        // cuobjdump is optional on developer machines; the ptxas statistics above still ran.
+        Err(sass::SassError::NotFound { .. }) => {
+            eprintln!("cuobjdump not found: SASS check skipped")
+        }
+        Err(e) => panic!("{e}"),
+    }
+}

@@ -1,0 +1,148 @@
+//! Seed configurations of the family: representative ones and measured ones.
+
+use super::default_config;
+use crate::problem::AType;
+use crate::template::{Family, GemmConfig, Pipeline};
+
+/// Representative configurations (small-M streaming, mid-M, large-M), compiled by the NVRTC tests
+/// and emitted by `fp4tune compile --configs representative --emit DIR`.
+pub fn representative_configs(a_type: AType) -> Vec<GemmConfig> {
+    let base = GemmConfig {
+        family: Family::Sm90,
+        a_type,
+        block_m: 16,
+        block_n: 64,
+        block_k: 128,
+        warps_m: 1,
+        warps_n: 4,
+        warps_k: 1,
+        stages: 4,
+        split_k: 1,
+        swap_ab: true,
+        pipeline: Pipeline::CpAsync,
+        min_ctas: 1,
+    };
+    vec![
+        base,
+        GemmConfig {
+            block_m: 8,
+            block_n: 32,
+            block_k: 256,
+            warps_n: 2,
+            warps_k: 2,
+            stages: 2,
+            split_k: 4,
+            ..base
+        },
+        GemmConfig {
+            block_m: 16,
+            block_n: 128,
+            block_k: 128,
+            warps_n: 4,
+            stages: 4,
+            split_k: 3,
+            ..base
+        },
+        GemmConfig {
+            block_m: 64,
+            block_n: 128,
+            block_k: 64,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 6,
+            ..base
+        },
+        GemmConfig {
+            block_m: 64,
+            block_n: 128,
+            block_k: 128,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 3,
+            swap_ab: false,
+            ..base
+        },
+        GemmConfig {
+            block_m: 8,
+            block_n: 64,
+            block_k: 128,
+            warps_n: 4,
+            stages: 4,
+            split_k: 12,
+            ..base
+        },
+        GemmConfig {
+            block_m: 32,
+            block_n: 64,
+            block_k: 64,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 4,
+            split_k: 2,
+            swap_ab: false,
+            ..base
+        },
+        default_config(a_type),
+        GemmConfig {
+            block_m: 128,
+            block_n: 256,
+            block_k: 64,
+            warps_m: 2,
+            warps_n: 4,
+            stages: 4,
+            swap_ab: false,
+            ..base
+        },
+    ]
+}
+
+/// Seeds for the tuner: the fastest configurations measured on an H200 (W4A16, CUDA-graph replay,
+/// weights rotated through more than 4x L2) for the GLM-5 expert shapes, over every weight
+/// pipeline. Every tuning run measures them on every key where they are legal; the search space
+/// must contain them (a test checks).
+pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
+    let c = |block_m, block_n, block_k, warps_m, warps_n, warps_k, stages, split_k, swap_ab| {
+        GemmConfig {
+            family: Family::Sm90,
+            a_type,
+            block_m,
+            block_n,
+            block_k,
+            warps_m,
+            warps_n,
+            warps_k,
+            stages,
+            split_k,
+            swap_ab,
+            pipeline: Pipeline::CpAsync,
+            min_ctas: 1,
+        }
+    };
+    // The streamed pipelines: swap-AB, one warp along M.
+    let d = |block_m, block_n, block_k, warps_n, warps_k, stages, split_k, pipeline| GemmConfig {
+        pipeline,
+        ..c(block_m, block_n, block_k, 1, warps_n, warps_k, stages, split_k, true)
+    };
+    vec![
+        c(8, 32, 256, 1, 2, 2, 4, 2, true),
+        c(16, 32, 256, 1, 2, 2, 6, 2, true),
+        c(8, 16, 256, 1, 1, 2, 8, 6, true),
+        c(16, 32, 256, 1, 2, 2, 6, 6, true),
+        c(8, 64, 256, 1, 4, 2, 4, 1, true),
+        c(16, 64, 128, 1, 4, 1, 4, 1, true),
+        c(64, 128, 128, 1, 4, 1, 3, 1, false),
+        d(8, 32, 1024, 2, 2, 4, 6, Pipeline::WarpRing),
+        d(8, 16, 2048, 1, 4, 4, 3, Pipeline::Registers),
+        d(8, 32, 256, 2, 2, 1, 1, Pipeline::Registers),
+        d(8, 16, 3072, 1, 8, 8, 2, Pipeline::WarpRing),
+        d(8, 16, 512, 1, 4, 1, 1, Pipeline::Registers),
+        d(8, 32, 6144, 2, 8, 4, 1, Pipeline::WarpRing),
+        d(8, 16, 2048, 1, 4, 8, 1, Pipeline::WarpRing),
+        d(16, 32, 2048, 2, 4, 8, 3, Pipeline::WarpRing),
+        GemmConfig { min_ctas: 4, ..d(8, 16, 1024, 1, 4, 2, 6, Pipeline::Global) },
+        GemmConfig { min_ctas: 2, ..d(8, 16, 1024, 1, 4, 2, 6, Pipeline::Global) },
+        GemmConfig { min_ctas: 2, ..d(8, 16, 3072, 1, 8, 4, 2, Pipeline::WarpRing) },
+        d(8, 32, 6144, 1, 8, 4, 1, Pipeline::WarpRing),
+        d(8, 16, 1024, 1, 4, 2, 1, Pipeline::Global),
+    ]
+}
