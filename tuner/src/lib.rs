@@ -6,7 +6,6 @@ pub mod error;
 pub mod ffi;
 pub mod format;
 pub mod gpu;
-pub mod model;
 pub mod problem;
 pub mod runtime;
 pub mod search;

@@ -1,7 +1,10 @@
-//! Search over kernel configurations: spaces as data, the analytic cost model and strategies
+//! Search over kernel configurations: spaces as data, the analytic cost model (the crate's one
+//! performance model) with its per-GPU data sheets and the decode-step roofline, and strategies
 //! (replaying a strategy against a measurement log is `tune::replay`).
 
 pub mod model;
+pub mod roofline;
+mod sheets;
 pub mod space;
 pub mod strategy;
 

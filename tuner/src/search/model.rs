@@ -1,6 +1,8 @@
 //! The analytic cost model that pre-ranks a search space: roofline (bytes over a bandwidth that
 //! grows with the bytes in flight, FLOPs over the tensor peak), occupancy, wave quantization,
-//! split-K and a launch floor, over a generic [`DeviceModel`].
+//! split-K and a launch floor, over a generic [`DeviceModel`] (the one performance model of the
+//! crate; the per-GPU data sheets are in `sheets.rs`, the decode-step roofline in `roofline.rs`).
+//! Units: microseconds, GB/s, TFLOP/s, bytes.
 //!
 //! Memory time follows Little's law: a kernel keeps `in_flight` bytes requested, each request
 //! takes `latency_us`, so it streams at most `in_flight / latency` and at most the device
@@ -37,7 +39,7 @@ pub struct ReadFloorPoint {
     pub us: f64,
 }
 
-/// The H200 read floor of `shared/baselines/h200_read_floor.csv` (MB, blocks, microseconds).
+/// The H200 read floor measured by `fp4tune floors` (MB, 512-thread blocks, microseconds).
 pub const H200_READ_FLOOR: [(f64, u32, f64); 40] = [
     (0.885, 132, 1.55),
     (0.885, 264, 1.58),
@@ -104,6 +106,9 @@ pub struct DeviceModel {
     pub regs_per_sm: u32,
     /// Cost of one launch inside a CUDA graph (an empty kernel), microseconds.
     pub launch_floor_us: f64,
+    /// L2 size, bytes (what cold-L2 timing rotates past; not used by the estimate).
+    #[serde(default)]
+    pub l2_bytes: u64,
     /// L2-to-SM bandwidth, GB/s (re-reads of tiles shared by several CTAs, split-K partials).
     pub l2_bandwidth_gbs: f64,
     /// Integer/FP32 ALU throughput, tera-operations per second (dequantization on Hopper).
@@ -112,7 +117,7 @@ pub struct DeviceModel {
 }
 
 /// Fitted to [`H200_READ_FLOOR`] by [`StreamFit::fit`] (a test checks the two agree).
-const H200_STREAM: StreamFit = StreamFit {
+pub(super) const H200_STREAM: StreamFit = StreamFit {
     latency_us: 0.5,
     smoothness: 2.5,
     round_overhead_us: 0.15,
@@ -121,47 +126,6 @@ const H200_STREAM: StreamFit = StreamFit {
 };
 
 impl DeviceModel {
-    /// NVIDIA H200 with the numbers measured in `measuring.md`: 4.27 TB/s read, ~790 TFLOP/s bf16,
-    /// 132 SMs, 228 KiB shared memory per SM, 0.66 us launch floor. L2 bandwidth and ALU rate are
-    /// estimates (about 2.5x DRAM; 132 SMs x 128 lanes x 1.98 GHz).
-    pub fn h200() -> Self {
-        Self {
-            name: "NVIDIA H200".into(),
-            sm_count: 132,
-            bandwidth_gbs: 4270.0,
-            tensor_tflops: 790.0,
-            smem_per_sm_bytes: 228 * 1024,
-            max_threads_per_sm: 2048,
-            max_ctas_per_sm: 32,
-            regs_per_sm: 65536,
-            launch_floor_us: 0.66,
-            l2_bandwidth_gbs: 10_000.0,
-            alu_tops: 33.5,
-            stream: H200_STREAM,
-        }
-    }
-
-    /// A model of a GPU we may not have, from the per-SKU data sheet in [`crate::model::sku`]
-    /// (RTX PRO 6000, RTX 5090, ...): what the model-guided search pre-ranks SM120 variants with
-    /// before any SM120 measurement exists. Streaming coefficients are the H200's (an assumption,
-    /// stated in the SKU module).
-    pub fn from_sku(sku: &crate::model::sku::Sku) -> Self {
-        Self {
-            name: sku.name.to_string(),
-            sm_count: sku.sms,
-            bandwidth_gbs: sku.dram_bw / 1e9,
-            tensor_tflops: sku.tensor_peak / 1e12,
-            smem_per_sm_bytes: sku.smem_per_sm,
-            max_threads_per_sm: sku.max_threads_per_sm,
-            max_ctas_per_sm: sku.max_blocks_per_sm,
-            regs_per_sm: sku.regs_per_sm,
-            launch_floor_us: sku.launch_floor_s * 1e6,
-            l2_bandwidth_gbs: sku.l2_bw / 1e9,
-            alu_tops: Self::h200().alu_tops * sku.sms as f64 / 132.0,
-            stream: H200_STREAM,
-        }
-    }
-
     /// A model from the facts the driver reports plus measured bandwidth, tensor peak and launch
     /// floor. Per-SM limits come from the compute capability; the streaming coefficients start
     /// as the H200's (refit with [`StreamFit::fit`] on the device's own read floor when known).
@@ -189,6 +153,7 @@ impl DeviceModel {
             max_ctas_per_sm: ctas,
             regs_per_sm: 65536,
             launch_floor_us,
+            l2_bytes: info.l2_bytes,
             l2_bandwidth_gbs: 2.5 * bandwidth_gbs,
             alu_tops: lanes_tops,
             stream: H200_STREAM,
@@ -454,7 +419,7 @@ mod sku_tests {
     fn sku_models_rank_sm120_decode_variants() {
         use crate::problem::{AType, GemmProblem};
         use crate::template::{search_space, Family};
-        let pro = DeviceModel::from_sku(&crate::model::sku::RTX_PRO_6000_WS);
+        let pro = DeviceModel::rtx_pro_6000_ws();
         assert_eq!(pro.sm_count, 188);
         assert!((pro.bandwidth_gbs - 1792.0).abs() < 1.0, "{}", pro.bandwidth_gbs);
         let space = search_space(Family::Sm120, AType::Nvfp4);

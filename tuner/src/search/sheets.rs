@@ -1,0 +1,124 @@
+//! Per-GPU data sheets: the [`DeviceModel`] of each GPU the cost model knows without measuring it
+//! (the one set of device numbers in the crate; units as in [`DeviceModel`]: GB/s, TFLOP/s,
+//! microseconds, bytes). On a GPU at hand, `DeviceModel::from_device_info` replaces them with what
+//! the driver reports and what `fp4tune floors` measured.
+
+use super::model::{DeviceModel, H200_STREAM};
+
+impl DeviceModel {
+    /// NVIDIA H200 (SM90), measured: 4.27 TB/s read bandwidth, ~790 TFLOP/s bf16 dense (989 by
+    /// spec), 132 SMs, 60 MiB L2, 228 KiB shared memory per SM, 0.66 us launch floor in a CUDA
+    /// graph; the streaming coefficients are fitted to its measured read floor. L2 bandwidth and
+    /// ALU rate are estimates (about 2.5x DRAM; 132 SMs x 128 lanes x 1.98 GHz).
+    pub fn h200() -> Self {
+        Self {
+            name: "NVIDIA H200".into(),
+            sm_count: 132,
+            bandwidth_gbs: 4270.0,
+            tensor_tflops: 790.0,
+            smem_per_sm_bytes: 228 * 1024,
+            max_threads_per_sm: 2048,
+            max_ctas_per_sm: 32,
+            regs_per_sm: 65536,
+            launch_floor_us: 0.66,
+            l2_bytes: 60 << 20,
+            l2_bandwidth_gbs: 10_000.0,
+            alu_tops: 33.5,
+            stream: H200_STREAM,
+        }
+    }
+
+    /// RTX PRO 6000 Blackwell Workstation Edition (SM120): 188 SMs, GDDR7 1792 GB/s, 128 MiB L2,
+    /// ~2 PFLOP/s dense FP4 by spec and 1.43 PFLOP/s measured through cuBLASLt (used as the
+    /// reachable peak). What the model-guided search pre-ranks SM120 variants with before any
+    /// SM120 measurement exists. Assumed, not measured: L2 bandwidth 4x DRAM, a 1 us launch
+    /// floor, the ALU rate scaled from the H200 by SM count, the H200's streaming coefficients.
+    pub fn rtx_pro_6000_ws() -> Self {
+        let h200 = Self::h200();
+        Self {
+            name: "RTX PRO 6000 Blackwell Workstation".into(),
+            sm_count: 188,
+            bandwidth_gbs: 1792.0,
+            tensor_tflops: 1430.0,
+            smem_per_sm_bytes: 102_400,
+            max_threads_per_sm: 1536,
+            max_ctas_per_sm: 24,
+            regs_per_sm: 65_536,
+            launch_floor_us: 1.0,
+            l2_bytes: 128 << 20,
+            l2_bandwidth_gbs: 4.0 * 1792.0,
+            alu_tops: h200.alu_tops * 188.0 / 132.0,
+            stream: H200_STREAM,
+        }
+    }
+
+    /// RTX PRO 6000 Blackwell Server Edition: the workstation card with 1597 GB/s.
+    pub fn rtx_pro_6000_server() -> Self {
+        Self {
+            name: "RTX PRO 6000 Blackwell Server".into(),
+            bandwidth_gbs: 1597.0,
+            ..Self::rtx_pro_6000_ws()
+        }
+    }
+
+    /// GeForce RTX 5090: 170 SMs, 1792 GB/s, 96 MiB L2; FP4 peak and ALU rate scaled from the
+    /// PRO 6000 by SM count (same SM, similar clocks; an assumption until measured).
+    pub fn rtx_5090() -> Self {
+        let pro = Self::rtx_pro_6000_ws();
+        Self {
+            name: "GeForce RTX 5090".into(),
+            sm_count: 170,
+            tensor_tflops: pro.tensor_tflops * 170.0 / 188.0,
+            l2_bytes: 96 << 20,
+            alu_tops: Self::h200().alu_tops * 170.0 / 132.0,
+            ..pro
+        }
+    }
+
+    /// Every data sheet.
+    pub fn data_sheets() -> Vec<Self> {
+        vec![Self::h200(), Self::rtx_pro_6000_ws(), Self::rtx_pro_6000_server(), Self::rtx_5090()]
+    }
+
+    /// A data sheet by (case-insensitive) name fragment of the device name: "H200", "RTX PRO
+    /// 6000 ... Server Edition", "5090", "RTX PRO 6000".
+    pub fn data_sheet(device_name: &str) -> Option<Self> {
+        let n = device_name.to_ascii_lowercase();
+        if n.contains("server") {
+            Some(Self::rtx_pro_6000_server())
+        } else if n.contains("5090") {
+            Some(Self::rtx_5090())
+        } else if n.contains("h200") {
+            Some(Self::h200())
+        } else if n.contains("6000") {
+            Some(Self::rtx_pro_6000_ws())
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_sheets_hold_the_measured_and_published_numbers() {
+        let h = DeviceModel::h200();
+        assert_eq!((h.sm_count, h.bandwidth_gbs, h.launch_floor_us), (132, 4270.0, 0.66));
+        assert_eq!(h.l2_bytes, 60 << 20);
+        let server = DeviceModel::rtx_pro_6000_server();
+        assert_eq!((server.sm_count, server.bandwidth_gbs), (188, 1597.0));
+        let (fp4_5090, fp4_pro) =
+            (DeviceModel::rtx_5090().tensor_tflops, DeviceModel::rtx_pro_6000_ws().tensor_tflops);
+        assert!((fp4_5090 / fp4_pro - 170.0 / 188.0).abs() < 1e-12);
+        let by = |n: &str| DeviceModel::data_sheet(n).map(|d| d.name);
+        assert_eq!(by("NVIDIA RTX PRO 6000 Blackwell Server Edition"), Some(server.name));
+        assert_eq!(by("NVIDIA GeForce RTX 5090"), Some("GeForce RTX 5090".into()));
+        assert_eq!(by("NVIDIA H200"), Some("NVIDIA H200".into()));
+        assert_eq!(by("A100"), None);
+        for d in DeviceModel::data_sheets() {
+            assert!(d.bandwidth_gbs > 0.0 && d.tensor_tflops > 0.0, "{}", d.name);
+        }
+    }
+}
