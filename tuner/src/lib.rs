@@ -6,6 +6,7 @@ pub mod error;
 pub mod ffi;
 pub mod format;
 pub mod gpu;
+pub mod moe;
 pub mod problem;
 pub mod runtime;
 pub mod search;

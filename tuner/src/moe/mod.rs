@@ -1,0 +1,72 @@
+//! The grouped MoE layer: all routed experts of one step in one launch per projection.
+//!
+//! An engine hands over the router's `topk_ids [B, top_k]` and `topk_weights [B, top_k]`, the
+//! activations `X [B, hidden]` and the stacked NVFP4 expert weights (ModelOpt layout per expert).
+//! Four kernels (`templates/moe/`) run on one stream without a host round trip:
+//!
+//! 1. `moe_align` (`schedule`): the stable expert-sorted routed rows, their inverse, and one tile
+//!    list per BLOCK_M (8, 16, 32).
+//! 2. `gate_up` (`config`, `MoeOp::GateUp`): gathers `X[token]` per routed row, multiplies by the
+//!    expert's fused `[gate; up]` weight and writes `H = SiLU(gate) * up` from the epilogue.
+//! 3. `down` (`MoeOp::Down`): `H` rows times the expert's down weight, one output row per routed
+//!    row (sorted order).
+//! 4. `moe_finalize`: each token's rows weighted by the router and summed in slot order
+//!    (deterministic, no atomics).
+//!
+//! `reference` is the CPU model every GPU result is checked against.
+
+pub mod config;
+pub mod reference;
+pub mod schedule;
+
+pub use config::{GroupedConfig, MoeOp};
+pub use schedule::{max_tiles, RouteSchedule, TILE_BLOCK_M};
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The shapes of one MoE layer on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MoeShape {
+    /// Model width (K of gate_up, N of down).
+    pub hidden: u32,
+    /// Expert intermediate size on this GPU (gate_up has N = 2 * inter, down has K = inter).
+    pub inter: u32,
+    /// Experts on this GPU (E_local).
+    pub experts: u32,
+    /// Experts per token.
+    pub top_k: u32,
+}
+
+impl MoeShape {
+    /// GLM-5 at TP8: 256 experts of 512 x 6144 and 6144 x 256 on every GPU, top-8.
+    pub const GLM5_TP8: MoeShape = MoeShape { hidden: 6144, inter: 256, experts: 256, top_k: 8 };
+    /// GLM-5 at EP8: 32 whole experts (4096 x 6144 and 6144 x 2048) per GPU, top-8 of 256.
+    pub const GLM5_EP8: MoeShape = MoeShape { hidden: 6144, inter: 2048, experts: 32, top_k: 8 };
+
+    /// (N, K) of one expert's weight for `op`.
+    pub fn nk(&self, op: MoeOp) -> (u32, u32) {
+        match op {
+            MoeOp::GateUp => (2 * self.inter, self.hidden),
+            MoeOp::Down => (self.hidden, self.inter),
+        }
+    }
+
+    /// NVFP4 bytes of one expert's weight for `op` (codes and 128-row-padded swizzled scales).
+    pub fn expert_bytes(&self, op: MoeOp) -> u64 {
+        let (n, k) = self.nk(op);
+        let codes = n as u64 * k as u64 / 2;
+        let sf = crate::format::swizzle::swizzled_len(n as usize, (k / 16) as usize) as u64;
+        codes + sf
+    }
+}
+
+impl fmt::Display for MoeShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "hidden {} inter {} experts {} top_k {}",
+            self.hidden, self.inter, self.experts, self.top_k
+        )
+    }
+}

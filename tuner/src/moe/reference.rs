@@ -1,0 +1,188 @@
+//! The CPU reference of the grouped MoE layer, built from the same NVFP4 decoders as the
+//! per-expert reference GEMM: per routed row, f32 dot products of dequantized weights with the
+//! bf16 activations, alpha last; gate_up applies SiLU(gate) * up in f32; finalize is the exact
+//! mirror of the kernel (fma in slot order, then bf16).
+
+use super::schedule::{RouteSchedule, SplitMix64};
+use crate::format::e2m1::e2m1_decode;
+use crate::format::e4m3::e4m3_decode;
+use crate::format::swizzle::{padded_scale_cols, swizzled_len, swizzled_offset};
+use half::bf16;
+
+/// Stacked NVFP4 expert weights in the kernels' layout: per expert `[n, k/2]` codes (ModelOpt
+/// nibble order), then its swizzled scales; one alpha per expert.
+#[derive(Debug, Clone)]
+pub struct ExpertWeights {
+    pub n: usize,
+    pub k: usize,
+    pub experts: usize,
+    pub codes: Vec<u8>,
+    pub scales: Vec<u8>,
+    pub alpha: Vec<f32>,
+}
+
+impl ExpertWeights {
+    /// Random codes, scales in [2^-2, 2^2) (no NaN), alpha a power of two times 1..2.
+    pub fn random(n: usize, k: usize, experts: usize, seed: u64) -> ExpertWeights {
+        let mut rng = SplitMix64(seed);
+        let code_bytes = n * k / 2;
+        let sf_bytes = swizzled_len(n, k / 16);
+        let mut codes = vec![0u8; code_bytes * experts];
+        for chunk in codes.chunks_mut(8) {
+            let v = rng.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+        let mut scales = vec![0u8; sf_bytes * experts];
+        for b in scales.iter_mut() {
+            *b = 0x28 + rng.below(0x20) as u8;
+        }
+        let alpha = (0..experts).map(|_| (1.0 + rng.below(8) as f32 / 8.0) / 64.0).collect();
+        ExpertWeights { n, k, experts, codes, scales, alpha }
+    }
+
+    pub fn code_bytes(&self) -> usize {
+        self.n * self.k / 2
+    }
+
+    pub fn scale_bytes(&self) -> usize {
+        swizzled_len(self.n, self.k / 16)
+    }
+
+    /// Row `row` of expert `e`, dequantized (without alpha).
+    pub fn dequant_row(&self, e: usize, row: usize, out: &mut [f32]) {
+        let codes = &self.codes[e * self.code_bytes() + row * self.k / 2..][..self.k / 2];
+        let scales = &self.scales[e * self.scale_bytes()..][..self.scale_bytes()];
+        let ksf_pad = padded_scale_cols(self.k / 16);
+        for kb in 0..self.k / 16 {
+            let s = e4m3_decode(scales[swizzled_offset(row, kb, ksf_pad)]);
+            for j in 0..8 {
+                let byte = codes[kb * 8 + j];
+                out[kb * 16 + 2 * j] = e2m1_decode(byte & 15) * s;
+                out[kb * 16 + 2 * j + 1] = e2m1_decode(byte >> 4) * s;
+            }
+        }
+    }
+
+    /// alpha * dot(deq(W[e][row]), a) in f32.
+    fn dot(&self, e: usize, row: usize, a: &[bf16], scratch: &mut [f32]) -> f32 {
+        self.dequant_row(e, row, scratch);
+        let acc: f32 = scratch.iter().zip(a).map(|(w, x)| w * x.to_f32()).sum();
+        acc * self.alpha[e]
+    }
+}
+
+/// x / (1 + e^-x), as the kernel computes it.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// H row of sorted row `r` (f32, before rounding): SiLU(gate) * up of the expert of `r` on
+/// `X[token]` (`x`: `[tokens, hidden]`).
+pub fn gate_up_row(
+    w: &ExpertWeights,
+    s: &RouteSchedule,
+    top_k: usize,
+    x: &[bf16],
+    r: u32,
+) -> Vec<f32> {
+    let e = s.expert_of_row(r) as usize;
+    let token = s.sorted_ids[r as usize] as usize / top_k;
+    let xr = &x[token * w.k..][..w.k];
+    let inter = w.n / 2;
+    let mut scratch = vec![0f32; w.k];
+    (0..inter)
+        .map(|j| {
+            let g = w.dot(e, j, xr, &mut scratch);
+            let u = w.dot(e, inter + j, xr, &mut scratch);
+            silu(g) * u
+        })
+        .collect()
+}
+
+/// Output row of sorted row `r` of the down projection (f32) on `H` (`[rows, inter]`).
+pub fn down_row(w: &ExpertWeights, s: &RouteSchedule, h: &[bf16], r: u32) -> Vec<f32> {
+    let e = s.expert_of_row(r) as usize;
+    let hr = &h[r as usize * w.k..][..w.k];
+    let mut scratch = vec![0f32; w.k];
+    (0..w.n).map(|n| w.dot(e, n, hr, &mut scratch)).collect()
+}
+
+/// `Y [tokens, n]` from the routed rows, exactly as moe_finalize computes it.
+pub fn finalize(
+    rows: &[bf16],
+    n: usize,
+    weights: &[f32],
+    inverse: &[i32],
+    top_k: usize,
+) -> Vec<bf16> {
+    let tokens = inverse.len() / top_k;
+    let mut y = vec![bf16::ZERO; tokens * n];
+    for t in 0..tokens {
+        for c in 0..n {
+            let mut acc = 0f32;
+            for s in 0..top_k {
+                let pos = inverse[t * top_k + s];
+                if pos >= 0 {
+                    acc = weights[t * top_k + s].mul_add(rows[pos as usize * n + c].to_f32(), acc);
+                }
+            }
+            y[t * n + c] = bf16::from_f32(acc);
+        }
+    }
+    y
+}
+
+/// Whether a GPU value matches the reference: within 2% of it plus 0.2% of the row's largest
+/// magnitude (the f32 summation order and the bf16 rounding of the output differ).
+pub fn matches(got: bf16, want: f32, row_max: f32) -> bool {
+    let g = got.to_f32();
+    g.is_finite() && (g - want).abs() <= 0.02 * want.abs() + 2e-3 * row_max
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::moe::schedule::{draw_routing, Routing};
+
+    #[test]
+    fn dequantized_rows_follow_the_nibble_order_and_the_swizzled_scales() {
+        let mut w = ExpertWeights::random(128, 64, 2, 1);
+        // expert 1, row 5: codes 0x21 (k0 = 0.5, k1 = 1.0), scale block 0 = 2.0 (E4M3 0x40)
+        let cb = w.code_bytes();
+        w.codes[cb + 5 * 32] = 0x21;
+        let sb = w.scale_bytes();
+        w.scales[sb + swizzled_offset(5, 0, 4)] = 0x40;
+        let mut row = vec![0f32; 64];
+        w.dequant_row(1, 5, &mut row);
+        assert_eq!(row[0], 1.0);
+        assert_eq!(row[1], 2.0);
+    }
+
+    #[test]
+    fn gate_up_is_silu_of_gate_times_up_and_finalize_sums_in_slot_order() {
+        let shape_k = 64;
+        let w = ExpertWeights::random(32, shape_k, 4, 3);
+        let ids = draw_routing(5, 3, 2, 4, Routing::Uniform);
+        let s = RouteSchedule::build(&ids, 0, 4);
+        let x: Vec<bf16> = (0..3 * shape_k).map(|i| bf16::from_f32((i % 7) as f32 - 3.0)).collect();
+        let h = gate_up_row(&w, &s, 2, &x, 0);
+        // by hand for row 0, column 3
+        let e = s.expert_of_row(0) as usize;
+        let t = s.sorted_ids[0] as usize / 2;
+        let mut g = vec![0f32; shape_k];
+        let mut u = vec![0f32; shape_k];
+        w.dequant_row(e, 3, &mut g);
+        w.dequant_row(e, 16 + 3, &mut u);
+        let gd: f32 =
+            g.iter().zip(&x[t * shape_k..]).map(|(a, b)| a * b.to_f32()).sum::<f32>() * w.alpha[e];
+        let ud: f32 =
+            u.iter().zip(&x[t * shape_k..]).map(|(a, b)| a * b.to_f32()).sum::<f32>() * w.alpha[e];
+        assert_eq!(h[3], silu(gd) * ud);
+        // finalize: token 0's two rows weighted 0.25 and 0.5
+        let rows: Vec<bf16> = (0..6 * 8).map(|i| bf16::from_f32(i as f32)).collect();
+        let y = finalize(&rows, 8, &[0.25, 0.5, 1.0, 1.0, 1.0, 1.0], &s.inverse, 2);
+        let p0 = s.inverse[0] as usize;
+        let p1 = s.inverse[1] as usize;
+        assert_eq!(y[0].to_f32(), 0.5f32.mul_add((p1 * 8) as f32, 0.25 * (p0 * 8) as f32));
+    }
+}

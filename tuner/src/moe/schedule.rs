@@ -1,0 +1,257 @@
+//! The routed-row schedule: the CPU mirror of `moe_align` (templates/moe/align.cuh) and the
+//! seeded routings the tuner and the benchmark draw.
+
+use serde::{Deserialize, Serialize};
+
+/// BLOCK_M of each tile list, in list order (templates/moe/params.cuh TILE_LISTS).
+pub const TILE_BLOCK_M: [u32; 3] = [8, 16, 32];
+/// Local experts moe_align handles (ALIGN_MAX_EXPERTS).
+pub const MAX_EXPERTS: u32 = 512;
+
+/// Capacity of every tile list for `tokens * top_k` routed ids over `experts` local experts:
+/// sum over experts of ceil(rows / 8) <= min(experts, rows) + rows / 8.
+pub fn max_tiles(tokens: u32, top_k: u32, experts: u32) -> u32 {
+    let rows = tokens * top_k;
+    experts.min(rows) + rows / 8
+}
+
+/// One tile: up to BLOCK_M consecutive sorted rows of one expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tile {
+    pub expert: u32,
+    pub first_row: u32,
+    pub rows: u32,
+}
+
+/// What moe_align writes, as the CPU computes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSchedule {
+    /// `[experts + 1]` prefix sums of routed rows per local expert.
+    pub offsets: Vec<i32>,
+    /// Flat ids (token * top_k + slot) grouped by expert, increasing inside each expert;
+    /// `offsets[experts]` entries.
+    pub sorted_ids: Vec<i32>,
+    /// `[tokens * top_k]`: sorted position of each flat id, -1 when not local.
+    pub inverse: Vec<i32>,
+    /// One list per `TILE_BLOCK_M`.
+    pub tiles: [Vec<Tile>; 3],
+}
+
+impl RouteSchedule {
+    /// The stable counting sort of `topk_ids` (`[tokens, top_k]`, global expert ids) over local
+    /// experts `expert_begin .. expert_begin + experts`.
+    pub fn build(topk_ids: &[i32], expert_begin: i32, experts: u32) -> RouteSchedule {
+        let e_n = experts as usize;
+        let local = |id: i32| -> Option<usize> {
+            let e = id as i64 - expert_begin as i64;
+            (e >= 0 && e < experts as i64).then_some(e as usize)
+        };
+        let mut count = vec![0i32; e_n];
+        for &id in topk_ids {
+            if let Some(e) = local(id) {
+                count[e] += 1;
+            }
+        }
+        let mut offsets = vec![0i32; e_n + 1];
+        for e in 0..e_n {
+            offsets[e + 1] = offsets[e] + count[e];
+        }
+        let mut cursor = offsets[..e_n].to_vec();
+        let mut sorted_ids = vec![0i32; offsets[e_n] as usize];
+        let mut inverse = vec![-1i32; topk_ids.len()];
+        for (i, &id) in topk_ids.iter().enumerate() {
+            if let Some(e) = local(id) {
+                let pos = cursor[e];
+                cursor[e] += 1;
+                sorted_ids[pos as usize] = i as i32;
+                inverse[i] = pos;
+            }
+        }
+        let tiles = TILE_BLOCK_M.map(|bm| {
+            let mut list = Vec::new();
+            for e in 0..e_n {
+                let mut r = 0;
+                while r < count[e] {
+                    let rows = (bm as i32).min(count[e] - r);
+                    list.push(Tile {
+                        expert: e as u32,
+                        first_row: (offsets[e] + r) as u32,
+                        rows: rows as u32,
+                    });
+                    r += bm as i32;
+                }
+            }
+            list
+        });
+        RouteSchedule { offsets, sorted_ids, inverse, tiles }
+    }
+
+    /// Local experts with at least one row.
+    pub fn active_experts(&self) -> u32 {
+        self.offsets.windows(2).filter(|w| w[1] > w[0]).count() as u32
+    }
+
+    /// Routed rows on this GPU.
+    pub fn rows(&self) -> u32 {
+        *self.offsets.last().unwrap_or(&0) as u32
+    }
+
+    /// The local expert of sorted row `r`.
+    pub fn expert_of_row(&self, r: u32) -> u32 {
+        (self.offsets.partition_point(|&o| o <= r as i32) - 1) as u32
+    }
+}
+
+/// How a routing is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Routing {
+    /// Every token picks top_k distinct experts uniformly at random.
+    Uniform,
+    /// Every token routes to experts 0, 1, 2 (as many of them as top_k allows), the rest uniform.
+    Skewed,
+}
+
+/// SplitMix64: the generator of routings, simple enough to mirror in any peer script.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in 0..n (n > 0), by the modulo of the 64-bit draw.
+    pub fn below(&mut self, n: u32) -> u32 {
+        (self.next_u64() % n as u64) as u32
+    }
+}
+
+/// `topk_ids [tokens, top_k]` over `experts_total` global experts, drawn from `seed`: each token
+/// draws until it has top_k distinct experts (skewed: experts 0..3 first).
+pub fn draw_routing(
+    seed: u64,
+    tokens: u32,
+    top_k: u32,
+    experts_total: u32,
+    routing: Routing,
+) -> Vec<i32> {
+    let mut rng = SplitMix64(seed);
+    let mut ids = Vec::with_capacity((tokens * top_k) as usize);
+    for _ in 0..tokens {
+        let mut picked: Vec<u32> = Vec::with_capacity(top_k as usize);
+        if routing == Routing::Skewed {
+            picked.extend((0..3.min(top_k).min(experts_total)).collect::<Vec<_>>());
+        }
+        while (picked.len() as u32) < top_k.min(experts_total) {
+            let e = rng.below(experts_total);
+            if !picked.contains(&e) {
+                picked.push(e);
+            }
+        }
+        ids.extend(picked.iter().map(|&e| e as i32));
+    }
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_invariants(ids: &[i32], begin: i32, experts: u32, s: &RouteSchedule) {
+        let local: Vec<bool> =
+            ids.iter().map(|&id| id >= begin && id < begin + experts as i32).collect();
+        assert_eq!(s.rows() as usize, local.iter().filter(|&&l| l).count());
+        // every local id appears exactly once, at its inverse position, inside its expert's segment
+        for (i, &id) in ids.iter().enumerate() {
+            if local[i] {
+                let pos = s.inverse[i];
+                assert_eq!(s.sorted_ids[pos as usize], i as i32);
+                let e = (id - begin) as usize;
+                assert!(s.offsets[e] <= pos && pos < s.offsets[e + 1]);
+            } else {
+                assert_eq!(s.inverse[i], -1);
+            }
+        }
+        // stable: increasing flat ids inside each expert
+        for e in 0..experts as usize {
+            let seg = &s.sorted_ids[s.offsets[e] as usize..s.offsets[e + 1] as usize];
+            assert!(seg.windows(2).all(|w| w[0] < w[1]));
+        }
+        // tiles: each list covers every row once, in order, none empty, none over BLOCK_M
+        for (l, bm) in TILE_BLOCK_M.iter().enumerate() {
+            let mut next = 0;
+            for t in &s.tiles[l] {
+                assert!(t.rows >= 1 && t.rows <= *bm);
+                assert_eq!(t.first_row, next);
+                assert_eq!(s.expert_of_row(t.first_row), t.expert);
+                assert_eq!(s.expert_of_row(t.first_row + t.rows - 1), t.expert);
+                next += t.rows;
+            }
+            assert_eq!(next, s.rows());
+            let tokens = ids.len() as u32; // with top_k = 1 in the bound below
+            assert!(s.tiles[l].len() as u32 <= max_tiles(tokens, 1, experts));
+        }
+    }
+
+    #[test]
+    fn the_schedule_is_a_stable_sort_with_an_inverse_and_covering_tiles() {
+        for (tokens, top_k, total, begin, experts, routing) in [
+            (1u32, 8u32, 256u32, 0i32, 256u32, Routing::Uniform),
+            (64, 8, 256, 0, 256, Routing::Uniform),
+            (256, 8, 256, 0, 256, Routing::Skewed),
+            (1024, 8, 256, 0, 256, Routing::Uniform),
+            (64, 1, 256, 0, 256, Routing::Uniform),
+            (64, 8, 256, 96, 32, Routing::Uniform),
+            (300, 8, 256, 224, 32, Routing::Skewed),
+        ] {
+            let ids = draw_routing(tokens as u64 * 7 + 1, tokens, top_k, total, routing);
+            assert_eq!(ids.len() as u32, tokens * top_k);
+            let s = RouteSchedule::build(&ids, begin, experts);
+            check_invariants(&ids, begin, experts, &s);
+        }
+    }
+
+    #[test]
+    fn ids_of_other_gpus_and_out_of_range_ids_are_skipped() {
+        let ids = [5, -1, 40, 33, 32, 1 << 30, 32, 63, 64];
+        let s = RouteSchedule::build(&ids, 32, 32);
+        assert_eq!(s.rows(), 5);
+        assert_eq!(s.inverse, vec![-1, -1, 3, 2, 0, -1, 1, 4, -1]);
+        assert_eq!(s.sorted_ids, vec![4, 6, 3, 2, 7]);
+        assert_eq!(s.active_experts(), 4);
+        check_invariants(&ids, 32, 32, &s);
+    }
+
+    #[test]
+    fn empty_experts_get_no_tile_and_skew_gets_many() {
+        let ids: Vec<i32> = (0..64).map(|_| 3).collect();
+        let s = RouteSchedule::build(&ids, 0, 256);
+        assert_eq!(s.tiles[0].len(), 8);
+        assert_eq!(s.tiles[2].len(), 2);
+        assert!(s.tiles[0].iter().all(|t| t.expert == 3));
+        assert_eq!(s.active_experts(), 1);
+    }
+
+    #[test]
+    fn routings_are_distinct_experts_per_token_and_reproducible() {
+        let a = draw_routing(42, 100, 8, 256, Routing::Uniform);
+        assert_eq!(a, draw_routing(42, 100, 8, 256, Routing::Uniform));
+        assert_ne!(a, draw_routing(43, 100, 8, 256, Routing::Uniform));
+        for t in a.chunks(8) {
+            let mut v = t.to_vec();
+            v.sort();
+            v.dedup();
+            assert_eq!(v.len(), 8);
+            assert!(v.iter().all(|&e| (0..256).contains(&e)));
+        }
+        let s = draw_routing(1, 10, 8, 256, Routing::Skewed);
+        assert!(s.chunks(8).all(|t| t[..3] == [0, 1, 2]));
+        // the first draws of the generator are fixed (peer scripts mirror it)
+        let mut g = SplitMix64(0);
+        assert_eq!(g.next_u64(), 0xE220_A839_7B1D_CDAF);
+    }
+}
