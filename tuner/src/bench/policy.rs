@@ -38,6 +38,12 @@ impl TimingPolicy {
         Self { samples: 11, min_sample_us: 100.0, warmup_replays: 2, ..Self::default() }
     }
 
+    /// The screening policy of a benchmark's first phase (`BenchSpec::screen_policy`): few,
+    /// short samples, enough to rank candidates before the fastest are timed under `default()`.
+    pub fn screen() -> Self {
+        Self { samples: 5, min_sample_us: 50.0, warmup_replays: 1, ..Self::default() }
+    }
+
     /// One line for reports.
     pub fn describe(&self) -> String {
         format!(

@@ -176,6 +176,55 @@ pub fn markdown(title: &str, prov: &Provenance, rows: &[Row], peers: &[&str]) ->
     md
 }
 
+/// The markdown section listing candidates that produced no timing (empty without failures).
+pub fn failures_markdown(failures: &[super::run::Failure]) -> String {
+    let mut md = String::new();
+    if failures.is_empty() {
+        return md;
+    }
+    let _ = write!(
+        md,
+        "\n## Candidates that did not produce a timing ({})\n\n| shape | M | config | reason |\n|---|---|---|---|\n",
+        failures.len()
+    );
+    for f in failures {
+        let _ = writeln!(
+            md,
+            "| {} | {} | `{}` | {} |",
+            f.shape,
+            f.m,
+            f.config,
+            f.reason.lines().next().unwrap_or("").replace('|', "/")
+        );
+    }
+    md
+}
+
+/// Current UTC time as `YYYY-MM-DD HH:MM UTC` (no date crate needed for one line of a report).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    utc_date(secs)
+}
+
+/// `secs` since the Unix epoch as `YYYY-MM-DD HH:MM UTC`.
+fn utc_date(secs: u64) -> String {
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mth = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if mth <= 2 { 1 } else { 0 };
+    format!("{y:04}-{mth:02}-{d:02} {:02}:{:02} UTC", rem / 3600, (rem % 3600) / 60)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,5 +320,19 @@ mod tests {
             md.contains("| `a` | 3.00 [2.70, 3.30] | 1.50 | 6.00 | 8.00 | 2.67x | 1.00 | 0.12x |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn dates_and_failure_sections() {
+        assert_eq!(super::utc_date(0), "1970-01-01 00:00 UTC");
+        assert_eq!(super::utc_date(951_827_696), "2000-02-29 12:34 UTC");
+        assert_eq!(super::failures_markdown(&[]), "");
+        let f = crate::bench::run::Failure {
+            shape: "tp8".into(),
+            m: 1,
+            config: "c".into(),
+            reason: "a|b\nmore".into(),
+        };
+        assert!(super::failures_markdown(&[f]).contains("| tp8 | 1 | `c` | a/b |"));
     }
 }

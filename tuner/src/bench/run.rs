@@ -15,6 +15,11 @@ use crate::problem::{AType, GemmProblem};
 use crate::template::GemmConfig;
 use std::collections::HashMap;
 
+/// Token counts a benchmark measures when none are given.
+pub const DEFAULT_MS: [u32; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+/// Candidates of each problem re-timed under the reported policy after screening.
+pub const DEFAULT_REFINE: usize = 8;
+
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct BenchSpec {

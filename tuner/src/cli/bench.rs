@@ -1,0 +1,219 @@
+//! `fp4tune bench`: one benchmark run against floors and peers, written as CSV and markdown.
+
+use super::ATypeArg;
+use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
+use fp4tune::compile::Compiler;
+use fp4tune::shapes::ShapeFile;
+use fp4tune::template::{self, Arch, Family, Pipeline};
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ConfigsArg {
+    Space,
+    Default,
+}
+
+/// Which weight pipelines of the search space a bench run measures.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PipelineArg {
+    All,
+    /// cp.async shared-memory stages (`s<stages>` in kernel names).
+    CpAsync,
+    /// Weights streamed into registers (`r<depth>` in kernel names).
+    Registers,
+    /// Weights streamed into per-warp shared-memory rings (`p<depth>` in kernel names).
+    WarpRing,
+    /// Weights and activations streamed into registers (`g<depth>` in kernel names).
+    Global,
+    /// Every streamed pipeline (registers, warp rings, global).
+    Direct,
+}
+
+impl PipelineArg {
+    fn admits(self, p: Pipeline) -> bool {
+        match self {
+            PipelineArg::All => true,
+            PipelineArg::CpAsync => p == Pipeline::CpAsync,
+            PipelineArg::Registers => p == Pipeline::Registers,
+            PipelineArg::WarpRing => p == Pipeline::WarpRing,
+            PipelineArg::Global => p == Pipeline::Global,
+            PipelineArg::Direct => p.is_direct(),
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Shape file (default: the embedded GLM-5 file).
+    #[arg(long)]
+    pub shapes: Option<PathBuf>,
+    /// Sets of the shape file to run, comma separated.
+    #[arg(long = "set", visible_alias = "sets", default_value = "tp8", value_delimiter = ',')]
+    pub sets: Vec<String>,
+    /// Only shapes whose name contains one of these (e.g. routed), comma separated.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Token counts M, comma separated (default: 1,2,4,8,16,32,64,128,256,512,1024).
+    #[arg(long, value_delimiter = ',')]
+    pub m: Vec<u32>,
+    /// Activation type.
+    #[arg(long, value_enum, default_value = "w4a16")]
+    pub a_type: ATypeArg,
+    /// Which configurations: the whole search space, or only the family default.
+    #[arg(long, value_enum, default_value = "space")]
+    pub configs: ConfigsArg,
+    /// Only configurations of this weight pipeline.
+    #[arg(long, value_enum, default_value = "all")]
+    pub pipeline: PipelineArg,
+    /// Skip the cuBLAS / cuBLASLt peers.
+    #[arg(long)]
+    pub no_peers: bool,
+    /// Fewer samples per candidate.
+    #[arg(long)]
+    pub quick: bool,
+    /// Per problem, measure only this many configurations, the fastest by the analytic cost
+    /// model (0 = all legal ones).
+    #[arg(long, default_value_t = 400)]
+    pub max_candidates: usize,
+    /// Report folder; writes bench-<a_type>.csv and .md there.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+}
+
+/// Distinct (label, N, K) weight shapes of the chosen sets.
+fn select_shapes(
+    file: &ShapeFile,
+    sets: &[String],
+    only: &[String],
+) -> Result<Vec<(String, u32, u32)>> {
+    let mut out: Vec<(String, u32, u32)> = Vec::new();
+    for name in sets {
+        let set = file.set(name).with_context(|| {
+            format!(
+                "shape set `{name}` not in the shape file (it has: {})",
+                file.set_names().join(", ")
+            )
+        })?;
+        for s in &set.shapes {
+            if !only.is_empty() && !only.iter().any(|o| s.name.contains(o.as_str())) {
+                continue;
+            }
+            if !out.iter().any(|(_, n, k)| *n == s.n && *k == s.k) {
+                out.push((format!("{}_{}", set.name, s.name), s.n, s.k));
+            }
+        }
+    }
+    if out.is_empty() {
+        bail!("no shapes selected (sets {sets:?}, only {only:?})");
+    }
+    Ok(out)
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    use fp4tune::bench::{report, run, TimingPolicy};
+    let a_type = a.a_type.single("bench")?;
+    let file = match &a.shapes {
+        Some(p) => ShapeFile::load(p)?,
+        None => ShapeFile::glm5()?,
+    };
+    let shapes = select_shapes(&file, &a.sets, &a.only)?;
+    let gpu = fp4tune::gpu::Gpu::open(a.device)?;
+    let info = gpu.info().clone();
+    let arch = Arch::for_compute_capability(info.compute_capability.0, info.compute_capability.1)
+        .with_context(|| {
+        format!(
+            "{} (compute capability {}.{}) has no fp4tune kernel family (supported: 9.0, 12.0)",
+            info.name, info.compute_capability.0, info.compute_capability.1
+        )
+    })?;
+    let family = Family::for_arch(arch);
+    let mut configs = match a.configs {
+        ConfigsArg::Space => template::search_space(family, a_type),
+        ConfigsArg::Default => vec![template::default_config(family, a_type)],
+    };
+    configs.retain(|c| a.pipeline.admits(c.pipeline));
+    if configs.is_empty() {
+        bail!(
+            "no {} configuration of the {family} family uses the {:?} pipeline",
+            a_type,
+            a.pipeline
+        );
+    }
+    let compiler = Compiler::with_default_cache()?;
+    let spec = run::BenchSpec {
+        shapes,
+        ms: if a.m.is_empty() { run::DEFAULT_MS.to_vec() } else { a.m.clone() },
+        a_type,
+        configs,
+        peers: !a.no_peers,
+        policy: if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() },
+        refine: run::DEFAULT_REFINE,
+        max_candidates: a.max_candidates,
+        screen_policy: TimingPolicy::screen(),
+    };
+    let bar = indicatif::ProgressBar::new((spec.shapes.len() * spec.ms.len()) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} {msg} (eta {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let stem = a.out.join(format!("bench-{}", a_type));
+    let partial = std::cell::RefCell::new((Vec::new(), Vec::new()));
+    let out = run::run(&gpu, &compiler, &spec, &|e| match e {
+        run::Event::Floors(what) => bar.set_message(what),
+        run::Event::Problem { index, label, candidates, .. } => {
+            bar.set_position(index as u64 - 1);
+            bar.set_message(format!("{label}: {candidates} candidates"));
+        }
+        run::Event::ProblemDone { rows, screen_rows, .. } => {
+            // Reports so far, so an interrupted run still leaves its finished problems behind.
+            let mut p = partial.borrow_mut();
+            p.0.extend(rows);
+            p.1.extend(screen_rows);
+            let _ = std::fs::write(stem.with_extension("csv"), report::csv(&p.0));
+            let _ = std::fs::write(
+                a.out.join(format!("bench-{}-screen.csv", a_type)),
+                report::csv(&p.1),
+            );
+        }
+    })?;
+    bar.finish_and_clear();
+    let prov = report::Provenance {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        device: info,
+        nvrtc_version: compiler.nvrtc_version(),
+        timing_policy: spec.policy.describe(),
+        bandwidth_gbps: out.bandwidth_gbps,
+        launch_floor_us: out.launch_floor_us,
+        tensor_peak_tflops: out.tensor_peak_tflops,
+        template_hash: template::family_template_hash(family),
+        date: report::utc_now(),
+    };
+    let peers: Vec<&str> = if spec.peers { fp4tune::bench::peers::PEERS.to_vec() } else { vec![] };
+    let mut md = report::markdown(
+        &format!("fp4tune {family} benchmark ({})", a_type),
+        &prov,
+        &out.rows,
+        &peers,
+    );
+    md.push_str(&report::failures_markdown(&out.failures));
+    std::fs::write(stem.with_extension("csv"), report::csv(&out.rows))?;
+    std::fs::write(
+        a.out.join(format!("bench-{}-screen.csv", a_type)),
+        report::csv(&out.screen_rows),
+    )?;
+    std::fs::write(stem.with_extension("md"), &md)?;
+    println!("{md}");
+    println!(
+        "wrote {} and {}",
+        stem.with_extension("csv").display(),
+        stem.with_extension("md").display()
+    );
+    Ok(())
+}

@@ -1,0 +1,23 @@
+//! `fp4tune shapes`: a shape set derived from a Hugging Face MoE config.json.
+
+use anyhow::Result;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct ShapesArgs {
+    /// The model's config.json (GLM-5, DeepSeek-V3, Qwen3-MoE, Mixtral key names).
+    #[arg(long)]
+    pub from_config: PathBuf,
+    /// Tensor-parallel degree (GPUs per replica).
+    #[arg(long)]
+    pub tp: u32,
+    /// Expert-parallel degree (divides --tp); default 1.
+    #[arg(long)]
+    pub ep: Option<u32>,
+}
+
+pub fn run(args: ShapesArgs) -> Result<()> {
+    let ShapesArgs { from_config, tp, ep } = args;
+    print!("{}", fp4tune::shapes::shapes_ron_from_config_file(&from_config, tp, ep.unwrap_or(1))?);
+    Ok(())
+}
