@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How a measurement was taken (see ../shared/reference/measuring.md).
+/// How a measurement was taken; `describe()` is the line every report carries.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct TimingPolicy {
     /// Operand copies are rotated so their total exceeds this multiple of the L2 size.

@@ -5,7 +5,7 @@ use fp4tune::compile::Compiler;
 
 #[derive(clap::Args, Debug)]
 pub struct FloorsArgs {
-    /// Byte counts for read floors (default: the GLM-5 expert sizes of measuring.md).
+    /// Byte counts for read floors (default: the GLM-5 expert weight sizes, 0.9 MB to 453 MB, then 1 and 4 GiB).
     #[arg(long, value_delimiter = ',')]
     pub bytes: Vec<u64>,
     #[arg(long, default_value_t = 0)]

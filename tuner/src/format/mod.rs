@@ -1,7 +1,6 @@
 //! The NVFP4 data format on the CPU: E2M1/E4M3 codecs, quantization, nibble packing, the swizzled
-//! scale layout, checkpoint loading and the reference GEMM every GPU kernel is checked against.
+//! scale layout and the reference GEMM every GPU kernel is checked against.
 
-pub mod checkpoint;
 pub mod e2m1;
 pub mod e4m3;
 pub mod pack;
@@ -9,7 +8,6 @@ pub mod quant;
 pub mod reference;
 pub mod swizzle;
 
-pub use checkpoint::{load_expert_stack, load_linear, Nvfp4ExpertStack, Nvfp4Linear};
 pub use e2m1::{e2m1_decode, e2m1_encode, E2M1_MAX};
 pub use e4m3::{e4m3_decode, e4m3_encode, E4M3_MAX, E4M3_MIN_SUBNORMAL};
 pub use pack::{nibble_at, pack_nibbles, unpack_nibbles};
@@ -22,9 +20,7 @@ pub use swizzle::{
     padded_rows, padded_scale_cols, swizzle_scales, swizzled_len, swizzled_offset, unswizzle_scales,
 };
 
-use std::path::PathBuf;
-
-/// Errors of the format module; each names the tensor or file and the problem.
+/// Errors of the format module; each names the tensor and the problem.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
     #[error("{what}: K = {k} is not a multiple of 16 (NVFP4 blocks are 16 wide; pad K first)")]
@@ -35,20 +31,4 @@ pub enum FormatError {
     NonFinite { what: String, index: usize, value: f32 },
     #[error("input scale {value} is not a positive finite number")]
     BadInputScale { value: f32 },
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{}: not a valid safetensors file: {problem}", path.display())]
-    SafeTensors { path: PathBuf, problem: String },
-    #[error("{}: tensor `{tensor}` is missing", path.display())]
-    MissingTensor { path: PathBuf, tensor: String },
-    #[error("{}: tensor `{tensor}` has dtype {got}, expected {expected}", path.display())]
-    WrongDtype { path: PathBuf, tensor: String, expected: String, got: String },
-    #[error("{}: tensor `{tensor}` has shape {got:?}, expected {expected}", path.display())]
-    WrongShape { path: PathBuf, tensor: String, expected: String, got: Vec<usize> },
-    #[error("{}: tensor `{tensor}`: {problem}", path.display())]
-    BadTensor { path: PathBuf, tensor: String, problem: String },
 }

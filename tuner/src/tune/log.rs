@@ -125,7 +125,13 @@ pub enum LogError {
     Version { path: PathBuf, line: usize, found: u32 },
 }
 
-/// Read every record of a log. A missing file is an empty log.
+/// Whether `path` names a gzip-compressed log (`*.gz`, e.g. `results/h200/<log>.jsonl.gz`).
+pub fn is_gzip(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gz")
+}
+
+/// Read every record of a log, plain or gzip-compressed (`*.jsonl.gz`). A missing file is an
+/// empty log.
 pub fn read(path: &Path) -> Result<Vec<Record>, LogError> {
     let io = |source| LogError::Io { path: path.to_path_buf(), source };
     let file = match std::fs::File::open(path) {
@@ -133,8 +139,13 @@ pub fn read(path: &Path) -> Result<Vec<Record>, LogError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io(e)),
     };
+    let reader: Box<dyn std::io::Read> = if is_gzip(path) {
+        Box::new(flate2::read::MultiGzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
     let lines: Vec<String> =
-        std::io::BufReader::new(file).lines().collect::<Result<_, _>>().map_err(io)?;
+        std::io::BufReader::new(reader).lines().collect::<Result<_, _>>().map_err(io)?;
     let last = lines.len();
     let mut out = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {

@@ -79,19 +79,27 @@ pub fn merge(paths: &[PathBuf]) -> Result<Vec<Record>, MergeError> {
     Ok(out)
 }
 
-/// Write records as a new log at `path` (atomically: temporary file, then rename).
+/// Write records as a new log at `path` (atomically: temporary file, then rename), gzip-compressed
+/// when `path` ends in `.gz`.
 pub fn write(path: &Path, records: &[Record]) -> Result<(), MergeError> {
+    let err = |source| MergeError::Write { path: path.to_path_buf(), source };
     let mut text = String::new();
     for r in records {
         text.push_str(&serde_json::to_string(r).expect("records serialize"));
         text.push('\n');
     }
+    let bytes = if log::is_gzip(path) {
+        use std::io::Write as _;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(text.as_bytes()).map_err(err)?;
+        gz.finish().map_err(err)?
+    } else {
+        text.into_bytes()
+    };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|source| MergeError::Write { path: path.to_path_buf(), source })?;
+        std::fs::create_dir_all(dir).map_err(err)?;
     }
-    crate::compile::cache::write_atomic(path, text.as_bytes())
-        .map_err(|source| MergeError::Write { path: path.to_path_buf(), source })
+    crate::compile::cache::write_atomic(path, &bytes).map_err(err)
 }
 
 #[cfg(test)]
@@ -118,6 +126,24 @@ mod tests {
         assert_eq!(m.len(), 3);
         assert_eq!(m.iter().find(|r| r.key.m == 1).unwrap().outcome.median_us(), Some(3.0));
         let out = d.path().join("merged/all.jsonl");
+        write(&out, &m).unwrap();
+        assert_eq!(log::read(&out).unwrap(), m);
+    }
+
+    /// Compressed logs (`*.jsonl.gz`, as kept in results/) are read by merge (and so by
+    /// `simulate`, which reads through `log::read` too) and written compressed when asked.
+    #[test]
+    fn gzip_logs_are_read_and_written() {
+        let d = tempfile::tempdir().unwrap();
+        let plain = log_of(d.path(), "a.jsonl", &[record(1, Some(3.0)), record(2, Some(4.0))]);
+        let gz = d.path().join("b.jsonl.gz");
+        write(&gz, &[record(4, Some(5.0))]).unwrap();
+        let bytes = std::fs::read(&gz).unwrap();
+        assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzip magic");
+        assert_eq!(log::read(&gz).unwrap(), vec![record(4, Some(5.0))]);
+        let m = merge(&[plain, gz]).unwrap();
+        assert_eq!(m.len(), 3);
+        let out = d.path().join("merged.jsonl.gz");
         write(&out, &m).unwrap();
         assert_eq!(log::read(&out).unwrap(), m);
     }
