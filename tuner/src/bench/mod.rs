@@ -5,6 +5,7 @@
 pub mod composite;
 pub mod floors;
 pub mod gemm;
+pub mod moe;
 pub mod peers;
 pub mod policy;
 pub mod report;

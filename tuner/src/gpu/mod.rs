@@ -6,6 +6,7 @@
 pub mod blas;
 pub mod device;
 pub mod loader;
+pub mod moe_params;
 pub mod nvrtc;
 pub mod params;
 pub mod raw;

@@ -93,6 +93,27 @@ impl Gpu {
         unsafe { self.launch_raw(kernel, dims, &mut ptrs, stream) }
     }
 
+    /// Launch `kernel` with one by-value parameter block `params` (any `#[repr(C)]` mirror of the
+    /// kernel's single struct parameter) on the raw stream `stream`.
+    ///
+    /// # Safety
+    /// The kernel must take exactly one `P` by value; the buffers `params` names must be device
+    /// buffers of this context, large enough for what the kernel does at `dims`, and alive until
+    /// the work on `stream` completes; `stream` must be 0 or a live stream of this device's
+    /// primary context.
+    pub unsafe fn launch_params_on_stream<P: cudarc::driver::DeviceRepr>(
+        &self,
+        kernel: &Kernel,
+        dims: LaunchDims,
+        params: &P,
+        stream: RawStream,
+    ) -> Result<(), GpuError> {
+        let mut args = [params as *const P as *mut c_void];
+        // SAFETY: `args` holds one pointer to a `P` that outlives the call; the rest is the
+        // caller's contract above.
+        unsafe { self.launch_raw(kernel, dims, &mut args, stream) }
+    }
+
     /// Block until all work on `stream` has finished (surfaces asynchronous launch errors).
     ///
     /// # Safety

@@ -53,6 +53,7 @@
 pub mod composite;
 mod dispatcher;
 mod error;
+pub mod moe;
 mod plan;
 
 #[cfg(test)]

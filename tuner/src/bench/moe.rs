@@ -1,0 +1,674 @@
+//! The grouped MoE layer measured like the GEMM kernels: every candidate verified against the CPU
+//! reference (`moe::reference`) before it is timed, cold L2 by rotating weight copies, CUDA-graph
+//! replay, interleaved samples, medians with intervals. Shared by `fp4tune bench --moe` and the
+//! grouped phase of `fp4tune tune`.
+
+use super::floors::Floors;
+use super::policy::{rotation_copies, TimingPolicy};
+use super::stats::Summary;
+use super::timer::{measure, LaunchFn};
+use crate::compile::Compiler;
+use crate::gpu::{DeviceBuf, Gpu, GpuError};
+use crate::moe::reference::{self, ExpertWeights};
+use crate::moe::schedule::{draw_routing, RouteSchedule, Routing, SplitMix64, TILE_BLOCK_M};
+use crate::moe::{GroupedConfig, MoeOp, MoeShape};
+use crate::runtime::moe::{GroupedKernel, MoeArgs, MoeKernels, MoeLauncher, MoeWorkspace};
+use crate::runtime::RuntimeError;
+use half::bf16;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Errors of a grouped measurement (a failed candidate is not one: it is data).
+#[derive(Debug, thiserror::Error)]
+pub enum MoeBenchError {
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Floor(#[from] super::floors::FloorError),
+    #[error("moe_align on the GPU disagrees with the CPU schedule ({0})")]
+    Schedule(String),
+    #[error("moe_finalize on the GPU disagrees with the CPU reference in {0} elements")]
+    Finalize(usize),
+    #[error("no verified {0} candidate: {1}")]
+    NoCandidate(MoeOp, String),
+}
+
+/// One routed decode or prefill step: a shape, B tokens, a routing draw.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MoeStep {
+    pub shape: MoeShape,
+    /// Experts of the whole model (ids are drawn from 0..experts_total; this GPU holds
+    /// `expert_begin .. expert_begin + shape.experts`).
+    pub experts_total: u32,
+    pub expert_begin: i32,
+    pub tokens: u32,
+    pub routing: Routing,
+    pub seed: u64,
+}
+
+impl MoeStep {
+    pub fn ids(&self) -> Vec<i32> {
+        draw_routing(self.seed, self.tokens, self.shape.top_k, self.experts_total, self.routing)
+    }
+}
+
+/// The outcome of one candidate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    Timed(Summary),
+    Failed(String),
+}
+
+/// One measured candidate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    pub config: GroupedConfig,
+    pub outcome: Outcome,
+}
+
+impl Measured {
+    pub fn median(&self) -> Option<f64> {
+        match &self.outcome {
+            Outcome::Timed(s) => Some(s.median),
+            Outcome::Failed(_) => None,
+        }
+    }
+}
+
+/// Bytes a projection must move at least: the active experts' NVFP4 weights, the activation
+/// rows in and the bf16 rows out.
+pub fn roofline_bytes(shape: &MoeShape, op: MoeOp, s: &RouteSchedule, tokens: u32) -> u64 {
+    let rows = s.rows() as u64;
+    let act = s.active_experts() as u64 * shape.expert_bytes(op);
+    match op {
+        MoeOp::GateUp => {
+            act + tokens as u64 * shape.hidden as u64 * 2 + rows * shape.inter as u64 * 2
+        }
+        MoeOp::Down => act + rows * shape.inter as u64 * 2 + rows * shape.hidden as u64 * 2,
+    }
+}
+
+/// Everything one step needs on the GPU: weight copies for cold L2, activations, routing,
+/// a workspace, and the CPU side (weights, schedule) for verification.
+#[derive(Debug)]
+pub struct StepData {
+    pub step: MoeStep,
+    pub schedule: RouteSchedule,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    x_host: Vec<bf16>,
+    weights_host: Vec<f32>,
+    /// Codes and scales of every copy, one buffer each, copy c at c * (bytes of one copy).
+    w13_codes: DeviceBuf<u8>,
+    w13_sf: DeviceBuf<u8>,
+    w2_codes: DeviceBuf<u8>,
+    w2_sf: DeviceBuf<u8>,
+    alpha13: DeviceBuf<f32>,
+    alpha2: DeviceBuf<f32>,
+    pub copies13: usize,
+    pub copies2: usize,
+    x: DeviceBuf<u16>,
+    ids: DeviceBuf<i32>,
+    topk_weights: DeviceBuf<f32>,
+    y: DeviceBuf<u16>,
+    pub ws: MoeWorkspace,
+}
+
+fn upload_copies(gpu: &Gpu, one: &[u8], copies: usize) -> Result<DeviceBuf<u8>, GpuError> {
+    let mut all = Vec::with_capacity(one.len() * copies);
+    for _ in 0..copies {
+        all.extend_from_slice(one);
+    }
+    gpu.upload(&all)
+}
+
+impl StepData {
+    pub fn new(gpu: &Gpu, step: MoeStep, policy: &TimingPolicy) -> Result<Self, MoeBenchError> {
+        let shape = step.shape;
+        let ids = step.ids();
+        let schedule = RouteSchedule::build(&ids, step.expert_begin, shape.experts);
+        let (n13, k13) = shape.nk(MoeOp::GateUp);
+        let (n2, k2) = shape.nk(MoeOp::Down);
+        let e = shape.experts as usize;
+        let w13 = ExpertWeights::random(n13 as usize, k13 as usize, e, step.seed ^ 0x13);
+        let w2 = ExpertWeights::random(n2 as usize, k2 as usize, e, step.seed ^ 0x2);
+        let l2 = gpu.info().l2_bytes;
+        let touched = |op| (schedule.active_experts().max(1) as u64) * shape.expert_bytes(op);
+        let copies13 = rotation_copies(touched(MoeOp::GateUp), l2, policy.l2_multiple).clamp(1, 64);
+        let copies2 = rotation_copies(touched(MoeOp::Down), l2, policy.l2_multiple).clamp(1, 64);
+        let mut rng = SplitMix64(step.seed ^ 0x77);
+        let x_host: Vec<bf16> = (0..shape.hidden as usize * step.tokens as usize)
+            .map(|_| bf16::from_f32(rng.below(2001) as f32 / 500.0 - 2.0))
+            .collect();
+        let weights_host: Vec<f32> =
+            (0..ids.len()).map(|_| (1 + rng.below(100)) as f32 / 100.0).collect();
+        Ok(StepData {
+            w13_codes: upload_copies(gpu, &w13.codes, copies13)?,
+            w13_sf: upload_copies(gpu, &w13.scales, copies13)?,
+            w2_codes: upload_copies(gpu, &w2.codes, copies2)?,
+            w2_sf: upload_copies(gpu, &w2.scales, copies2)?,
+            alpha13: gpu.upload(&w13.alpha)?,
+            alpha2: gpu.upload(&w2.alpha)?,
+            x: gpu.upload(&x_host.iter().map(|v| v.to_bits()).collect::<Vec<u16>>())?,
+            ids: gpu.upload(&ids)?,
+            topk_weights: gpu.upload(&weights_host)?,
+            y: gpu.alloc_zeros::<u16>(shape.hidden as usize * step.tokens as usize)?,
+            ws: MoeWorkspace::new(gpu, shape, step.tokens)?,
+            step,
+            schedule,
+            w13,
+            w2,
+            x_host,
+            weights_host,
+            copies13,
+            copies2,
+        })
+    }
+
+    /// The launch arguments with weight copy `c13` of gate_up and `c2` of down.
+    pub fn args(&self, c13: usize, c2: usize) -> MoeArgs {
+        let b13 = (self.w13.codes.len(), self.w13.scales.len());
+        let b2 = (self.w2.codes.len(), self.w2.scales.len());
+        MoeArgs {
+            x: self.x.ptr(),
+            topk_ids: self.ids.ptr(),
+            topk_weights: self.topk_weights.ptr(),
+            w13: self.w13_codes.ptr() + (c13 % self.copies13 * b13.0) as u64,
+            w13_sf: self.w13_sf.ptr() + (c13 % self.copies13 * b13.1) as u64,
+            alpha13: self.alpha13.ptr(),
+            w2: self.w2_codes.ptr() + (c2 % self.copies2 * b2.0) as u64,
+            w2_sf: self.w2_sf.ptr() + (c2 % self.copies2 * b2.1) as u64,
+            alpha2: self.alpha2.ptr(),
+            y: self.y.ptr(),
+            tokens: self.step.tokens,
+            expert_begin: self.step.expert_begin,
+        }
+    }
+
+    fn ws_host(&self, gpu: &Gpu) -> Result<Vec<u8>, GpuError> {
+        gpu.download(self.ws.buffer())
+    }
+
+    /// The GPU schedule equals the CPU one (offsets, sorted ids, inverse, every tile list).
+    pub fn check_schedule(
+        &self,
+        gpu: &Gpu,
+        launcher: &MoeLauncher<'_>,
+    ) -> Result<(), MoeBenchError> {
+        // SAFETY: the ids and the workspace are this device's, sized for `tokens`.
+        unsafe { launcher.align(&self.args(0, 0), &self.ws, gpu.own_stream()) }?;
+        gpu.synchronize()?;
+        let host = self.ws_host(gpu)?;
+        let l = &self.ws.layout;
+        let ints = |off: usize, n: usize| -> Vec<i32> {
+            host[off..off + 4 * n]
+                .chunks(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let s = &self.schedule;
+        let e = self.step.shape.experts as usize;
+        let r = (self.step.tokens * self.step.shape.top_k) as usize;
+        let mismatch = |what: &str| Err(MoeBenchError::Schedule(what.to_string()));
+        if ints(l.offsets, e + 1) != s.offsets {
+            return mismatch("offsets");
+        }
+        if ints(l.sorted_ids, s.rows() as usize) != s.sorted_ids {
+            return mismatch("sorted ids");
+        }
+        if ints(l.inverse, r) != s.inverse {
+            return mismatch("inverse");
+        }
+        for (list, tiles) in s.tiles.iter().enumerate() {
+            if ints(l.tile_count + 4 * list, 1)[0] as usize != tiles.len() {
+                return mismatch("tile count");
+            }
+            let got = ints(l.tiles + list * l.max_tiles as usize * 16, 4 * tiles.len());
+            for (t, g) in tiles.iter().zip(got.chunks(4)) {
+                if [t.expert as i32, t.first_row as i32, t.rows as i32] != g[..3] {
+                    return mismatch(&format!("tile list of BLOCK_M {}", TILE_BLOCK_M[list]));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sorted rows checked per candidate: all of them up to 48, else 48 spread over the range
+    /// (first and last included).
+    fn sample_rows(&self) -> Vec<u32> {
+        let rows = self.schedule.rows();
+        if rows <= 48 {
+            return (0..rows).collect();
+        }
+        (0..48).map(|i| (i as u64 * (rows as u64 - 1) / 47) as u32).collect()
+    }
+
+    fn bf16_at(host: &[u8], off: usize, i: usize) -> bf16 {
+        bf16::from_bits(u16::from_le_bytes([host[off + 2 * i], host[off + 2 * i + 1]]))
+    }
+}
+
+/// The reference rows of one op for the sampled rows (computed once per step and op; down
+/// takes the H the GPU holds).
+struct Reference {
+    rows: Vec<u32>,
+    values: Vec<Vec<f32>>,
+}
+
+fn reference_rows(d: &StepData, op: MoeOp, h_gpu: &[bf16]) -> Reference {
+    let rows = d.sample_rows();
+    let top_k = d.step.shape.top_k as usize;
+    let values = rows
+        .par_iter()
+        .map(|&r| match op {
+            MoeOp::GateUp => reference::gate_up_row(&d.w13, &d.schedule, top_k, &d.x_host, r),
+            MoeOp::Down => reference::down_row(&d.w2, &d.schedule, h_gpu, r),
+        })
+        .collect();
+    Reference { rows, values }
+}
+
+/// Verify the op's output in the downloaded workspace against `reference`; `None` when it matches.
+fn verify(d: &StepData, op: MoeOp, host: &[u8], reference: &Reference) -> Option<String> {
+    let shape = d.step.shape;
+    let (off, width) = match op {
+        MoeOp::GateUp => (d.ws.layout.h, shape.inter as usize),
+        MoeOp::Down => (d.ws.layout.y_rows, shape.hidden as usize),
+    };
+    for (r, want) in reference.rows.iter().zip(&reference.values) {
+        let row_max = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for (j, w) in want.iter().enumerate() {
+            let got = StepData::bf16_at(host, off, *r as usize * width + j);
+            if !reference::matches(got, *w, row_max) {
+                return Some(format!(
+                    "wrong result: sorted row {r}, column {j}: {} instead of {w}",
+                    got.to_f32()
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Measure `configs` of one op on one step: compile, verify each against the reference, then time
+/// the verified ones interleaved under `policy` with weight copies rotated. Failures are data.
+pub fn measure_op(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    policy: &TimingPolicy,
+    launcher: &MoeLauncher<'_>,
+    d: &StepData,
+    op: MoeOp,
+    configs: &[GroupedConfig],
+    down_input: Option<&GroupedKernel>,
+) -> Result<Vec<Measured>, MoeBenchError> {
+    let stream = gpu.own_stream();
+    let args = d.args(0, 0);
+    // SAFETY (every launch below): the step's buffers and workspace are this device's, sized for
+    // its tokens and shape; the Gpu's own stream.
+    unsafe { launcher.align(&args, &d.ws, stream) }?;
+    if op == MoeOp::Down {
+        let gu = down_input.ok_or_else(|| {
+            MoeBenchError::NoCandidate(
+                MoeOp::GateUp,
+                "down needs a gate_up kernel to produce H".into(),
+            )
+        })?;
+        unsafe { launcher.grouped(gu, &args, &d.ws, stream) }?;
+    }
+    gpu.synchronize()?;
+    let h_gpu: Vec<bf16> = if op == MoeOp::Down {
+        let host = d.ws_host(gpu)?;
+        let n = d.schedule.rows() as usize * d.step.shape.inter as usize;
+        (0..n).map(|i| StepData::bf16_at(&host, d.ws.layout.h, i)).collect()
+    } else {
+        Vec::new()
+    };
+    let reference = reference_rows(d, op, &h_gpu);
+    // Compile everything in parallel (cache hits are free), then load, run once and verify.
+    let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
+    let compiled = compiler.compile_many(&sources);
+    let mut out: Vec<Measured> = Vec::with_capacity(configs.len());
+    let mut ready: Vec<(usize, GroupedKernel)> = Vec::new();
+    for (c, r) in configs.iter().zip(compiled) {
+        let fail = |why: String| Measured { config: *c, outcome: Outcome::Failed(why) };
+        let k = match r {
+            Err(e) => {
+                out.push(fail(format!("compile: {e}")));
+                continue;
+            }
+            Ok(k) if k.stats.as_ref().is_some_and(|s| s.spills()) => {
+                out.push(fail("spills registers".into()));
+                continue;
+            }
+            Ok(k) => k,
+        };
+        let kernel = match gpu.load(&k, c.smem_bytes()) {
+            Ok(kernel) => GroupedKernel::from_loaded(*c, kernel),
+            Err(e) => {
+                out.push(fail(format!("load: {e}")));
+                continue;
+            }
+        };
+        let run = unsafe { launcher.grouped(&kernel, &args, &d.ws, stream) }
+            .map_err(|e| e.to_string())
+            .and_then(|_| gpu.synchronize().map_err(|e| e.to_string()));
+        if let Err(e) = run {
+            // A launch failure can poison the context: keep the record, run nothing more.
+            out.push(fail(format!("launch: {e}")));
+            return Ok(out);
+        }
+        let host = d.ws_host(gpu)?;
+        match verify(d, op, &host, &reference) {
+            Some(why) => out.push(fail(why)),
+            None => {
+                ready.push((out.len(), kernel));
+                out.push(Measured { config: *c, outcome: Outcome::Failed("not timed".into()) });
+            }
+        }
+    }
+    // Time the verified kernels, interleaved, each launch on the next weight copy.
+    let copies = match op {
+        MoeOp::GateUp => d.copies13,
+        MoeOp::Down => d.copies2,
+    };
+    let launches: Vec<LaunchFn<'_>> = ready
+        .iter()
+        .map(|(_, kernel)| {
+            Box::new(move |i: usize| {
+                let a = d.args(i % copies, i % copies);
+                // SAFETY: as above; copy i % copies lies inside the weight buffers.
+                unsafe { launcher.grouped(kernel, &a, &d.ws, stream) }.map_err(|e| match e {
+                    RuntimeError::Gpu(g) => g,
+                    other => GpuError::Kernel {
+                        kernel: kernel.config.name(),
+                        message: other.to_string(),
+                    },
+                })
+            }) as LaunchFn<'_>
+        })
+        .collect();
+    let times = measure(gpu, policy, launches);
+    for ((slot, _), t) in ready.iter().zip(times) {
+        out[*slot].outcome = match t {
+            Ok(s) => match Summary::of(&s.us) {
+                Some(sum) => Outcome::Timed(sum),
+                None => Outcome::Failed("no samples".into()),
+            },
+            Err(e) => Outcome::Failed(format!("timing: {e}")),
+        };
+    }
+    Ok(out)
+}
+
+/// The fastest timed candidate.
+pub fn best(measured: &[Measured]) -> Option<&Measured> {
+    measured
+        .iter()
+        .filter(|m| m.median().is_some())
+        .min_by(|a, b| a.median().unwrap().total_cmp(&b.median().unwrap()))
+}
+
+/// Time the whole layer (align + gate_up + down + finalize) with the given kernels, and the align
+/// and finalize kernels alone; checks finalize's output exactly against the CPU mirror.
+pub fn measure_layer(
+    gpu: &Gpu,
+    policy: &TimingPolicy,
+    launcher: &MoeLauncher<'_>,
+    d: &StepData,
+    gate_up: &GroupedKernel,
+    down: &GroupedKernel,
+) -> Result<LayerTimes, MoeBenchError> {
+    let stream = gpu.own_stream();
+    // SAFETY: as in measure_op.
+    unsafe { launcher.layer(gate_up, down, &d.args(0, 0), &d.ws, stream) }?;
+    gpu.synchronize()?;
+    let host = d.ws_host(gpu)?;
+    let shape = d.step.shape;
+    let rows: Vec<bf16> = (0..d.schedule.rows() as usize * shape.hidden as usize)
+        .map(|i| StepData::bf16_at(&host, d.ws.layout.y_rows, i))
+        .collect();
+    let want = reference::finalize(
+        &rows,
+        shape.hidden as usize,
+        &d.weights_host,
+        &d.schedule.inverse,
+        shape.top_k as usize,
+    );
+    let got = gpu.download(&d.y)?;
+    let bad = want.iter().zip(&got).filter(|(a, b)| a.to_bits() != **b).count();
+    if bad > 0 {
+        return Err(MoeBenchError::Finalize(bad));
+    }
+    let copies = d.copies13.max(d.copies2);
+    let to_gpu = |e: RuntimeError| match e {
+        RuntimeError::Gpu(g) => g,
+        other => GpuError::Kernel { kernel: "moe".into(), message: other.to_string() },
+    };
+    let launches: Vec<LaunchFn<'_>> = vec![
+        Box::new(|i: usize| {
+            unsafe { launcher.layer(gate_up, down, &d.args(i % copies, i % copies), &d.ws, stream) }
+                .map_err(to_gpu)
+        }),
+        Box::new(|_| unsafe { launcher.align(&d.args(0, 0), &d.ws, stream) }.map_err(to_gpu)),
+        Box::new(|_| unsafe { launcher.finalize(&d.args(0, 0), &d.ws, stream) }.map_err(to_gpu)),
+    ];
+    let mut t = measure(gpu, policy, launches)
+        .into_iter()
+        .map(|r| r.map(|s| Summary::of(&s.us).expect("samples")).map_err(MoeBenchError::Gpu));
+    Ok(LayerTimes {
+        layer: t.next().unwrap()?,
+        align: t.next().unwrap()?,
+        finalize: t.next().unwrap()?,
+    })
+}
+
+/// Times of the whole layer and of its fixed kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LayerTimes {
+    pub layer: Summary,
+    pub align: Summary,
+    pub finalize: Summary,
+}
+
+/// The cold read floor of the bytes one projection must read (the same byte count, one
+/// contiguous read, best grid).
+pub fn read_floor(
+    floors: &Floors<'_>,
+    policy: &TimingPolicy,
+    bytes: u64,
+) -> Result<Summary, MoeBenchError> {
+    Ok(floors.read_floor(policy, bytes)?.time)
+}
+
+/// Load one kernel for `config` (used by the layer timing after selection).
+pub fn load(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    config: GroupedConfig,
+) -> Result<GroupedKernel, MoeBenchError> {
+    Ok(GroupedKernel::load(gpu, compiler, config)?)
+}
+
+/// The kernels of the layer (align, finalize), loaded.
+pub fn kernels(gpu: &Gpu, compiler: &Compiler) -> Result<MoeKernels, MoeBenchError> {
+    Ok(MoeKernels::load(gpu, compiler)?)
+}
+
+/// What `fp4tune bench --moe` measures.
+#[derive(Debug, Clone)]
+pub struct MoeBenchPlan {
+    /// (label, shape, expert_begin) per layer shape, e.g. ("tp8", GLM5_TP8, 0).
+    pub sets: Vec<(String, MoeShape, i32)>,
+    pub experts_total: u32,
+    pub tokens: Vec<u32>,
+    pub policy: TimingPolicy,
+    /// At most this many candidates per op and step (0: the whole space), taken evenly.
+    pub max_candidates: usize,
+}
+
+/// One row of the report (columns of `bench-moe.csv`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoeRow {
+    pub set: String,
+    pub op: String,
+    pub n: u32,
+    pub k: u32,
+    pub experts: u32,
+    pub top_k: u32,
+    pub tokens: u32,
+    pub active_experts: u32,
+    /// `fp4tune_grouped`, `fp4tune_layer`, `moe_align`, `moe_finalize`, or a peer's name.
+    pub implementation: String,
+    pub config: String,
+    pub median_us: f64,
+    pub lo_us: f64,
+    pub hi_us: f64,
+    pub roofline_us: f64,
+    pub read_floor_us: f64,
+    pub verified: usize,
+    pub failed: usize,
+}
+
+/// Progress of a benchmark run, for the caller to show (the library never prints).
+#[derive(Debug, Clone)]
+pub enum MoeProgress {
+    Step { set: String, tokens: u32, active_experts: u32 },
+    Op { op: MoeOp, verified: usize, failed: usize, best: Option<(GroupedConfig, f64)> },
+}
+
+/// An evenly spaced subset of `space` of at most `max` configurations (all when max is 0).
+pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
+    if max == 0 || space.len() <= max {
+        return space;
+    }
+    (0..max).map(|i| space[i * space.len() / max]).collect()
+}
+
+/// Run the plan: per set and token count, verify and time the grouped space of both ops, the
+/// whole layer with the best of each, align and finalize alone, and the read floor of each op's
+/// bytes; read bandwidth measured once for the rooflines.
+pub fn run_moe_bench(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    plan: &MoeBenchPlan,
+    mut progress: impl FnMut(MoeProgress),
+) -> Result<(Vec<MoeRow>, Vec<(String, u32, MoeOp, Vec<Measured>)>), MoeBenchError> {
+    let floors = Floors::new(gpu, compiler)?;
+    let read_gbps = floors.read_bandwidth(&plan.policy, 2 << 30)?;
+    let kernels = kernels(gpu, compiler)?;
+    let launcher = MoeLauncher { gpu, kernels: &kernels };
+    let mut rows = Vec::new();
+    let mut logs = Vec::new();
+    for (label, shape, begin) in &plan.sets {
+        for &tokens in &plan.tokens {
+            let step = MoeStep {
+                shape: *shape,
+                experts_total: plan.experts_total,
+                expert_begin: *begin,
+                tokens,
+                routing: Routing::Uniform,
+                seed: 1000 + tokens as u64,
+            };
+            let d = StepData::new(gpu, step, &plan.policy)?;
+            if d.schedule.rows() == 0 {
+                continue;
+            }
+            progress(MoeProgress::Step {
+                set: label.clone(),
+                tokens,
+                active_experts: d.schedule.active_experts(),
+            });
+            d.check_schedule(gpu, &launcher)?;
+            let mut chosen: Vec<GroupedKernel> = Vec::new();
+            for op in MoeOp::ALL {
+                let space =
+                    spread(crate::moe::config::search_space(op, shape), plan.max_candidates);
+                let measured = measure_op(
+                    gpu,
+                    compiler,
+                    &plan.policy,
+                    &launcher,
+                    &d,
+                    op,
+                    &space,
+                    chosen.first(),
+                )?;
+                let verified = measured.iter().filter(|m| m.median().is_some()).count();
+                let failed = measured.len() - verified;
+                let top = best(&measured).cloned();
+                progress(MoeProgress::Op {
+                    op,
+                    verified,
+                    failed,
+                    best: top.as_ref().map(|m| (m.config, m.median().unwrap())),
+                });
+                let top = top
+                    .ok_or_else(|| MoeBenchError::NoCandidate(op, format!("{label} B={tokens}")))?;
+                let Outcome::Timed(t) = top.outcome else { unreachable!("best() is timed") };
+                let bytes = roofline_bytes(shape, op, &d.schedule, tokens);
+                let (n, k) = shape.nk(op);
+                rows.push(MoeRow {
+                    set: label.clone(),
+                    op: op.as_str().into(),
+                    n,
+                    k,
+                    experts: shape.experts,
+                    top_k: shape.top_k,
+                    tokens,
+                    active_experts: d.schedule.active_experts(),
+                    implementation: "fp4tune_grouped".into(),
+                    config: top.config.name(),
+                    median_us: t.median,
+                    lo_us: t.lo,
+                    hi_us: t.hi,
+                    roofline_us: bytes as f64 / (read_gbps * 1e3),
+                    read_floor_us: read_floor(&floors, &plan.policy, bytes)?.median,
+                    verified,
+                    failed,
+                });
+                chosen.push(load(gpu, compiler, top.config)?);
+                logs.push((label.clone(), tokens, op, measured));
+            }
+            let layer = measure_layer(gpu, &plan.policy, &launcher, &d, &chosen[0], &chosen[1])?;
+            let both: u64 =
+                MoeOp::ALL.iter().map(|&op| roofline_bytes(shape, op, &d.schedule, tokens)).sum();
+            for (name, t, roof) in [
+                ("fp4tune_layer", layer.layer, both as f64 / (read_gbps * 1e3)),
+                ("moe_align", layer.align, 0.0),
+                ("moe_finalize", layer.finalize, 0.0),
+            ] {
+                rows.push(MoeRow {
+                    set: label.clone(),
+                    op: "moe_layer".into(),
+                    n: shape.hidden,
+                    k: shape.inter,
+                    experts: shape.experts,
+                    top_k: shape.top_k,
+                    tokens,
+                    active_experts: d.schedule.active_experts(),
+                    implementation: name.into(),
+                    config: if name == "fp4tune_layer" {
+                        format!("{} + {}", chosen[0].config, chosen[1].config)
+                    } else {
+                        String::new()
+                    },
+                    median_us: t.median,
+                    lo_us: t.lo,
+                    hi_us: t.hi,
+                    roofline_us: roof,
+                    read_floor_us: 0.0,
+                    verified: 1,
+                    failed: 0,
+                });
+            }
+        }
+    }
+    Ok((rows, logs))
+}
+
+#[cfg(test)]
+#[path = "moe_gpu_tests.rs"]
+mod gpu_tests;

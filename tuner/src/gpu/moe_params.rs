@@ -1,0 +1,80 @@
+//! Parameter blocks of the grouped MoE kernels, mirrored field for field from
+//! templates/moe/params.cuh (pointers as 64-bit device addresses).
+
+use cudarc::driver::DeviceRepr;
+
+/// `fp4tune::moe::AlignParams`: 6 pointers, 5 ints (68 bytes, padded to 72).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MoeAlignParams {
+    pub topk_ids: u64,
+    pub offsets: u64,
+    pub sorted_ids: u64,
+    pub inverse: u64,
+    pub tiles: u64,
+    pub tile_count: u64,
+    pub tokens: i32,
+    pub top_k: i32,
+    pub expert_begin: i32,
+    pub experts: i32,
+    pub max_tiles: i32,
+}
+
+// SAFETY: plain-old-data with the layout of the C struct (checked by a test), passed by value as
+// the single kernel argument.
+unsafe impl DeviceRepr for MoeAlignParams {}
+
+/// `fp4tune::moe::GroupedParams`: 9 pointers, 3 ints (84 bytes, padded to 88).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MoeGroupedParams {
+    pub a: u64,
+    pub a_sf: u64,
+    pub w: u64,
+    pub w_sf: u64,
+    pub alpha: u64,
+    pub y: u64,
+    pub sorted_ids: u64,
+    pub tiles: u64,
+    pub tile_count: u64,
+    pub n: i32,
+    pub k: i32,
+    pub top_k: i32,
+}
+
+// SAFETY: as MoeAlignParams.
+unsafe impl DeviceRepr for MoeGroupedParams {}
+
+/// `fp4tune::moe::FinalizeParams`: 4 pointers, 3 ints (44 bytes, padded to 48).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MoeFinalizeParams {
+    pub rows: u64,
+    pub weights: u64,
+    pub inverse: u64,
+    pub y: u64,
+    pub tokens: i32,
+    pub top_k: i32,
+    pub n: i32,
+}
+
+// SAFETY: as MoeAlignParams.
+unsafe impl DeviceRepr for MoeFinalizeParams {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn layouts_match_the_c_structs() {
+        assert_eq!((size_of::<MoeAlignParams>(), align_of::<MoeAlignParams>()), (72, 8));
+        assert_eq!(offset_of!(MoeAlignParams, tokens), 48);
+        assert_eq!(offset_of!(MoeAlignParams, max_tiles), 64);
+        assert_eq!((size_of::<MoeGroupedParams>(), align_of::<MoeGroupedParams>()), (88, 8));
+        assert_eq!(offset_of!(MoeGroupedParams, n), 72);
+        assert_eq!(offset_of!(MoeGroupedParams, top_k), 80);
+        assert_eq!((size_of::<MoeFinalizeParams>(), align_of::<MoeFinalizeParams>()), (48, 8));
+        assert_eq!(offset_of!(MoeFinalizeParams, tokens), 32);
+    }
+}

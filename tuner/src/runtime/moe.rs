@@ -1,0 +1,496 @@
+//! The grouped MoE layer at run time: `moe_align`, the grouped `gate_up` and `down` kernels chosen
+//! per token count, and `moe_finalize`, launched on the caller's stream with no allocation and no
+//! synchronization.
+//!
+//! Scratch memory (the routed-row schedule, `H`, the per-row outputs) lives in a [`MoeWorkspace`]
+//! the caller creates once per stream, sized at creation for a maximum token count: launches on
+//! different streams, each with its own workspace, never share scratch (two micro-batches on two
+//! streams stay correct). `bench` and `tune` launch through the same code.
+
+use super::error::RuntimeError;
+use crate::compile::Compiler;
+use crate::gpu::moe_params::{MoeAlignParams, MoeFinalizeParams, MoeGroupedParams};
+use crate::gpu::raw::RawStream;
+use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
+use crate::moe::config::{align_source, finalize_source, ALIGN_THREADS, FINALIZE_THREADS};
+use crate::moe::{max_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
+
+/// A grouped kernel, loaded.
+#[derive(Debug)]
+pub struct GroupedKernel {
+    pub config: GroupedConfig,
+    kernel: Kernel,
+}
+
+impl GroupedKernel {
+    /// Compile (or take from the cache) and load `config`'s kernel.
+    pub fn load(
+        gpu: &Gpu,
+        compiler: &Compiler,
+        config: GroupedConfig,
+    ) -> Result<Self, RuntimeError> {
+        let src = config.source();
+        let compiled = compiler
+            .compile(&src)
+            .map_err(|error| RuntimeError::Compile { config: config.name(), error })?;
+        if compiled.stats.as_ref().is_some_and(|s| s.spills()) {
+            return Err(RuntimeError::Render {
+                config: config.name(),
+                reason: "the kernel spills registers to local memory".into(),
+            });
+        }
+        Ok(Self { config, kernel: gpu.load(&compiled, config.smem_bytes())? })
+    }
+
+    /// A kernel the caller compiled and loaded for `config`.
+    pub fn from_loaded(config: GroupedConfig, kernel: Kernel) -> Self {
+        Self { config, kernel }
+    }
+}
+
+/// The fixed kernels of the layer (routing and finalize).
+#[derive(Debug)]
+pub struct MoeKernels {
+    align: Kernel,
+    finalize: Kernel,
+}
+
+impl MoeKernels {
+    pub fn load(gpu: &Gpu, compiler: &Compiler) -> Result<Self, RuntimeError> {
+        let load = |src: crate::template::KernelSource| -> Result<Kernel, RuntimeError> {
+            let k = compiler.compile(&src).map_err(|error| RuntimeError::Compile {
+                config: src.kernel_name.clone(),
+                error,
+            })?;
+            Ok(gpu.load(&k, 0)?)
+        };
+        Ok(Self { align: load(align_source())?, finalize: load(finalize_source())? })
+    }
+}
+
+/// Byte offsets of one workspace's regions (each 256-byte aligned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkspaceLayout {
+    pub max_tokens: u32,
+    pub max_tiles: u32,
+    pub offsets: usize,
+    pub sorted_ids: usize,
+    pub inverse: usize,
+    pub tiles: usize,
+    pub tile_count: usize,
+    pub h: usize,
+    pub y_rows: usize,
+    pub bytes: usize,
+}
+
+impl WorkspaceLayout {
+    pub fn new(shape: &MoeShape, max_tokens: u32) -> Self {
+        let align = |x: usize| x.div_ceil(256) * 256;
+        let rows = max_tokens as usize * shape.top_k as usize;
+        let max_tiles = max_tiles(max_tokens, shape.top_k, shape.experts);
+        let mut at = 0usize;
+        let mut region = |bytes: usize| {
+            let start = at;
+            at = align(at + bytes.max(1));
+            start
+        };
+        let offsets = region((shape.experts as usize + 1) * 4);
+        let sorted_ids = region(rows * 4);
+        let inverse = region(rows * 4);
+        let tiles = region(TILE_BLOCK_M.len() * max_tiles as usize * 16);
+        let tile_count = region(TILE_BLOCK_M.len() * 4);
+        let h = region(rows * shape.inter as usize * 2);
+        let y_rows = region(rows * shape.hidden as usize * 2);
+        WorkspaceLayout {
+            max_tokens,
+            max_tiles,
+            offsets,
+            sorted_ids,
+            inverse,
+            tiles,
+            tile_count,
+            h,
+            y_rows,
+            bytes: at,
+        }
+    }
+}
+
+/// Scratch memory of one stream's MoE launches.
+#[derive(Debug)]
+pub struct MoeWorkspace {
+    pub shape: MoeShape,
+    pub layout: WorkspaceLayout,
+    buf: DeviceBuf<u8>,
+}
+
+impl MoeWorkspace {
+    pub fn new(gpu: &Gpu, shape: MoeShape, max_tokens: u32) -> Result<Self, RuntimeError> {
+        if max_tokens == 0 {
+            return Err(RuntimeError::InvalidArgument(
+                "a MoE workspace needs max_tokens >= 1".into(),
+            ));
+        }
+        let layout = WorkspaceLayout::new(&shape, max_tokens);
+        Ok(Self { shape, layout, buf: gpu.alloc_zeros::<u8>(layout.bytes)? })
+    }
+
+    /// The whole scratch buffer (for verification downloads).
+    pub fn buffer(&self) -> &DeviceBuf<u8> {
+        &self.buf
+    }
+
+    fn at(&self, offset: usize) -> u64 {
+        self.buf.ptr() + offset as u64
+    }
+
+    /// Device address of the sorted-order `H` rows (`[rows, inter]` bf16).
+    pub fn h(&self) -> u64 {
+        self.at(self.layout.h)
+    }
+
+    /// Device address of the per-row down outputs (`[rows, hidden]` bf16, sorted order).
+    pub fn y_rows(&self) -> u64 {
+        self.at(self.layout.y_rows)
+    }
+
+    /// Device address of the inverse map (`[tokens * top_k]` i32).
+    pub fn inverse(&self) -> u64 {
+        self.at(self.layout.inverse)
+    }
+
+    /// Device address of the offsets (`[experts + 1]` i32).
+    pub fn offsets(&self) -> u64 {
+        self.at(self.layout.offsets)
+    }
+
+    /// Device address of the sorted ids (`[tokens * top_k]` i32).
+    pub fn sorted_ids(&self) -> u64 {
+        self.at(self.layout.sorted_ids)
+    }
+
+    /// Device address of tile list `list` and of its count.
+    pub fn tiles(&self, list: usize) -> (u64, u64) {
+        (
+            self.at(self.layout.tiles + list * self.layout.max_tiles as usize * 16),
+            self.at(self.layout.tile_count + list * 4),
+        )
+    }
+}
+
+/// Device addresses of one MoE layer call (see ARCHITECTURE.md "Data layout" per expert).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MoeArgs {
+    /// bf16 `[tokens, hidden]`, 16-byte aligned.
+    pub x: u64,
+    /// i32 `[tokens, top_k]` global expert ids.
+    pub topk_ids: u64,
+    /// f32 `[tokens, top_k]` router weights.
+    pub topk_weights: u64,
+    /// gate_up weights `[experts][2 inter, hidden/2]`, scales one swizzled block per expert,
+    /// alphas f32 `[experts]`.
+    pub w13: u64,
+    pub w13_sf: u64,
+    pub alpha13: u64,
+    /// down weights `[experts][hidden, inter/2]`, scales, alphas.
+    pub w2: u64,
+    pub w2_sf: u64,
+    pub alpha2: u64,
+    /// bf16 `[tokens, hidden]` output, 16-byte aligned.
+    pub y: u64,
+    pub tokens: u32,
+    /// Global id of local expert 0 (expert parallelism), 0 otherwise.
+    pub expert_begin: i32,
+}
+
+fn check_aligned(what: &str, ptr: u64, align: u64) -> Result<(), RuntimeError> {
+    if ptr == 0 {
+        return Err(RuntimeError::InvalidArgument(format!("{what} is a null pointer")));
+    }
+    if ptr % align != 0 {
+        return Err(RuntimeError::InvalidArgument(format!(
+            "{what} ({ptr:#x}) must be {align}-byte aligned"
+        )));
+    }
+    Ok(())
+}
+
+impl MoeArgs {
+    /// Null pointers, alignment and sizes against `ws`.
+    pub fn validate(&self, ws: &MoeWorkspace) -> Result<(), RuntimeError> {
+        for (what, p, a) in [
+            ("x", self.x, 16),
+            ("topk_ids", self.topk_ids, 4),
+            ("topk_weights", self.topk_weights, 4),
+            ("w13", self.w13, 16),
+            ("w13_sf", self.w13_sf, 4),
+            ("alpha13", self.alpha13, 4),
+            ("w2", self.w2, 16),
+            ("w2_sf", self.w2_sf, 4),
+            ("alpha2", self.alpha2, 4),
+            ("y", self.y, 16),
+        ] {
+            check_aligned(what, p, a)?;
+        }
+        if self.tokens == 0 || self.tokens > ws.layout.max_tokens {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "{} tokens: the workspace holds 1..={}",
+                self.tokens, ws.layout.max_tokens
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Launches of the layer's kernels on a raw stream (the caller's or the Gpu's own).
+#[derive(Debug, Clone, Copy)]
+pub struct MoeLauncher<'a> {
+    pub gpu: &'a Gpu,
+    pub kernels: &'a MoeKernels,
+}
+
+impl MoeLauncher<'_> {
+    /// moe_align of `args.topk_ids` into `ws`.
+    ///
+    /// # Safety
+    /// `args.topk_ids` must hold `tokens * top_k` i32 on this device, `ws` be this device's, and
+    /// both stay alive until the work on `stream` completes; `stream` 0 or a live stream of the
+    /// device's primary context.
+    pub unsafe fn align(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let (tiles, count) = ws.tiles(0);
+        let p = MoeAlignParams {
+            topk_ids: args.topk_ids,
+            offsets: ws.offsets(),
+            sorted_ids: ws.sorted_ids(),
+            inverse: ws.inverse(),
+            tiles,
+            tile_count: count,
+            tokens: args.tokens as i32,
+            top_k: ws.shape.top_k as i32,
+            expert_begin: args.expert_begin,
+            experts: ws.shape.experts as i32,
+            max_tiles: ws.layout.max_tiles as i32,
+        };
+        let dims = LaunchDims { grid: (1, 1, 1), block: (ALIGN_THREADS, 1, 1), smem_bytes: 0 };
+        // SAFETY: the align kernel takes one MoeAlignParams; the workspace regions are sized for
+        // max_tokens >= tokens (MoeArgs::validate) and max_tiles; ids per the contract above.
+        unsafe { self.gpu.launch_params_on_stream(&self.kernels.align, dims, &p, stream) }?;
+        Ok(())
+    }
+
+    /// One grouped projection with `kernel` over the schedule in `ws` (written by `align` for
+    /// the same tokens).
+    ///
+    /// # Safety
+    /// As `align`; the weights, alphas and (gate_up) `args.x` must be this device's buffers of the
+    /// layer's shapes for `ws.shape.experts` experts.
+    pub unsafe fn grouped(
+        &self,
+        kernel: &GroupedKernel,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let c = &kernel.config;
+        let shape = &ws.shape;
+        let (n, k) = shape.nk(c.op);
+        let list = TILE_BLOCK_M.iter().position(|&b| b == c.block_m).ok_or_else(|| {
+            RuntimeError::InvalidArgument(format!("{c}: block_m has no tile list"))
+        })?;
+        let (tiles, tile_count) = ws.tiles(list);
+        let (a, w, w_sf, alpha, y) = match c.op {
+            MoeOp::GateUp => (args.x, args.w13, args.w13_sf, args.alpha13, ws.h()),
+            MoeOp::Down => (ws.h(), args.w2, args.w2_sf, args.alpha2, ws.y_rows()),
+        };
+        let p = MoeGroupedParams {
+            a,
+            a_sf: 0,
+            w,
+            w_sf,
+            alpha,
+            y,
+            sorted_ids: ws.sorted_ids(),
+            tiles,
+            tile_count,
+            n: n as i32,
+            k: k as i32,
+            top_k: shape.top_k as i32,
+        };
+        let max_tiles = max_tiles(args.tokens, shape.top_k, shape.experts);
+        let dims = LaunchDims {
+            grid: c.grid(shape, max_tiles, self.gpu.info().sm_count),
+            block: (c.threads(), 1, 1),
+            smem_bytes: c.smem_bytes(),
+        };
+        // SAFETY: the grouped kernel takes one MoeGroupedParams; grid y <= max_tiles of `tokens`
+        // <= the workspace's capacity; buffers per the contract above.
+        unsafe { self.gpu.launch_params_on_stream(&kernel.kernel, dims, &p, stream) }?;
+        Ok(())
+    }
+
+    /// moe_finalize: `args.y` from the per-row outputs in `ws`.
+    ///
+    /// # Safety
+    /// As `grouped`; `args.topk_weights` holds `tokens * top_k` f32 and `args.y` `tokens * hidden`
+    /// bf16.
+    pub unsafe fn finalize(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let n = ws.shape.hidden;
+        let p = MoeFinalizeParams {
+            rows: ws.y_rows(),
+            weights: args.topk_weights,
+            inverse: ws.inverse(),
+            y: args.y,
+            tokens: args.tokens as i32,
+            top_k: ws.shape.top_k as i32,
+            n: n as i32,
+        };
+        let dims = LaunchDims {
+            grid: (args.tokens, n.div_ceil(FINALIZE_THREADS * 8), 1),
+            block: (FINALIZE_THREADS, 1, 1),
+            smem_bytes: 0,
+        };
+        // SAFETY: the finalize kernel takes one MoeFinalizeParams; hidden % 8 == 0 (checked when
+        // the layer was built), buffers per the contract above.
+        unsafe { self.gpu.launch_params_on_stream(&self.kernels.finalize, dims, &p, stream) }?;
+        Ok(())
+    }
+
+    /// The whole layer: align, gate_up, down, finalize, in order on `stream`.
+    ///
+    /// # Safety
+    /// As `grouped` and `finalize`.
+    pub unsafe fn layer(
+        &self,
+        gate_up: &GroupedKernel,
+        down: &GroupedKernel,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        args.validate(ws)?;
+        // SAFETY: forwarded (see the function's contract).
+        unsafe {
+            self.align(args, ws, stream)?;
+            self.grouped(gate_up, args, ws, stream)?;
+            self.grouped(down, args, ws, stream)?;
+            self.finalize(args, ws, stream)
+        }
+    }
+}
+
+/// The kernels of one layer shape, chosen per token count: (bucket, kernel) per op, buckets
+/// ascending; a token count takes the nearest bucket in log scale (ties: the larger).
+#[derive(Debug)]
+pub struct MoeRoutes {
+    pub shape: MoeShape,
+    pub gate_up: Vec<(u32, GroupedKernel)>,
+    pub down: Vec<(u32, GroupedKernel)>,
+}
+
+impl MoeRoutes {
+    /// Load every (op, bucket, config) of one shape.
+    pub fn load(
+        gpu: &Gpu,
+        compiler: &Compiler,
+        shape: MoeShape,
+        choices: &[(MoeOp, u32, GroupedConfig)],
+    ) -> Result<Self, RuntimeError> {
+        if shape.hidden % 16 != 0 || shape.inter % 16 != 0 {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "{shape}: hidden and inter must be multiples of 16"
+            )));
+        }
+        let mut routes = MoeRoutes { shape, gate_up: Vec::new(), down: Vec::new() };
+        for &(op, bucket, config) in choices {
+            config
+                .check(&shape)
+                .map_err(|e| RuntimeError::Render { config: config.name(), reason: e.reason })?;
+            let k = GroupedKernel::load(gpu, compiler, config)?;
+            match op {
+                MoeOp::GateUp => routes.gate_up.push((bucket, k)),
+                MoeOp::Down => routes.down.push((bucket, k)),
+            }
+        }
+        routes.gate_up.sort_by_key(|(b, _)| *b);
+        routes.down.sort_by_key(|(b, _)| *b);
+        if routes.gate_up.is_empty() || routes.down.is_empty() {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "{shape}: the table has no grouped gate_up or down entry"
+            )));
+        }
+        Ok(routes)
+    }
+
+    /// The kernel for `tokens` of `op`.
+    pub fn pick(&self, op: MoeOp, tokens: u32) -> &GroupedKernel {
+        let list = match op {
+            MoeOp::GateUp => &self.gate_up,
+            MoeOp::Down => &self.down,
+        };
+        &list[nearest_bucket(list.iter().map(|(b, _)| *b), tokens)].1
+    }
+}
+
+/// Index of the bucket nearest to `tokens` in log scale (ties: the larger); `buckets` ascending,
+/// not empty.
+pub fn nearest_bucket(buckets: impl Iterator<Item = u32>, tokens: u32) -> usize {
+    let t = (tokens.max(1) as f64).ln();
+    let mut best = (f64::INFINITY, 0usize);
+    for (i, b) in buckets.enumerate() {
+        let d = ((b.max(1) as f64).ln() - t).abs();
+        if d <= best.0 {
+            best = (d, i);
+        }
+    }
+    best.1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_regions_are_aligned_disjoint_and_sized_for_max_tokens() {
+        let shape = MoeShape::GLM5_TP8;
+        let l = WorkspaceLayout::new(&shape, 256);
+        let regions = [
+            (l.offsets, 257 * 4),
+            (l.sorted_ids, 2048 * 4),
+            (l.inverse, 2048 * 4),
+            (l.tiles, 3 * l.max_tiles as usize * 16),
+            (l.tile_count, 12),
+            (l.h, 2048 * 256 * 2),
+            (l.y_rows, 2048 * 6144 * 2),
+        ];
+        for w in regions.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "{regions:?}");
+        }
+        assert!(regions.iter().all(|(o, _)| o % 256 == 0));
+        assert!(l.y_rows + 2048 * 6144 * 2 <= l.bytes);
+        assert_eq!(l.max_tiles, 256 + 256);
+    }
+
+    #[test]
+    fn token_counts_take_the_nearest_bucket_in_log_scale() {
+        let b = [1u32, 8, 64, 256];
+        let pick = |t| b[nearest_bucket(b.iter().copied(), t)];
+        assert_eq!(pick(1), 1);
+        assert_eq!(pick(2), 1);
+        assert_eq!(pick(3), 8);
+        assert_eq!(pick(8), 8);
+        assert_eq!(pick(20), 8);
+        assert_eq!(pick(23), 64);
+        assert_eq!(pick(100), 64);
+        assert_eq!(pick(4096), 256);
+    }
+}
