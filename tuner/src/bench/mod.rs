@@ -6,6 +6,7 @@ pub mod composite;
 pub mod floors;
 pub mod gemm;
 pub mod moe;
+pub mod moe_report;
 pub mod peers;
 pub mod policy;
 pub mod report;

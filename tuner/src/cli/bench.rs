@@ -22,7 +22,7 @@ pub enum PipelineArg {
     CpAsync,
     /// Weights streamed into registers (`r<depth>` in kernel names).
     Registers,
-    /// Weights streamed into per-warp shared-memory rings (`p<depth>` in kernel names).
+    /// Weights streamed into warp rings, per-warp shared-memory rings (`p<depth>` in kernel names).
     WarpRing,
     /// Weights and activations streamed into registers (`g<depth>` in kernel names).
     Global,
@@ -82,6 +82,13 @@ pub struct BenchArgs {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Benchmark the grouped MoE layer of each set (align, gate_up, down, finalize) instead of
+    /// single GEMMs; writes bench-moe.csv and .md (`--m` are then token counts B).
+    #[arg(long)]
+    pub moe: bool,
+    /// With --moe: a CSV of peers measured in the same session (scripts/moe_peers.py).
+    #[arg(long)]
+    pub peers: Option<PathBuf>,
 }
 
 /// Distinct (label, N, K) weight shapes of the chosen sets.
@@ -115,6 +122,12 @@ fn select_shapes(
 
 pub fn run(a: BenchArgs) -> Result<()> {
     use fp4tune::bench::{report, run, TimingPolicy};
+    if a.moe {
+        return super::moe::run(a);
+    }
+    if a.peers.is_some() {
+        bail!("--peers is for --moe runs");
+    }
     let a_type = a.a_type.single("bench")?;
     let file = match &a.shapes {
         Some(p) => ShapeFile::load(p)?,

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod compile;
 pub mod floors;
 pub mod merge;
+pub mod moe;
 pub mod shapes;
 pub mod simulate;
 pub mod table;

@@ -381,6 +381,11 @@ pub fn finalize_source() -> KernelSource {
     .expect("moe/finalize.cuh is embedded")
 }
 
+/// Hex SHA-256 of the templates the grouped kernels are built from (common/, sm90/, moe/).
+pub fn template_hash() -> String {
+    crate::template::template_tree_hash(&["common/", "sm90/", "moe/"])
+}
+
 /// Threads of the align and finalize kernels (templates/moe/align.cuh, finalize.cuh).
 pub const ALIGN_THREADS: u32 = 1024;
 pub const FINALIZE_THREADS: u32 = 256;

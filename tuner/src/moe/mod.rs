@@ -44,6 +44,22 @@ impl MoeShape {
     /// GLM-5 at EP8: 32 whole experts (4096 x 6144 and 6144 x 2048) per GPU, top-8 of 256.
     pub const GLM5_EP8: MoeShape = MoeShape { hidden: 6144, inter: 2048, experts: 32, top_k: 8 };
 
+    /// The routed-expert layer of a shape set: (shape, experts of the whole model), or `None`
+    /// when the set has no routed gate_up and down pair that fits together.
+    pub fn from_set(set: &crate::shapes::ShapeSet) -> Option<(MoeShape, u32)> {
+        use crate::shapes::Op;
+        let gu = set.shape(Op::RoutedGateUp)?;
+        let dn = set.shape(Op::RoutedDown)?;
+        let shape = MoeShape {
+            hidden: gu.k,
+            inter: gu.n / 2,
+            experts: gu.count_per_layer,
+            top_k: set.routing.experts_per_token,
+        };
+        let fits = gu.n % 2 == 0 && dn.n == gu.k && dn.k == gu.n / 2 && shape.experts > 0 && shape.top_k > 0;
+        fits.then_some((shape, set.routing.routed_experts))
+    }
+
     /// (N, K) of one expert's weight for `op`.
     pub fn nk(&self, op: MoeOp) -> (u32, u32) {
         match op {
@@ -58,6 +74,21 @@ impl MoeShape {
         let codes = n as u64 * k as u64 / 2;
         let sf = crate::format::swizzle::swizzled_len(n as usize, (k / 16) as usize) as u64;
         codes + sf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_glm5_sets_give_the_tp8_and_ep8_layers() {
+        let file = crate::shapes::ShapeFile::glm5().unwrap();
+        let (tp8, total) = MoeShape::from_set(file.set("tp8").unwrap()).unwrap();
+        assert_eq!((tp8, total), (MoeShape::GLM5_TP8, 256));
+        let (ep8, _) = MoeShape::from_set(file.set("ep8").unwrap()).unwrap();
+        assert_eq!(ep8, MoeShape::GLM5_EP8);
+        assert_eq!(tp8.expert_bytes(MoeOp::GateUp), 512 * 3072 + 512 * 384);
     }
 }
 

@@ -1,0 +1,191 @@
+//! The grouped MoE benchmark report: `bench-moe.csv` (one row per measured implementation) and
+//! `bench-moe.md` (per set and projection: fp4tune against the roofline, the read floor and the
+//! peers measured in the same run).
+
+use super::moe::MoeRow;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// The CSV header: the issue's columns first, then context.
+pub const CSV_HEADER: &str = "op,N,K,experts,top_k,B,impl,median_us,lo_us,hi_us,roofline_us,read_floor_us,set,active_experts,config,verified,failed";
+
+pub fn csv(rows: &[MoeRow]) -> String {
+    let mut out = String::from(CSV_HEADER);
+    out.push('\n');
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{},{},{}",
+            r.op,
+            r.n,
+            r.k,
+            r.experts,
+            r.top_k,
+            r.tokens,
+            r.implementation,
+            r.median_us,
+            r.lo_us,
+            r.hi_us,
+            r.roofline_us,
+            r.read_floor_us,
+            r.set,
+            r.active_experts,
+            r.config,
+            r.verified,
+            r.failed
+        );
+    }
+    out
+}
+
+/// Rows of a CSV in the format above (peers written by scripts/moe_peers.py); lines that do not
+/// parse are returned as errors naming their line.
+pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if i == 0 || line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').collect();
+        let bad = || format!("{origin}:{}: not a bench-moe row: {line}", i + 1);
+        if f.len() < 17 {
+            return Err(bad());
+        }
+        let u = |s: &str| s.trim().parse::<u32>().map_err(|_| bad());
+        let x = |s: &str| s.trim().parse::<f64>().map_err(|_| bad());
+        rows.push(MoeRow {
+            op: f[0].into(),
+            n: u(f[1])?,
+            k: u(f[2])?,
+            experts: u(f[3])?,
+            top_k: u(f[4])?,
+            tokens: u(f[5])?,
+            implementation: f[6].into(),
+            median_us: x(f[7])?,
+            lo_us: x(f[8])?,
+            hi_us: x(f[9])?,
+            roofline_us: x(f[10])?,
+            read_floor_us: x(f[11])?,
+            set: f[12].into(),
+            active_experts: u(f[13])?,
+            config: f[14].into(),
+            verified: u(f[15])? as usize,
+            failed: u(f[16])? as usize,
+        });
+    }
+    Ok(rows)
+}
+
+/// Markdown: one table per (set, op) with a row per B: fp4tune's time, interval, x roofline,
+/// x read floor, and each peer's time and fp4tune's speed-up over it.
+pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]) -> String {
+    let mut md = format!("# {title}\n\n{provenance}\n");
+    let mut groups: BTreeMap<(String, String), Vec<&MoeRow>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.implementation == "fp4tune_grouped" || r.implementation == "fp4tune_layer") {
+        groups.entry((r.set.clone(), r.op.clone())).or_default().push(r);
+    }
+    let peer_names: Vec<String> = {
+        let mut v: Vec<String> = peers.iter().map(|p| p.implementation.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    for ((set, op), list) in groups {
+        let first = list[0];
+        let _ = writeln!(
+            md,
+            "\n## {set} {op} (N {} x K {}, {} experts, top-{})\n",
+            first.n, first.k, first.experts, first.top_k
+        );
+        let mut head = String::from("| B | active | fp4tune us (95% CI) | x roofline | x read floor |");
+        let mut rule = String::from("|---|---|---|---|---|");
+        for p in &peer_names {
+            let _ = write!(head, " {p} us (fp4tune x faster) |");
+            rule.push_str("---|");
+        }
+        head.push_str(" configuration (verified / failed) |");
+        rule.push_str("---|");
+        let _ = writeln!(md, "{head}\n{rule}");
+        for r in list {
+            let floor = if r.read_floor_us > 0.0 { format!("{:.2}", r.median_us / r.read_floor_us) } else { "-".into() };
+            let roof = if r.roofline_us > 0.0 { format!("{:.2}", r.median_us / r.roofline_us) } else { "-".into() };
+            let mut line = format!(
+                "| {} | {} | {:.2} ({:.2}-{:.2}) | {roof} | {floor} |",
+                r.tokens, r.active_experts, r.median_us, r.lo_us, r.hi_us
+            );
+            for p in &peer_names {
+                match peers.iter().find(|x| &x.implementation == p && x.set == r.set && x.op == r.op && x.tokens == r.tokens) {
+                    Some(x) => {
+                        let _ = write!(line, " {:.1} ({:.2}x) |", x.median_us, x.median_us / r.median_us);
+                    }
+                    None => line.push_str(" - |"),
+                }
+            }
+            let _ = write!(line, " `{}` ({} / {}) |", r.config, r.verified, r.failed);
+            let _ = writeln!(md, "{line}");
+        }
+    }
+    let fixed: Vec<&MoeRow> =
+        rows.iter().filter(|r| r.implementation == "moe_align" || r.implementation == "moe_finalize").collect();
+    if !fixed.is_empty() {
+        let _ = writeln!(md, "\n## Routing and finalize kernels alone\n\n| set | B | moe_align us | moe_finalize us |\n|---|---|---|---|");
+        let mut keys: Vec<(String, u32)> = fixed.iter().map(|r| (r.set.clone(), r.tokens)).collect();
+        keys.dedup();
+        for (set, b) in keys {
+            let t = |name: &str| {
+                fixed
+                    .iter()
+                    .find(|r| r.set == set && r.tokens == b && r.implementation == name)
+                    .map_or("-".to_string(), |r| format!("{:.2}", r.median_us))
+            };
+            let _ = writeln!(md, "| {set} | {b} | {} | {} |", t("moe_align"), t("moe_finalize"));
+        }
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(implementation: &str, tokens: u32, median: f64) -> MoeRow {
+        MoeRow {
+            set: "tp8".into(),
+            op: "moe_gate_up".into(),
+            n: 512,
+            k: 6144,
+            experts: 256,
+            top_k: 8,
+            tokens,
+            active_experts: 8,
+            implementation: implementation.into(),
+            config: "c".into(),
+            median_us: median,
+            lo_us: median * 0.99,
+            hi_us: median * 1.01,
+            roofline_us: 3.3,
+            read_floor_us: 6.0,
+            verified: 10,
+            failed: 1,
+        }
+    }
+
+    #[test]
+    fn csv_round_trips_and_has_the_issue_columns_first() {
+        let rows = vec![row("fp4tune_grouped", 1, 8.5), row("torch_grouped_mm_bf16", 1, 37.8)];
+        let text = csv(&rows);
+        assert!(text.starts_with("op,N,K,experts,top_k,B,impl,median_us,lo_us,hi_us,roofline_us,read_floor_us"));
+        let back = parse_csv(&text, "x.csv").unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[1].implementation, "torch_grouped_mm_bf16");
+        assert_eq!(back[0].median_us, 8.5);
+        let err = parse_csv("h\nmoe_gate_up,1,2\n", "p.csv").unwrap_err();
+        assert!(err.starts_with("p.csv:2:"), "{err}");
+    }
+
+    #[test]
+    fn markdown_shows_ratios_against_roofline_floor_and_peers() {
+        let md = markdown("t", "p", &[row("fp4tune_grouped", 1, 8.25)], &[row("torch_grouped_mm_bf16", 1, 37.8)]);
+        assert!(md.contains("| 1 | 8 | 8.25 (8.17-8.33) | 2.50 | 1.38 | 37.8 (4.58x) |"), "{md}");
+    }
+}

@@ -1,0 +1,103 @@
+//! `fp4tune bench --moe`: the grouped MoE layer of each chosen shape set, every candidate verified
+//! then timed, against the roofline, the read floor and the peers of `--peers` (a CSV written by
+//! scripts/moe_peers.py in the same device session), written as bench-moe.csv and .md.
+
+use super::bench::BenchArgs;
+use anyhow::{bail, Context, Result};
+use fp4tune::bench::moe::{run_moe_bench, MoeBenchPlan, MoeProgress};
+use fp4tune::bench::{moe_report, report, TimingPolicy};
+use fp4tune::compile::Compiler;
+use fp4tune::moe::MoeShape;
+use fp4tune::shapes::ShapeFile;
+
+/// Token counts of a MoE benchmark without `--m`: decode 1..256 and two prefill sizes.
+pub const DEFAULT_TOKENS: &[u32] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096];
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let file = match &a.shapes {
+        Some(p) => ShapeFile::load(p)?,
+        None => ShapeFile::glm5()?,
+    };
+    let mut sets = Vec::new();
+    let mut experts_total = 0;
+    for name in &a.sets {
+        let set = file.set(name).with_context(|| {
+            format!("shape set `{name}` not in the shape file (it has: {})", file.set_names().join(", "))
+        })?;
+        let Some((shape, total)) = MoeShape::from_set(set) else {
+            bail!("shape set `{name}` has no routed gate_up / down pair for a MoE layer");
+        };
+        if experts_total != 0 && total != experts_total {
+            bail!("shape sets of different models ({experts_total} and {total} routed experts)");
+        }
+        experts_total = total;
+        sets.push((name.clone(), shape, 0));
+    }
+    let peers = match &a.peers {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading peers {}", p.display()))?;
+            moe_report::parse_csv(&text, &p.display().to_string()).map_err(anyhow::Error::msg)?
+        }
+        None => Vec::new(),
+    };
+    let gpu = fp4tune::gpu::Gpu::open(a.device)?;
+    let info = gpu.info().clone();
+    if info.compute_capability != (9, 0) {
+        bail!(
+            "{} (compute capability {}.{}): the grouped MoE kernels run on the sm90 family (9.0) so far",
+            info.name,
+            info.compute_capability.0,
+            info.compute_capability.1
+        );
+    }
+    let compiler = Compiler::with_default_cache()?;
+    let plan = MoeBenchPlan {
+        sets,
+        experts_total,
+        tokens: if a.m.is_empty() { DEFAULT_TOKENS.to_vec() } else { a.m.clone() },
+        policy: if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() },
+        max_candidates: a.max_candidates,
+    };
+    let started = std::time::Instant::now();
+    let (rows, _logs) = run_moe_bench(&gpu, &compiler, &plan, |p| match p {
+        MoeProgress::Step { set, tokens, active_experts } => {
+            eprintln!("[{:>6.1}s] {set} B={tokens}: {active_experts} active experts", started.elapsed().as_secs_f64())
+        }
+        MoeProgress::Op { op, verified, failed, best } => eprintln!(
+            "          {op}: {verified} verified, {failed} failed{}",
+            best.map_or(String::new(), |(c, us)| format!(", best {us:.2} us {c}"))
+        ),
+    })?;
+    let provenance = format!(
+        "Command: `{}`\n\nDevice: {} (compute capability {}.{}, {} SMs, driver {}.{}), NVRTC {}.{}; timing: {}; \
+         grouped template hash {}; {}.\n\nRoofline: the bytes each projection must move (active experts' NVFP4 \
+         weights and scales, activation rows in, bf16 rows out) over the read bandwidth measured in this run; \
+         read floor: a cold read of the same byte count measured in this run. Every candidate was verified \
+         against the CPU reference before it was timed; the layer row is align + gate_up + down + finalize \
+         (its roofline is the two projections' sum).\n",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        info.name,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.sm_count,
+        info.driver_version.0,
+        info.driver_version.1,
+        compiler.nvrtc_version().0,
+        compiler.nvrtc_version().1,
+        plan.policy.describe(),
+        fp4tune::moe::config::template_hash(),
+        report::utc_now(),
+    );
+    let md = moe_report::markdown("fp4tune grouped MoE benchmark (sm90, W4A16)", &provenance, &rows, &peers);
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut all = rows.clone();
+    all.extend(peers);
+    let stem = a.out.join("bench-moe");
+    fp4tune::compile::cache::write_atomic(&stem.with_extension("csv"), moe_report::csv(&all).as_bytes())
+        .with_context(|| format!("writing {}", stem.with_extension("csv").display()))?;
+    fp4tune::compile::cache::write_atomic(&stem.with_extension("md"), md.as_bytes())
+        .with_context(|| format!("writing {}", stem.with_extension("md").display()))?;
+    println!("{md}");
+    println!("wrote {} and {}", stem.with_extension("csv").display(), stem.with_extension("md").display());
+    Ok(())
+}
