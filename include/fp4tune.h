@@ -108,6 +108,67 @@ FP4TUNE_API int fp4tune_synchronize(const fp4tune_dispatcher* d, uint64_t stream
 /* Wait for the device, unload the kernels, free the handle. NULL is ignored. */
 FP4TUNE_API void fp4tune_close(fp4tune_dispatcher* d);
 
+/* Bytes of a swizzled scale buffer for rows x k NVFP4 values (rows padded to 128, k/16 padded
+ * to 4): allocate W and A scale buffers with this size. 0 for invalid sizes. */
+FP4TUNE_API size_t fp4tune_scale_bytes(int32_t rows, int32_t k);
+
+/* ---- Grouped MoE layer (routed experts of one step in one launch per projection) -------------
+ * Layer shape: hidden (model width), inter (expert intermediate size on this GPU), experts (local
+ * experts E), top_k. Weights per expert in the ModelOpt layout of fp4tune_gemm, stacked:
+ *   w13 [E][2*inter, hidden/2] codes ([gate; up] fused), w13_sf E blocks of
+ *       fp4tune_scale_bytes(2*inter, hidden), alpha13 float[E];
+ *   w2  [E][hidden, inter/2] codes, w2_sf E blocks of fp4tune_scale_bytes(hidden, inter),
+ *       alpha2 float[E].
+ * x and y are bf16 [tokens, hidden] (16-byte aligned); topk_ids int32 [tokens, top_k] (global
+ * expert ids; local experts are expert_begin .. expert_begin + E - 1, others are skipped);
+ * topk_weights float [tokens, top_k]. All pointers are device addresses. Launches allocate and
+ * synchronize nothing (capturable in a CUDA graph); scratch lives in a workspace: use one
+ * workspace per stream. The shared expert can join as expert E with weight 1 in every row. */
+typedef struct Fp4tuneMoeWorkspace fp4tune_moe_workspace;
+
+typedef struct fp4tune_moe_args {
+    uint64_t x;
+    uint64_t topk_ids;
+    uint64_t topk_weights;
+    uint64_t w13;
+    uint64_t w13_sf;
+    uint64_t alpha13;
+    uint64_t w2;
+    uint64_t w2_sf;
+    uint64_t alpha2;
+    uint64_t y;
+    int32_t tokens;
+    int32_t expert_begin;
+} fp4tune_moe_args;
+
+/* A workspace for up to max_tokens tokens of the layer; the table must have grouped entries for
+ * it. On failure *out is NULL. */
+FP4TUNE_API int fp4tune_moe_workspace_create(const fp4tune_dispatcher* d, int32_t hidden,
+                                             int32_t inter, int32_t experts, int32_t top_k,
+                                             int32_t max_tokens, fp4tune_moe_workspace** out);
+
+/* Free a workspace after its launches completed. NULL is ignored. */
+FP4TUNE_API void fp4tune_moe_workspace_destroy(fp4tune_moe_workspace* ws);
+
+/* The whole layer: align, gate_up with SiLU(gate) * up, down, router-weighted sum into y. */
+FP4TUNE_API int fp4tune_moe_layer(const fp4tune_dispatcher* d, fp4tune_moe_workspace* ws,
+                                  const fp4tune_moe_args* args, uint64_t stream);
+
+/* The steps alone, in this order on one stream: the routed-row schedule of topk_ids; gate_up
+ * (H in the workspace); down and the weighted sum into y. */
+FP4TUNE_API int fp4tune_moe_align(const fp4tune_dispatcher* d, fp4tune_moe_workspace* ws,
+                                  const fp4tune_moe_args* args, uint64_t stream);
+FP4TUNE_API int fp4tune_moe_gate_up(const fp4tune_dispatcher* d, fp4tune_moe_workspace* ws,
+                                    const fp4tune_moe_args* args, uint64_t stream);
+FP4TUNE_API int fp4tune_moe_down(const fp4tune_dispatcher* d, fp4tune_moe_workspace* ws,
+                                 const fp4tune_moe_args* args, uint64_t stream);
+
+/* Write the grouped kernels the layer launches for `tokens` ("gate_up <config>; down <config>")
+ * into buf (NUL-terminated, truncated to len). */
+FP4TUNE_API int fp4tune_moe_route(const fp4tune_dispatcher* d, int32_t hidden, int32_t inter,
+                                  int32_t experts, int32_t top_k, int32_t tokens, char* buf,
+                                  size_t len);
+
 #ifdef __cplusplus
 }
 #endif

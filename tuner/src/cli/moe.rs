@@ -22,7 +22,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut experts_total = 0;
     for name in &a.sets {
         let set = file.set(name).with_context(|| {
-            format!("shape set `{name}` not in the shape file (it has: {})", file.set_names().join(", "))
+            format!(
+                "shape set `{name}` not in the shape file (it has: {})",
+                file.set_names().join(", ")
+            )
         })?;
         let Some((shape, total)) = MoeShape::from_set(set) else {
             bail!("shape set `{name}` has no routed gate_up / down pair for a MoE layer");
@@ -35,7 +38,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let peers = match &a.peers {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading peers {}", p.display()))?;
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading peers {}", p.display()))?;
             moe_report::parse_csv(&text, &p.display().to_string()).map_err(anyhow::Error::msg)?
         }
         None => Vec::new(),
@@ -61,7 +65,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let started = std::time::Instant::now();
     let (rows, _logs) = run_moe_bench(&gpu, &compiler, &plan, |p| match p {
         MoeProgress::Step { set, tokens, active_experts } => {
-            eprintln!("[{:>6.1}s] {set} B={tokens}: {active_experts} active experts", started.elapsed().as_secs_f64())
+            eprintln!(
+                "[{:>6.1}s] {set} B={tokens}: {active_experts} active experts",
+                started.elapsed().as_secs_f64()
+            )
         }
         MoeProgress::Op { op, verified, failed, best } => eprintln!(
             "          {op}: {verified} verified, {failed} failed{}",
@@ -88,16 +95,135 @@ pub fn run(a: BenchArgs) -> Result<()> {
         fp4tune::moe::config::template_hash(),
         report::utc_now(),
     );
-    let md = moe_report::markdown("fp4tune grouped MoE benchmark (sm90, W4A16)", &provenance, &rows, &peers);
+    let md = moe_report::markdown(
+        "fp4tune grouped MoE benchmark (sm90, W4A16)",
+        &provenance,
+        &rows,
+        &peers,
+    );
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut all = rows.clone();
     all.extend(peers);
     let stem = a.out.join("bench-moe");
-    fp4tune::compile::cache::write_atomic(&stem.with_extension("csv"), moe_report::csv(&all).as_bytes())
-        .with_context(|| format!("writing {}", stem.with_extension("csv").display()))?;
+    fp4tune::compile::cache::write_atomic(
+        &stem.with_extension("csv"),
+        moe_report::csv(&all).as_bytes(),
+    )
+    .with_context(|| format!("writing {}", stem.with_extension("csv").display()))?;
     fp4tune::compile::cache::write_atomic(&stem.with_extension("md"), md.as_bytes())
         .with_context(|| format!("writing {}", stem.with_extension("md").display()))?;
     println!("{md}");
-    println!("wrote {} and {}", stem.with_extension("csv").display(), stem.with_extension("md").display());
+    println!(
+        "wrote {} and {}",
+        stem.with_extension("csv").display(),
+        stem.with_extension("md").display()
+    );
+    Ok(())
+}
+
+/// The grouped phase of `fp4tune tune`: tune the layer, then write its entries into `table` (the
+/// GEMM campaign's), else into the table already at the output path, else into a new table; the
+/// screened candidates (failures included) go to `<sku>-moe.jsonl`.
+pub fn tune_phase(
+    shape: MoeShape,
+    experts_total: u32,
+    buckets: &[u32],
+    device: usize,
+    out: &std::path::Path,
+    table: Option<fp4tune::table::Table>,
+) -> Result<()> {
+    use fp4tune::bench::floors::Floors;
+    use fp4tune::runtime::moe::{MoeKernels, MoeLauncher};
+    use fp4tune::table::{DeviceIdentity, Table, Toolchain};
+    use fp4tune::tune::moe::{
+        tune_moe, MoeTuneEvent, MoeTuneSpec, DEFAULT_BUCKETS, DEFAULT_SCREEN,
+    };
+    let gpu = fp4tune::gpu::Gpu::open(device)?;
+    let info = gpu.info().clone();
+    if info.compute_capability != (9, 0) {
+        bail!(
+            "{}: the grouped MoE kernels run on the sm90 family (compute capability 9.0) so far",
+            info.name
+        );
+    }
+    let compiler = Compiler::with_default_cache()?;
+    let spec = MoeTuneSpec {
+        shape,
+        experts_total,
+        expert_begin: 0,
+        buckets: if buckets.is_empty() { DEFAULT_BUCKETS.to_vec() } else { buckets.to_vec() },
+        screen: DEFAULT_SCREEN,
+        screen_policy: TimingPolicy::quick(),
+        policy: TimingPolicy::default(),
+    };
+    let started = std::time::Instant::now();
+    let read_gbps = Floors::new(&gpu, &compiler)?.read_bandwidth(&spec.policy, 2 << 30)?;
+    let kernels = MoeKernels::load(&gpu, &compiler)?;
+    let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
+    println!(
+        "grouped MoE phase: {shape}, buckets {:?}, read bandwidth {read_gbps:.0} GB/s",
+        spec.buckets
+    );
+    let (entries, logs) = tune_moe(&gpu, &compiler, &launcher, &spec, read_gbps, &|e| {
+        match e {
+        MoeTuneEvent::Key { .. } => {}
+        MoeTuneEvent::Chosen { entry, screened, failed } => println!(
+            "[{:>6.1}s] {}: {screened} screened ({failed} failed), {} {:.2} us (skewed {:.2} us), {:.0}% of roofline",
+            started.elapsed().as_secs_f64(),
+            entry.key,
+            entry.config,
+            entry.median_us,
+            entry.skewed_us,
+            100.0 * entry.roofline_fraction
+        ),
+    }
+    })?;
+    let slug = fp4tune::tune::run::sku_slug(&info.name);
+    let path = out.join(format!("{slug}.ron"));
+    let mut table = match table {
+        Some(t) => t,
+        None if path.exists() => Table::load(&path)?,
+        None => Table::new(
+            DeviceIdentity {
+                name: info.name.clone(),
+                compute_capability: info.compute_capability,
+                sm_count: info.sm_count,
+            },
+            Toolchain { nvrtc: compiler.nvrtc_version(), driver: info.driver_version },
+            spec.policy.describe(),
+        ),
+    };
+    if table.device.name != info.name {
+        bail!(
+            "{} was measured on {}, this GPU is {}",
+            path.display(),
+            table.device.name,
+            info.name
+        );
+    }
+    let keys: std::collections::HashSet<_> = entries.iter().map(|e| e.key).collect();
+    table.moe.retain(|e| !keys.contains(&e.key));
+    table.moe.extend(entries);
+    table.moe_template_hash = Some(fp4tune::moe::config::template_hash());
+    table.save(&path)?;
+    let mut jsonl = String::new();
+    for (key, measured) in &logs {
+        for m in measured {
+            jsonl.push_str(&serde_json::to_string(
+                &serde_json::json!({"key": key, "candidate": m}),
+            )?);
+            jsonl.push('\n');
+        }
+    }
+    let log_path = out.join(format!("{slug}-moe.jsonl"));
+    fp4tune::compile::cache::write_atomic(&log_path, jsonl.as_bytes())
+        .with_context(|| format!("writing {}", log_path.display()))?;
+    println!(
+        "grouped MoE phase: {} entries in {:.1} s; wrote {} and {}",
+        keys.len(),
+        started.elapsed().as_secs_f64(),
+        path.display(),
+        log_path.display()
+    );
     Ok(())
 }

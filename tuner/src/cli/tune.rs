@@ -46,6 +46,17 @@ pub struct TuneArgs {
     /// default margin. 0 turns it off.
     #[arg(long, default_value_t = 128)]
     pub composite_min_m: u32,
+    /// Skip the grouped MoE phase (by default the set's routed expert layer is tuned as grouped
+    /// gate_up and down kernels per token count B after the GEMM keys; sm90 only).
+    #[arg(long, conflicts_with = "moe_only")]
+    pub no_moe: bool,
+    /// Only the grouped MoE phase: its entries replace those of the table at the output path
+    /// (kept otherwise), or form a new table.
+    #[arg(long)]
+    pub moe_only: bool,
+    /// Token buckets B of the grouped phase, comma separated (default 1,2,4,...,1024).
+    #[arg(long, value_delimiter = ',')]
+    pub moe_buckets: Vec<u32>,
 }
 
 pub fn run(args: TuneArgs) -> Result<()> {
@@ -62,6 +73,9 @@ pub fn run(args: TuneArgs) -> Result<()> {
         timeout,
         device,
         composite_min_m,
+        no_moe,
+        moe_only,
+        moe_buckets,
     } = args;
     let a_type = a_type.map(|a| a.single("tune")).transpose()?;
     let strategy = fp4tune::search::StrategyKind::parse(&strategy)?;
@@ -87,6 +101,13 @@ pub fn run(args: TuneArgs) -> Result<()> {
     }
     if dims.is_empty() {
         bail!("no shapes of set `{}` match --only {only:?}", set.name);
+    }
+    let moe_layer = fp4tune::moe::MoeShape::from_set(&set);
+    if moe_only {
+        let Some((shape, total)) = moe_layer else {
+            bail!("shape set `{}` has no routed expert layer to tune", set.name);
+        };
+        return super::moe::tune_phase(shape, total, &moe_buckets, device, &out, None);
     }
     let buckets: Vec<u32> = set.token_buckets.iter().copied().filter(|m| *m <= max_m).collect();
     if buckets.is_empty() {
@@ -176,7 +197,12 @@ pub fn run(args: TuneArgs) -> Result<()> {
     let path = out.join(format!("{}.ron", run::sku_slug(&output.device.name)));
     table.save(&path)?;
     println!("wrote the dispatch table {}", path.display());
-    Ok(())
+    match moe_layer {
+        Some((shape, total)) if !no_moe && output.family == fp4tune::template::Family::Sm90 => {
+            super::moe::tune_phase(shape, total, &moe_buckets, device, &out, Some(table))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The end-of-campaign summary: per key the winner, its time, roofline fraction and speedup over

@@ -186,6 +186,8 @@ pub struct Dispatcher {
     composite_ws: Mutex<DeviceBuf<u16>>,
     /// First warning of each shape that fell back, and how many launches took it.
     fallbacks: Mutex<BTreeMap<Shape, (String, u64)>>,
+    /// The table's grouped MoE layers (`Table::moe`), when it has any.
+    moe: Option<super::moe::MoeRuntime>,
     report: StartupReport,
 }
 
@@ -260,6 +262,10 @@ impl Dispatcher {
             floats: gpu.alloc_zeros::<f32>(plan.workspace_floats)?,
             counters: gpu.alloc_zeros::<u32>(plan.counter_words)?,
         };
+        let moe = match table {
+            Some((t, _)) => super::moe::MoeRuntime::load(&gpu, &compiler, t, &mut plan.warnings)?,
+            None => None,
+        };
         gpu.synchronize()?;
         let load_s = t_load.elapsed().as_secs_f64();
         let (compiled, from_disk_cache, from_memory_cache) = origins(&built);
@@ -291,8 +297,20 @@ impl Dispatcher {
             composite,
             composite_ws: Mutex::new(composite_ws),
             fallbacks: Mutex::new(BTreeMap::new()),
+            moe,
             report,
         })
+    }
+
+    /// The grouped MoE operations of the table's layers; an error when the table has none.
+    pub fn moe(&self) -> Result<super::moe::MoeOps<'_>, RuntimeError> {
+        match &self.moe {
+            Some(runtime) => Ok(super::moe::MoeOps { gpu: &self.gpu, runtime }),
+            None => Err(RuntimeError::InvalidArgument(
+                "the dispatch table has no grouped MoE entries (tune them with `fp4tune tune`)"
+                    .into(),
+            )),
+        }
     }
 
     pub fn report(&self) -> &StartupReport {

@@ -494,3 +494,189 @@ mod tests {
         assert_eq!(pick(4096), 256);
     }
 }
+
+/// The grouped layers of a dispatch table, loaded at open: every layer shape's routes and the
+/// fixed kernels.
+#[derive(Debug)]
+pub struct MoeRuntime {
+    kernels: MoeKernels,
+    layers: Vec<MoeRoutes>,
+}
+
+impl MoeRuntime {
+    /// Load the table's grouped entries (grouped by layer shape). A table whose grouped templates
+    /// differ from this build's loads anyway (the kernels are rebuilt from this build's
+    /// templates) with a warning pushed to `warnings`.
+    pub fn load(
+        gpu: &Gpu,
+        compiler: &Compiler,
+        table: &crate::table::Table,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<Self>, RuntimeError> {
+        if table.moe.is_empty() {
+            return Ok(None);
+        }
+        if gpu.info().compute_capability != (9, 0) {
+            warnings.push(format!(
+                "the table's grouped MoE entries are for the sm90 family; {} cannot run them",
+                gpu.info().name
+            ));
+            return Ok(None);
+        }
+        let now = crate::moe::config::template_hash();
+        if table.moe_template_hash.as_deref() != Some(now.as_str()) {
+            warnings.push(
+                "the grouped MoE entries were tuned with other kernel templates: their kernels are built from \
+                 this build's templates, their recorded times may not hold (re-tune with `fp4tune tune --moe-only`)"
+                    .into(),
+            );
+        }
+        let mut shapes: Vec<MoeShape> = Vec::new();
+        for e in &table.moe {
+            if !shapes.contains(&e.key.shape()) {
+                shapes.push(e.key.shape());
+            }
+        }
+        let mut layers = Vec::with_capacity(shapes.len());
+        for shape in shapes {
+            let choices: Vec<_> = table
+                .moe
+                .iter()
+                .filter(|e| e.key.shape() == shape)
+                .map(|e| (e.key.op, e.key.tokens, e.config))
+                .collect();
+            layers.push(MoeRoutes::load(gpu, compiler, shape, &choices)?);
+        }
+        Ok(Some(MoeRuntime { kernels: MoeKernels::load(gpu, compiler)?, layers }))
+    }
+
+    /// The layer shapes the table has grouped entries for.
+    pub fn shapes(&self) -> Vec<MoeShape> {
+        self.layers.iter().map(|l| l.shape).collect()
+    }
+
+    fn routes(&self, shape: &MoeShape) -> Result<&MoeRoutes, RuntimeError> {
+        self.layers.iter().find(|l| l.shape == *shape).ok_or_else(|| {
+            RuntimeError::InvalidArgument(format!(
+                "the table has no grouped entries for the layer {shape} (it has: {})",
+                self.shapes().iter().map(|s| s.to_string()).collect::<Vec<_>>().join("; ")
+            ))
+        })
+    }
+}
+
+/// The grouped operations of an open dispatcher (`Dispatcher::moe`).
+#[derive(Debug, Clone, Copy)]
+pub struct MoeOps<'a> {
+    pub(super) gpu: &'a Gpu,
+    pub(super) runtime: &'a MoeRuntime,
+}
+
+impl MoeOps<'_> {
+    fn launcher(&self) -> MoeLauncher<'_> {
+        MoeLauncher { gpu: self.gpu, kernels: &self.runtime.kernels }
+    }
+
+    /// A workspace for one stream's launches of `shape` with up to `max_tokens` tokens.
+    pub fn workspace(
+        &self,
+        shape: MoeShape,
+        max_tokens: u32,
+    ) -> Result<MoeWorkspace, RuntimeError> {
+        self.runtime.routes(&shape)?;
+        MoeWorkspace::new(self.gpu, shape, max_tokens)
+    }
+
+    /// The configurations the layer launches for `tokens` (gate_up, down), no launch.
+    pub fn route(
+        &self,
+        shape: &MoeShape,
+        tokens: u32,
+    ) -> Result<(GroupedConfig, GroupedConfig), RuntimeError> {
+        let r = self.runtime.routes(shape)?;
+        Ok((r.pick(MoeOp::GateUp, tokens).config, r.pick(MoeOp::Down, tokens).config))
+    }
+
+    /// The whole layer on `stream`: align, gate_up (SiLU(gate) * up into the workspace), down,
+    /// and the router-weighted sum into `args.y`. No allocation, no synchronization.
+    ///
+    /// # Safety
+    /// Every pointer of `args` must be a device buffer of this context of the documented size
+    /// (`MoeArgs`) for `ws.shape` and `args.tokens`, alive until the work on `stream` completes;
+    /// `ws` must not be used by launches on other streams meanwhile; `stream` 0 or a live stream
+    /// of the device's primary context.
+    pub unsafe fn layer(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let r = self.runtime.routes(&ws.shape)?;
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe {
+            self.launcher().layer(
+                r.pick(MoeOp::GateUp, args.tokens),
+                r.pick(MoeOp::Down, args.tokens),
+                args,
+                ws,
+                stream,
+            )
+        }
+    }
+
+    /// moe_align alone: the routed-row schedule of `args.topk_ids` into `ws`.
+    ///
+    /// # Safety
+    /// As `layer` (only `topk_ids` is read).
+    pub unsafe fn align(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        if args.tokens == 0 || args.tokens > ws.layout.max_tokens || args.topk_ids == 0 {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "{} tokens (the workspace holds 1..={}) with topk_ids {:#x}",
+                args.tokens, ws.layout.max_tokens, args.topk_ids
+            )));
+        }
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe { self.launcher().align(args, ws, stream) }
+    }
+
+    /// gate_up alone over the schedule `align` wrote into `ws` for the same tokens: H (sorted
+    /// order, `[rows, inter]` bf16) in the workspace (`MoeWorkspace::h`).
+    ///
+    /// # Safety
+    /// As `layer`; `align` ran on `ws` for these tokens earlier on `stream`.
+    pub unsafe fn gate_up(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        args.validate(ws)?;
+        let r = self.runtime.routes(&ws.shape)?;
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe { self.launcher().grouped(r.pick(MoeOp::GateUp, args.tokens), args, ws, stream) }
+    }
+
+    /// down and the router-weighted sum into `args.y`, from the H in `ws`.
+    ///
+    /// # Safety
+    /// As `gate_up`; `gate_up` (or a caller's writes of H) happened on `ws` earlier on `stream`.
+    pub unsafe fn down(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        args.validate(ws)?;
+        let r = self.runtime.routes(&ws.shape)?;
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe {
+            self.launcher().grouped(r.pick(MoeOp::Down, args.tokens), args, ws, stream)?;
+            self.launcher().finalize(args, ws, stream)
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! The table's persisted types, reading (with validation), and stable pretty writing.
 
 use crate::compile::cache::write_atomic;
+use crate::moe::{GroupedConfig, MoeOp, MoeShape};
 use crate::problem::{AType, GemmProblem};
 use crate::template::{Family, GemmConfig};
 use serde::{Deserialize, Serialize};
@@ -8,10 +9,12 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// Version of the table format this fp4tune writes. Version 2 added `Entry::method`.
-pub const TABLE_SCHEMA_VERSION: u32 = 2;
-/// Versions this fp4tune reads (a version 1 table has only fused entries); others are refused.
-pub const TABLE_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2];
+/// Version of the table format this fp4tune writes. Version 2 added `Entry::method`, version 3
+/// the grouped MoE entries (`Table::moe`, `Table::moe_template_hash`).
+pub const TABLE_SCHEMA_VERSION: u32 = 3;
+/// Versions this fp4tune reads (a version 1 table has only fused entries, versions 1 and 2 no
+/// grouped entries); others are refused.
+pub const TABLE_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2, 3];
 
 /// One weight matrix per launch.
 pub const OP_GEMM: &str = "gemm";
@@ -37,7 +40,7 @@ pub struct Toolchain {
 
 /// What an entry is about: one operation on one weight shape at one token bucket, plus the optional
 /// `experts` (grouped MoE; `None` for plain GEMMs). The tuner's measurement records use the same
-/// key (`tune::log::TuneKey`).
+/// key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TableKey {
     /// [`OP_GEMM`] or [`OP_GROUPED_GEMM`].
@@ -133,6 +136,69 @@ pub struct Entry {
     pub runners_up: Vec<RunnerUp>,
 }
 
+/// What a grouped MoE entry is about: one projection of one layer shape at one token bucket B
+/// (the step's tokens, not rows per expert).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MoeKey {
+    pub op: MoeOp,
+    pub family: Family,
+    pub a_type: AType,
+    /// N and K of one expert's weight for `op`.
+    pub n: u32,
+    pub k: u32,
+    /// Experts on this GPU (E_local).
+    pub experts: u32,
+    pub top_k: u32,
+    /// Token bucket B.
+    pub tokens: u32,
+}
+
+impl MoeKey {
+    /// The layer shape the key belongs to.
+    pub fn shape(&self) -> MoeShape {
+        let (hidden, inter) = match self.op {
+            MoeOp::GateUp => (self.k, self.n / 2),
+            MoeOp::Down => (self.n, self.k),
+        };
+        MoeShape { hidden, inter, experts: self.experts, top_k: self.top_k }
+    }
+}
+
+impl fmt::Display for MoeKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} N={} K={} E={} top_k={} B={}",
+            self.op,
+            self.family,
+            self.a_type,
+            self.n,
+            self.k,
+            self.experts,
+            self.top_k,
+            self.tokens
+        )
+    }
+}
+
+/// The selected grouped kernel of one key, with its time on the uniform routing of the tuning
+/// run and on its skewed guard draw.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoeEntry {
+    pub key: MoeKey,
+    pub config: GroupedConfig,
+    pub median_us: f64,
+    pub interval_us: (f64, f64),
+    /// Median on the skewed routing draw (all tokens to experts 0..2 plus uniform picks).
+    pub skewed_us: f64,
+    /// Seed of the uniform routing draw (`moe::schedule::draw_routing`); the skewed draw used
+    /// seed + 1.
+    pub routing_seed: u64,
+    /// Roofline time (the bytes the projection must move over the measured read bandwidth)
+    /// divided by the median.
+    pub roofline_fraction: f64,
+}
+
 /// A dispatch table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Table {
@@ -144,6 +210,12 @@ pub struct Table {
     /// The timing policy the medians were measured under, in words.
     pub timing_policy: String,
     pub entries: Vec<Entry>,
+    /// Hash of the grouped kernels' templates (`moe::config::template_hash`) when `moe` is not empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_template_hash: Option<String>,
+    /// Grouped MoE entries (version 3).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moe: Vec<MoeEntry>,
 }
 
 /// Everything that can go wrong reading, checking or writing a table. `origin` names the file.
@@ -194,6 +266,8 @@ impl Table {
             template_hashes: BTreeMap::new(),
             timing_policy,
             entries: Vec::new(),
+            moe_template_hash: None,
+            moe: Vec::new(),
         }
     }
 
@@ -231,6 +305,16 @@ impl Table {
                 });
             }
         }
+        if probe.schema_version < 3 && !table.moe.is_empty() {
+            return Err(TableError::Invalid {
+                origin: origin.to_string(),
+                at: "moe".into(),
+                reason: format!(
+                    "grouped entries need schema_version 3 (this file says {})",
+                    probe.schema_version
+                ),
+            });
+        }
         table.schema_version = TABLE_SCHEMA_VERSION;
         table.validate(origin)?;
         Ok(table)
@@ -257,9 +341,10 @@ impl Table {
                 ),
             ));
         }
-        if self.entries.is_empty() {
+        if self.entries.is_empty() && self.moe.is_empty() {
             return Err(TableError::Empty { origin: origin.to_string() });
         }
+        self.validate_moe(origin)?;
         let mut seen = HashSet::new();
         for (i, e) in self.entries.iter().enumerate() {
             let at = || format!("entry {} ({})", i + 1, e.key);
@@ -375,6 +460,88 @@ impl Table {
         Ok(())
     }
 
+    /// The grouped entries' rules: a template hash; sm90 W4A16 keys (the grouped family so far);
+    /// the configuration's op equal to the key's and legal for the key's layer shape; finite,
+    /// positive times with lo <= hi; no duplicate keys; the device of compute capability 9.0.
+    fn validate_moe(&self, origin: &str) -> Result<(), TableError> {
+        let invalid = |at: String, reason: String| TableError::Invalid {
+            origin: origin.to_string(),
+            at,
+            reason,
+        };
+        if self.moe.is_empty() {
+            return Ok(());
+        }
+        if self.moe_template_hash.as_deref().is_none_or(str::is_empty) {
+            return Err(invalid(
+                "moe_template_hash".into(),
+                "grouped entries need the hash of their templates".into(),
+            ));
+        }
+        let mut seen = HashSet::new();
+        for (i, e) in self.moe.iter().enumerate() {
+            let at = || format!("moe entry {} ({})", i + 1, e.key);
+            let key = &e.key;
+            if key.family != Family::Sm90 || key.a_type != AType::Bf16 {
+                return Err(invalid(
+                    at(),
+                    "grouped kernels exist for family sm90 with bf16 activations".into(),
+                ));
+            }
+            if self.device.compute_capability != (9, 0) {
+                return Err(invalid(
+                    at(),
+                    format!(
+                        "the sm90 family does not run on compute capability {:?}",
+                        self.device.compute_capability
+                    ),
+                ));
+            }
+            if key.tokens == 0 {
+                return Err(invalid(at(), "the token bucket must be positive".into()));
+            }
+            if e.config.op != key.op {
+                return Err(invalid(
+                    at(),
+                    format!("configuration {} is for {}", e.config, e.config.op),
+                ));
+            }
+            let shape = key.shape();
+            if shape.nk(key.op) != (key.n, key.k) {
+                return Err(invalid(
+                    at(),
+                    format!("N = {} and K = {} do not form a {} weight", key.n, key.k, key.op),
+                ));
+            }
+            e.config
+                .check(&shape)
+                .map_err(|err| invalid(at(), format!("illegal config: {err}")))?;
+            let t = [e.median_us, e.interval_us.0, e.interval_us.1, e.skewed_us];
+            if t.iter().any(|x| !x.is_finite() || *x <= 0.0) || e.interval_us.0 > e.interval_us.1 {
+                return Err(invalid(
+                    at(),
+                    "times must be finite and positive with lo <= hi".into(),
+                ));
+            }
+            if !e.roofline_fraction.is_finite() || e.roofline_fraction < 0.0 {
+                return Err(invalid(
+                    at(),
+                    format!(
+                        "roofline_fraction {} is not a finite number >= 0",
+                        e.roofline_fraction
+                    ),
+                ));
+            }
+            if !seen.insert(key) {
+                return Err(invalid(
+                    at(),
+                    "duplicate key (an earlier moe entry has the same key)".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Stable, pretty RON: entries sorted by key, one key and one configuration per line. Parses
     /// back with [`Table::from_ron_str`] to an equal table (entries sorted).
     pub fn to_ron_string(&self) -> String {
@@ -422,6 +589,18 @@ impl Table {
             let _ = writeln!(out, "        ),");
         }
         let _ = writeln!(out, "    ],");
+        if let Some(h) = &self.moe_template_hash {
+            let _ = writeln!(out, "    moe_template_hash: Some({}),", one(h));
+        }
+        if !self.moe.is_empty() {
+            let mut moe: Vec<&MoeEntry> = self.moe.iter().collect();
+            moe.sort_by(|a, b| a.key.cmp(&b.key));
+            let _ = writeln!(out, "    moe: [");
+            for e in moe {
+                let _ = writeln!(out, "        {},", one(e));
+            }
+            let _ = writeln!(out, "    ],");
+        }
         let _ = writeln!(out, ")");
         out
     }
@@ -550,7 +729,7 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_schema_version_is_refused_clearly() {
-        let text = sample().to_ron_string().replace("schema_version: 2,", "schema_version: 7,");
+        let text = sample().to_ron_string().replace("schema_version: 3,", "schema_version: 7,");
         let e = err(&text);
         assert!(e.contains("unsupported dispatch-table schema_version 7"), "{e}");
         assert!(e.contains("reads schema_version 1 and 2"), "{e}");
@@ -563,7 +742,7 @@ pub(crate) mod tests {
     /// written only where it is not `Fused`.
     #[test]
     fn version_1_reads_as_fused_and_methods_round_trip() {
-        let v1 = sample().to_ron_string().replace("schema_version: 2,", "schema_version: 1,");
+        let v1 = sample().to_ron_string().replace("schema_version: 3,", "schema_version: 1,");
         let t = Table::from_ron_str(&v1, "old.ron").unwrap();
         assert_eq!(t.schema_version, TABLE_SCHEMA_VERSION);
         assert!(t.entries.iter().all(|e| e.method == Method::Fused));
@@ -579,7 +758,7 @@ pub(crate) mod tests {
         // refused.
         let e = err(&text.replace("DequantCublasBf16", "Magic"));
         assert!(e.contains("results/h200.ron"), "{e}");
-        let e = err(&text.replace("schema_version: 2,", "schema_version: 1,"));
+        let e = err(&text.replace("schema_version: 3,", "schema_version: 1,"));
         assert!(e.contains("needs schema_version 2"), "{e}");
     }
 
@@ -614,5 +793,54 @@ pub(crate) mod tests {
         check(&|t| t.template_hashes.clear(), "no template hash");
         check(&|t| t.device.compute_capability = (12, 0), "runs on compute capability 9.0");
         check(&|t| t.entries[0].runners_up[0].config.stages = 0, "illegal runner-up");
+    }
+
+    fn with_moe() -> Table {
+        let mut t = sample();
+        let shape = MoeShape::GLM5_TP8;
+        let config = crate::moe::config::search_space(MoeOp::Down, &shape)[0];
+        t.moe_template_hash = Some(crate::moe::config::template_hash());
+        t.moe.push(MoeEntry {
+            key: MoeKey {
+                op: MoeOp::Down,
+                family: Family::Sm90,
+                a_type: AType::Bf16,
+                n: 6144,
+                k: 256,
+                experts: 256,
+                top_k: 8,
+                tokens: 64,
+            },
+            config,
+            median_us: 80.0,
+            interval_us: (79.0, 81.0),
+            skewed_us: 70.0,
+            routing_seed: 7,
+            roofline_fraction: 0.58,
+        });
+        t
+    }
+
+    #[test]
+    fn grouped_entries_round_trip_and_need_version_3_a_hash_and_a_legal_config() {
+        let t = with_moe();
+        let text = t.to_ron_string();
+        assert!(text.contains("moe: ["), "{text}");
+        assert_eq!(Table::from_ron_str(&text, "t.ron").unwrap(), t);
+        let e = Table::from_ron_str(&text.replace("schema_version: 3,", "schema_version: 2,"), "t.ron").unwrap_err();
+        assert!(e.to_string().contains("need schema_version 3"), "{e}");
+        let mut bad = t.clone();
+        bad.moe_template_hash = None;
+        assert!(bad.validate("t.ron").unwrap_err().to_string().contains("hash of their templates"));
+        let mut bad = t.clone();
+        bad.moe[0].config.depth = 3;
+        let e = bad.validate("t.ron").unwrap_err().to_string();
+        assert!(e.contains("moe entry 1") && e.contains("multiple of depth"), "{e}");
+        let mut bad = t.clone();
+        bad.moe.push(bad.moe[0].clone());
+        assert!(bad.validate("t.ron").unwrap_err().to_string().contains("duplicate key"));
+        let mut bad = t;
+        bad.moe[0].key.k = 512;
+        assert!(bad.validate("t.ron").is_err());
     }
 }

@@ -4,6 +4,7 @@
 pub mod emit;
 pub mod log;
 pub mod merge;
+pub mod moe;
 pub mod policy;
 pub mod replay;
 pub mod run;

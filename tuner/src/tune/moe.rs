@@ -1,0 +1,178 @@
+//! The grouped phase of a tuning campaign: per projection and token bucket B, screen the grouped
+//! search space on a uniform routing drawn from a recorded seed, give the finalists the full
+//! timing policy on that routing and on a skewed draw, and keep the fastest finalist unless it
+//! collapses under skew (slower than `SKEW_GUARD` x the best skewed time, then the next one).
+
+use crate::bench::moe::{
+    load, measure_op, roofline_bytes, spread, Measured, MoeBenchError, MoeStep, Outcome, StepData,
+};
+use crate::bench::TimingPolicy;
+use crate::compile::Compiler;
+use crate::gpu::Gpu;
+use crate::moe::config::search_space;
+use crate::moe::schedule::Routing;
+use crate::moe::{MoeOp, MoeShape};
+use crate::problem::AType;
+use crate::runtime::moe::{GroupedKernel, MoeLauncher};
+use crate::table::{MoeEntry, MoeKey};
+use crate::template::Family;
+
+/// A finalist may be at most this much slower than the best finalist on the skewed draw.
+pub const SKEW_GUARD: f64 = 1.25;
+/// Token buckets B tuned by default (decode, then prefill chunks).
+pub const DEFAULT_BUCKETS: &[u32] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+/// Candidates screened per (op, B) by default, evenly over the space.
+pub const DEFAULT_SCREEN: usize = 48;
+/// Finalists that get the full policy and the skewed draw.
+pub const FINALISTS: usize = 3;
+
+/// What to tune.
+#[derive(Debug, Clone)]
+pub struct MoeTuneSpec {
+    pub shape: MoeShape,
+    pub experts_total: u32,
+    pub expert_begin: i32,
+    pub buckets: Vec<u32>,
+    pub screen: usize,
+    pub screen_policy: TimingPolicy,
+    pub policy: TimingPolicy,
+}
+
+/// Progress for the caller to show.
+#[derive(Debug, Clone)]
+pub enum MoeTuneEvent {
+    Key { index: usize, total: usize, key: MoeKey },
+    Chosen { entry: MoeEntry, screened: usize, failed: usize },
+}
+
+/// The routing seed of bucket B (recorded in the entry).
+pub fn routing_seed(tokens: u32) -> u64 {
+    0x5EED_0000 + tokens as u64
+}
+
+fn timed(m: &Measured) -> Option<crate::bench::Summary> {
+    match &m.outcome {
+        Outcome::Timed(s) => Some(*s),
+        Outcome::Failed(_) => None,
+    }
+}
+
+/// Tune every (op, bucket); returns the entries and every screened candidate (failures included).
+pub fn tune_moe(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    launcher: &MoeLauncher<'_>,
+    spec: &MoeTuneSpec,
+    read_gbps: f64,
+    progress: &dyn Fn(MoeTuneEvent),
+) -> Result<(Vec<MoeEntry>, Vec<(MoeKey, Vec<Measured>)>), MoeBenchError> {
+    let mut entries = Vec::new();
+    let mut logs = Vec::new();
+    let total = spec.buckets.len() * 2;
+    for (bi, &tokens) in spec.buckets.iter().enumerate() {
+        let step = |routing, seed| MoeStep {
+            shape: spec.shape,
+            experts_total: spec.experts_total,
+            expert_begin: spec.expert_begin,
+            tokens,
+            routing,
+            seed,
+        };
+        let seed = routing_seed(tokens);
+        let uniform = StepData::new(gpu, step(Routing::Uniform, seed), &spec.policy)?;
+        let skewed = StepData::new(gpu, step(Routing::Skewed, seed + 1), &spec.policy)?;
+        if uniform.schedule.rows() == 0 || skewed.schedule.rows() == 0 {
+            continue;
+        }
+        uniform.check_schedule(gpu, launcher)?;
+        let mut chosen: Vec<GroupedKernel> = Vec::new();
+        for (oi, op) in MoeOp::ALL.into_iter().enumerate() {
+            let (n, k) = spec.shape.nk(op);
+            let key = MoeKey {
+                op,
+                family: Family::Sm90,
+                a_type: AType::Bf16,
+                n,
+                k,
+                experts: spec.shape.experts,
+                top_k: spec.shape.top_k,
+                tokens,
+            };
+            progress(MoeTuneEvent::Key { index: bi * 2 + oi, total, key });
+            let space = spread(search_space(op, &spec.shape), spec.screen);
+            let screened = measure_op(
+                gpu,
+                compiler,
+                &spec.screen_policy,
+                launcher,
+                &uniform,
+                op,
+                &space,
+                chosen.first(),
+            )?;
+            let mut ranked: Vec<&Measured> =
+                screened.iter().filter(|m| m.median().is_some()).collect();
+            ranked.sort_by(|a, b| a.median().unwrap().total_cmp(&b.median().unwrap()));
+            let finalists: Vec<_> = ranked.iter().take(FINALISTS).map(|m| m.config).collect();
+            if finalists.is_empty() {
+                return Err(MoeBenchError::NoCandidate(
+                    op,
+                    format!("{key}: every candidate failed"),
+                ));
+            }
+            let full = measure_op(
+                gpu,
+                compiler,
+                &spec.policy,
+                launcher,
+                &uniform,
+                op,
+                &finalists,
+                chosen.first(),
+            )?;
+            let skew = measure_op(
+                gpu,
+                compiler,
+                &spec.policy,
+                launcher,
+                &skewed,
+                op,
+                &finalists,
+                chosen.first(),
+            )?;
+            let best_skew = skew.iter().filter_map(|m| m.median()).fold(f64::INFINITY, f64::min);
+            let mut order: Vec<usize> =
+                (0..full.len()).filter(|&i| full[i].median().is_some()).collect();
+            order.sort_by(|&a, &b| full[a].median().unwrap().total_cmp(&full[b].median().unwrap()));
+            let pick = order
+                .iter()
+                .copied()
+                .find(|&i| skew[i].median().is_some_and(|s| s <= SKEW_GUARD * best_skew))
+                .or(order.first().copied())
+                .ok_or_else(|| {
+                    MoeBenchError::NoCandidate(op, format!("{key}: no finalist verified"))
+                })?;
+            let t = timed(&full[pick]).expect("picked a timed finalist");
+            let bytes = roofline_bytes(&spec.shape, op, &uniform.schedule, tokens);
+            let entry = MoeEntry {
+                key,
+                config: full[pick].config,
+                median_us: t.median,
+                interval_us: (t.lo, t.hi),
+                skewed_us: skew[pick].median().unwrap_or(t.median),
+                routing_seed: seed,
+                roofline_fraction: bytes as f64 / (read_gbps * 1e3) / t.median,
+            };
+            let failed = screened.iter().filter(|m| m.median().is_none()).count();
+            progress(MoeTuneEvent::Chosen {
+                entry: entry.clone(),
+                screened: screened.len(),
+                failed,
+            });
+            chosen.push(load(gpu, compiler, entry.config)?);
+            entries.push(entry);
+            logs.push((key, screened));
+        }
+    }
+    Ok((entries, logs))
+}
