@@ -154,9 +154,10 @@ pub enum Pipeline {
     /// deep, no barrier in the main loop; only the activations go through shared memory, one
     /// `block_k` slice per pass (`templates/sm90/direct.cuh`; small M, swap_ab). Named `r<stages>`.
     Registers,
-    /// As [`Pipeline::Registers`], but each warp's ring is `stages` stages (2..16) of its private
-    /// shared memory, filled by the lanes' own cp.async copies: deep prefetch without registers
-    /// and without a barrier (`direct.cuh`, `SMEM_RING`). Named `p<stages>`.
+    /// The warp ring: as [`Pipeline::Registers`], but each warp's ring is `stages` stages (2..16)
+    /// of shared memory of its own, filled by the lanes' own cp.async copies: deep prefetch
+    /// without registers and without a barrier (`direct.cuh`, where the CUDA flag is
+    /// `SMEM_RING`). Named `p<stages>` (`--pipeline warp-ring`).
     WarpRing,
     /// As [`Pipeline::Registers`], with the activations in the same register ring: each lane
     /// loads its own run of every token row per chunk straight from global memory, so no

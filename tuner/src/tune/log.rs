@@ -19,7 +19,7 @@ pub const LOG_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2];
 
 /// What a tuning entry is about: one operation on one weight shape at one token bucket. The same
 /// key as the dispatch table's, so a record's key is the entry's key (grouped ops set `experts`).
-pub use crate::table::TableKey as TuneKey;
+use crate::table::TableKey;
 
 /// How a candidate's evaluation ended. Failures are data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,7 +94,7 @@ pub struct Context {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub schema_version: u32,
-    pub key: TuneKey,
+    pub key: TableKey,
     /// `Fused`: `config` was measured. `DequantCublasBf16`: the composite path was measured, and
     /// `config` is the key's best fused kernel at that time (the table entry's fallback).
     #[serde(default, skip_serializing_if = "Method::is_fused")]
@@ -230,7 +230,7 @@ pub(crate) mod tests {
         Record {
             schema_version: LOG_SCHEMA_VERSION,
             method: Method::Fused,
-            key: TuneKey {
+            key: TableKey {
                 experts: None,
                 op: "gemm".into(),
                 family: Family::Sm90,

@@ -2,9 +2,10 @@
 //! answers, and the report gives best-found regret against evaluations spent, per key and
 //! aggregated.
 
-use super::log::{Outcome, Record, TuneKey};
+use super::log::{Outcome, Record};
 use crate::problem::GemmProblem;
 use crate::search::{Budget, SearchError, SearchSpace, Strategy, StrategyKind};
+use crate::table::TableKey;
 use crate::template::GemmConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -27,7 +28,7 @@ pub enum Candidates {
 /// What a strategy factory is told about one key.
 #[derive(Debug, Clone)]
 pub struct SimKey<'a> {
-    pub key: &'a TuneKey,
+    pub key: &'a TableKey,
     pub problem: GemmProblem,
     /// Configurations the log evaluated for the key (sorted, illegal ones left out).
     pub logged: &'a [GemmConfig],
@@ -36,7 +37,7 @@ pub struct SimKey<'a> {
 /// The simulation of one key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeyReport {
-    pub key: TuneKey,
+    pub key: TableKey,
     /// Configurations the exhaustive run evaluated (the log's, illegal ones left out).
     pub exhaustive_evals: usize,
     pub exhaustive_best_us: f64,
@@ -94,11 +95,11 @@ pub struct SimulationReport {
     pub budget: Budget,
     pub keys: Vec<KeyReport>,
     /// Keys not simulated, with the reason (no timed record, no strategy).
-    pub skipped: Vec<(TuneKey, String)>,
+    pub skipped: Vec<(TableKey, String)>,
     pub aggregate: Aggregate,
 }
 
-fn key_name(k: &TuneKey) -> String {
+fn key_name(k: &TableKey) -> String {
     format!("{} {} {} N={} K={} M={}", k.op, k.family, k.a_type, k.n, k.k, k.m)
 }
 
@@ -188,7 +189,7 @@ pub fn simulate<F>(records: &[Record], mut factory: F, budget: &Budget) -> Simul
 where
     F: FnMut(&SimKey) -> Result<Box<dyn Strategy>, SearchError>,
 {
-    let mut logs: BTreeMap<TuneKey, KeyLog> = BTreeMap::new();
+    let mut logs: BTreeMap<TableKey, KeyLog> = BTreeMap::new();
     // Strategies search fused kernels; composite records (whose config is a fallback) are not theirs.
     for r in records.iter().filter(|r| r.method.is_fused()) {
         let log = logs.entry(r.key.clone()).or_default();
@@ -299,7 +300,7 @@ fn aggregate(keys: &[KeyReport]) -> Aggregate {
 }
 
 /// FNV-1a of a key's name: a stable per-key seed component.
-fn key_hash(k: &TuneKey) -> u64 {
+fn key_hash(k: &TableKey) -> u64 {
     key_name(k)
         .bytes()
         .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
@@ -355,11 +356,11 @@ mod tests {
     use crate::tune::log::LOG_SCHEMA_VERSION;
     use rand::{Rng, SeedableRng};
 
-    fn key(m: u32, n: u32, k: u32) -> TuneKey {
-        TuneKey::gemm(Family::Sm90, AType::Bf16, n, k, m)
+    fn key(m: u32, n: u32, k: u32) -> TableKey {
+        TableKey::gemm(Family::Sm90, AType::Bf16, n, k, m)
     }
 
-    fn record(key: &TuneKey, config: GemmConfig, t: Option<f64>) -> Record {
+    fn record(key: &TableKey, config: GemmConfig, t: Option<f64>) -> Record {
         Record {
             schema_version: LOG_SCHEMA_VERSION,
             method: crate::table::Method::Fused,

@@ -2,7 +2,7 @@
 //! replaceable worker process, every result appended to the log as it arrives, resume from the
 //! log, sharding, and selection at the end.
 
-use super::log::{self, Outcome, Record, TuneKey, LOG_SCHEMA_VERSION};
+use super::log::{self, Outcome, Record, LOG_SCHEMA_VERSION};
 use super::worker::{Reply, Request, WorkerError, WorkerHandle};
 use crate::bench::TimingPolicy;
 use crate::compile::Compiler;
@@ -10,6 +10,7 @@ use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
 use crate::search::{Budget, Exhaustive, Strategy};
 use crate::table::Method;
+use crate::table::TableKey;
 use crate::template::{self, Arch, Family, GemmConfig};
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -130,7 +131,7 @@ impl Shard {
 /// Builds the planner of one key from its legal configurations, the device and what was measured
 /// on it at the start of the campaign.
 pub type PlannerFactory =
-    Box<dyn Fn(&TuneKey, Vec<GemmConfig>, &DeviceInfo, &log::Context) -> Planner>;
+    Box<dyn Fn(&TableKey, Vec<GemmConfig>, &DeviceInfo, &log::Context) -> Planner>;
 
 pub struct TuneSpec {
     /// (N, K) weight shapes (deduplicated) and the token buckets to tune each at.
@@ -187,18 +188,18 @@ pub enum Event {
     Key {
         index: usize,
         total: usize,
-        key: TuneKey,
+        key: TableKey,
         candidates: usize,
         done_before: usize,
     },
     Result {
-        key: TuneKey,
+        key: TableKey,
         config: GemmConfig,
         outcome: &'static str,
     },
     /// The dequantize-then-cuBLAS path on a key: its outcome label and median.
     Composite {
-        key: TuneKey,
+        key: TableKey,
         outcome: &'static str,
         median_us: Option<f64>,
     },
@@ -241,7 +242,7 @@ fn now() -> u64 {
 }
 
 /// The random operands of a key (fused candidates and the composite path see the same ones).
-fn operand_seed(key: &TuneKey) -> u64 {
+fn operand_seed(key: &TableKey) -> u64 {
     0xF4F4 ^ ((key.m as u64) << 40) ^ ((key.n as u64) << 20) ^ key.k as u64
 }
 
@@ -359,7 +360,7 @@ pub fn run(
         }
     }
     // Fused candidates already measured (composite records name a fallback config, not a run of it).
-    let mut done: HashSet<(TuneKey, GemmConfig)> = previous
+    let mut done: HashSet<(TableKey, GemmConfig)> = previous
         .iter()
         .filter(|r| r.template_hash == template_hash && r.method.is_fused())
         .map(|r| (r.key.clone(), r.config))
@@ -369,11 +370,11 @@ pub fn run(
     let mut keys = Vec::new();
     for &(n, k) in &spec.shapes {
         for &m in &spec.buckets {
-            keys.push(TuneKey::gemm(family, a_type, n, k, m));
+            keys.push(TableKey::gemm(family, a_type, n, k, m));
         }
     }
     keys.sort();
-    let keys: Vec<TuneKey> =
+    let keys: Vec<TableKey> =
         keys.into_iter().enumerate().filter(|(i, _)| spec.shard.owns(*i)).map(|(_, k)| k).collect();
 
     // Compile everything any key may need, in parallel, into the disk cache (workers load from it).
@@ -393,7 +394,7 @@ pub fn run(
     let mut writer = log::Writer::open(&log_path)?;
     let mut new_records = 0usize;
     // A measurement as a log record of this device, template version and context.
-    let stamp = |key: &TuneKey, method: Method, config: GemmConfig, outcome: Outcome| Record {
+    let stamp = |key: &TableKey, method: Method, config: GemmConfig, outcome: Outcome| Record {
         schema_version: LOG_SCHEMA_VERSION,
         key: key.clone(),
         method,
@@ -423,7 +424,7 @@ pub fn run(
         let mut record = |config: GemmConfig,
                           outcome: Outcome,
                           writer: &mut log::Writer,
-                          done: &mut HashSet<(TuneKey, GemmConfig)>,
+                          done: &mut HashSet<(TableKey, GemmConfig)>,
                           todo: &mut Vec<GemmConfig>|
          -> Result<(), TuneError> {
             writer.append(&stamp(key, Method::Fused, config, outcome))?;
@@ -515,7 +516,7 @@ pub fn run(
             .filter(|r| r.template_hash == template_hash)
             .collect();
         let fused = super::select::timed_table(&records);
-        let measured: HashSet<TuneKey> =
+        let measured: HashSet<TableKey> =
             records.iter().filter(|r| !r.method.is_fused()).map(|r| r.key.clone()).collect();
         for key in keys.iter().filter(|k| k.m >= min_m && k.k % 16 == 0 && !measured.contains(k)) {
             // The fallback: the key's fastest fused kernel (no fused kernel ran: nothing to fall

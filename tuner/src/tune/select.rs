@@ -9,9 +9,10 @@
 //! the fused winner only when it is faster by more than the default margin and outside the
 //! winner's interval; the fused winner stays in the entry as its fallback.
 
-use super::log::{Outcome, Record, TuneKey};
+use super::log::{Outcome, Record};
 use crate::bench::Summary;
 use crate::table::Method;
+use crate::table::TableKey;
 use crate::template::GemmConfig;
 use std::collections::BTreeMap;
 
@@ -34,7 +35,7 @@ impl Default for SelectRules {
 /// The choice for one key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choice {
-    pub key: TuneKey,
+    pub key: TableKey,
     /// `DequantCublasBf16` when the composite path won; `config` is then the fused fallback.
     pub method: Method,
     pub config: GemmConfig,
@@ -67,8 +68,8 @@ pub struct Selection {
 
 /// Timed medians of fused kernels per key and config (the first record of a (key, config) pair
 /// wins, so merged logs with duplicates select deterministically).
-pub fn timed_table(records: &[Record]) -> BTreeMap<TuneKey, BTreeMap<GemmConfig, Summary>> {
-    let mut t: BTreeMap<TuneKey, BTreeMap<GemmConfig, Summary>> = BTreeMap::new();
+pub fn timed_table(records: &[Record]) -> BTreeMap<TableKey, BTreeMap<GemmConfig, Summary>> {
+    let mut t: BTreeMap<TableKey, BTreeMap<GemmConfig, Summary>> = BTreeMap::new();
     for r in records.iter().filter(|r| r.method.is_fused()) {
         if let Outcome::Timed { time, .. } = &r.outcome {
             t.entry(r.key.clone()).or_default().entry(r.config).or_insert(*time);
@@ -78,7 +79,7 @@ pub fn timed_table(records: &[Record]) -> BTreeMap<TuneKey, BTreeMap<GemmConfig,
 }
 
 /// The first timed dequantize-then-cuBLAS record of each key.
-pub fn composite_times(records: &[Record]) -> BTreeMap<TuneKey, Summary> {
+pub fn composite_times(records: &[Record]) -> BTreeMap<TableKey, Summary> {
     let mut t = BTreeMap::new();
     for r in records.iter().filter(|r| r.method == Method::DequantCublasBf16) {
         if let Outcome::Timed { time, .. } = &r.outcome {
@@ -90,7 +91,7 @@ pub fn composite_times(records: &[Record]) -> BTreeMap<TuneKey, Summary> {
 
 /// The geomean-best configuration over all keys (see the module docs).
 pub fn default_config(
-    table: &BTreeMap<TuneKey, BTreeMap<GemmConfig, Summary>>,
+    table: &BTreeMap<TableKey, BTreeMap<GemmConfig, Summary>>,
 ) -> Option<(GemmConfig, f64)> {
     let mut coverage: BTreeMap<GemmConfig, (usize, f64)> = BTreeMap::new();
     for per_key in table.values() {
@@ -172,7 +173,7 @@ mod tests {
         Record {
             schema_version: LOG_SCHEMA_VERSION,
             method: crate::table::Method::Fused,
-            key: TuneKey {
+            key: TableKey {
                 experts: None,
                 op: "gemm".into(),
                 family: Family::Sm90,

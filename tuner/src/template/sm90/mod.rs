@@ -7,8 +7,8 @@
 //!
 //! Four weight pipelines ([`Pipeline`]): `CpAsync` (`gemm.cuh`, `Sm90Config`, any M) and the three
 //! streamed ones of `direct.cuh` (`DirectConfig`, swap-AB, decode-sized M): `Registers` (a per-warp
-//! register ring, `stages` = ring depth 1..8), `WarpRing` (a per-warp shared-memory ring 2..16
-//! deep) and `Global` (the register ring holds the activations too). For `Registers` and
+//! register ring, `stages` = ring depth 1..8), `WarpRing` (the warp ring: a per-warp ring in
+//! shared memory, 2..16 deep) and `Global` (the register ring holds the activations too). For `Registers` and
 //! `WarpRing`, `block_k` is the activation slice a CTA keeps in shared memory per pass (one pass
 //! when `block_k = K / split_k`); for `Global` it only orders the chunks. Split-K <= 8 is reduced
 //! with one cluster barrier into rank 0 (workspace + counters above 8, as for `CpAsync`), and
