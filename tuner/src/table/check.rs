@@ -5,6 +5,7 @@ use crate::gpu::DeviceInfo;
 use crate::template::{family_template_hash, Family};
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::Path;
 
 /// What to do when a table does not match the device or the template sources.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,10 +41,17 @@ pub enum Mismatch {
         table: (u32, u32),
         device: (u32, u32),
     },
-    /// The family's template sources differ from those the table was measured with.
+    /// The family's template sources differ from those the table was measured with (an empty
+    /// `table` hash: the table does not say which sources it was measured with).
     TemplateHash {
         family: Family,
         table: String,
+        current: String,
+    },
+    /// The grouped MoE kernels' template sources differ from the table's `moe_template_hash`
+    /// (or the table has grouped entries and no hash).
+    MoeTemplateHash {
+        table: Option<String>,
         current: String,
     },
     /// Another GPU model of the same compute capability (e.g. H100 vs H200).
@@ -72,10 +80,23 @@ impl fmt::Display for Mismatch {
                 "table is for compute capability {}.{}, this device is {}.{}",
                 table.0, table.1, device.0, device.1
             ),
+            Mismatch::TemplateHash { family, table, current } if table.trim().is_empty() => write!(
+                f,
+                "the table records an empty {family} template hash, so its kernels cannot be \
+                 matched with these sources (current {}): re-tune",
+                short(current)
+            ),
             Mismatch::TemplateHash { family, table, current } => write!(
                 f,
                 "{family} template sources changed since the table was made (table {}, current {}): re-tune",
                 short(table),
+                short(current)
+            ),
+            Mismatch::MoeTemplateHash { table, current } => write!(
+                f,
+                "grouped MoE template sources changed since the table was made (table {}, current \
+                 {}): re-tune the grouped entries",
+                table.as_deref().map_or("none", short),
                 short(current)
             ),
             Mismatch::DeviceName { table, device } => {
@@ -127,6 +148,81 @@ impl TableCheck {
 }
 
 impl Table {
+    /// The template hashes of the table that differ from the sources compiled into this binary
+    /// (no GPU needed): stale, foreign and empty hashes alike.
+    pub fn template_mismatches(&self) -> Vec<Mismatch> {
+        let mut out: Vec<Mismatch> = self
+            .template_hashes
+            .iter()
+            .filter_map(|(&family, hash)| {
+                let current = family_template_hash(family);
+                (*hash != current).then(|| Mismatch::TemplateHash {
+                    family,
+                    table: hash.clone(),
+                    current,
+                })
+            })
+            .collect();
+        if !self.moe.is_empty() || self.moe_template_hash.is_some() {
+            let current = crate::moe::config::template_hash();
+            if self.moe_template_hash.as_deref() != Some(current.as_str()) {
+                out.push(Mismatch::MoeTemplateHash {
+                    table: self.moe_template_hash.clone(),
+                    current,
+                });
+            }
+        }
+        out
+    }
+
+    /// Compare the table's template hashes with this build's sources, without a device: under
+    /// [`MismatchPolicy::Error`] a stale, foreign or empty hash is a [`TableError::Mismatch`];
+    /// otherwise each is a warning and its family is disabled for lookups (as
+    /// [`Table::check_against`] would do).
+    pub fn check_templates(
+        &self,
+        policy: MismatchPolicy,
+        origin: &str,
+    ) -> Result<TableCheck, TableError> {
+        let mismatches = self.template_mismatches();
+        let disabled = mismatches
+            .iter()
+            .filter_map(|m| match m {
+                Mismatch::TemplateHash { family, .. } => Some(*family),
+                _ => None,
+            })
+            .collect();
+        finish(policy, origin, mismatches, disabled)
+    }
+
+    /// Read the table file at `path` for `fp4tune table --check`: a UTF-8 byte-order mark is
+    /// skipped, a family named twice in `template_hashes` is refused (RON would keep the last
+    /// one silently), the table is parsed and validated ([`Table::from_ron_str`]), and its
+    /// template hashes are compared with this build's ([`Table::check_templates`] under
+    /// `policy`). No GPU is needed.
+    pub fn check_file(
+        path: &Path,
+        policy: MismatchPolicy,
+    ) -> Result<(Table, TableCheck), TableError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| TableError::Read { path: path.to_path_buf(), source })?;
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        let table = Table::from_ron_str(text, &origin)?;
+        if let Some(family) = duplicate_template_family(text) {
+            return Err(TableError::Invalid {
+                origin,
+                at: "template_hashes".into(),
+                reason: format!(
+                    "family {family:?} is listed twice (which hash the entries were measured with \
+                     is unknown): keep one"
+                ),
+            });
+        }
+        let check = table.check_templates(policy, &origin)?;
+        Ok((table, check))
+    }
+
     /// Compare the table with `device` and the template sources compiled into this binary.
     /// Under [`MismatchPolicy::Error`] any mismatch is a [`TableError::Mismatch`]; otherwise the
     /// mismatches come back as warnings, with the families lookups must skip.
@@ -146,12 +242,11 @@ impl Table {
             disabled.extend(self.template_hashes.keys().copied());
             disabled.extend(self.entries.iter().map(|e| e.key.family));
         }
-        for (&family, hash) in &self.template_hashes {
-            let current = family_template_hash(family);
-            if *hash != current {
-                mismatches.push(Mismatch::TemplateHash { family, table: hash.clone(), current });
-                disabled.insert(family);
+        for m in self.template_mismatches() {
+            if let Mismatch::TemplateHash { family, .. } = &m {
+                disabled.insert(*family);
             }
+            mismatches.push(m);
         }
         if self.device.name != device.name {
             mismatches.push(Mismatch::DeviceName {
@@ -163,16 +258,58 @@ impl Table {
             mismatches
                 .push(Mismatch::SmCount { table: self.device.sm_count, device: device.sm_count });
         }
-        match policy {
-            MismatchPolicy::Error if !mismatches.is_empty() => {
-                Err(TableError::Mismatch { origin: origin.to_string(), mismatches })
+        finish(policy, origin, mismatches, disabled)
+    }
+}
+
+/// The mismatches found, as an error or as warnings by `policy`.
+fn finish(
+    policy: MismatchPolicy,
+    origin: &str,
+    mismatches: Vec<Mismatch>,
+    disabled: BTreeSet<Family>,
+) -> Result<TableCheck, TableError> {
+    match policy {
+        MismatchPolicy::Error if !mismatches.is_empty() => {
+            Err(TableError::Mismatch { origin: origin.to_string(), mismatches })
+        }
+        MismatchPolicy::Ignore => Ok(TableCheck { policy, mismatches, disabled: BTreeSet::new() }),
+        _ => Ok(TableCheck { policy, mismatches, disabled }),
+    }
+}
+
+/// The first family named twice in the `template_hashes` map of a table's text, if any (the
+/// text is assumed to parse as a table; anything else gives `None`).
+fn duplicate_template_family(text: &str) -> Option<Family> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Keys(Option<Family>);
+    impl<'de> serde::Deserialize<'de> for Keys {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Keys;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a map of families to hashes")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Keys, A::Error> {
+                    let mut seen = BTreeSet::new();
+                    let mut dup = None;
+                    while let Some((family, _)) = map.next_entry::<Family, IgnoredAny>()? {
+                        if !seen.insert(family) && dup.is_none() {
+                            dup = Some(family);
+                        }
+                    }
+                    Ok(Keys(dup))
+                }
             }
-            MismatchPolicy::Ignore => {
-                Ok(TableCheck { policy, mismatches, disabled: BTreeSet::new() })
-            }
-            _ => Ok(TableCheck { policy, mismatches, disabled }),
+            d.deserialize_map(V)
         }
     }
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        template_hashes: Keys,
+    }
+    ron::Options::default().from_str::<Probe>(text).ok()?.template_hashes.0
 }
 
 #[cfg(test)]
@@ -238,5 +375,68 @@ pub(crate) mod tests {
             .unwrap();
         assert_eq!(c.disabled.iter().copied().collect::<Vec<_>>(), vec![Family::Sm90]);
         assert!(c.warnings()[0].contains("template sources changed"), "{:?}", c.warnings());
+    }
+
+    fn write(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// `table --check` without a device still compares the template hashes: a foreign, stale
+    /// or empty hash is a warning (an error under the strict policy), a family listed twice is
+    /// refused, and a byte-order mark is skipped.
+    #[test]
+    fn template_hashes_are_checked_without_a_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = sample();
+        let good = write(dir.path(), "good.ron", &t.to_ron_string());
+        let (_, c) = Table::check_file(&good, MismatchPolicy::Error).unwrap();
+        assert!(c.mismatches.is_empty(), "{c:?}");
+
+        let mut foreign = t.clone();
+        foreign.template_hashes.insert(Family::Sm90, "0123456789abcdef".into());
+        let p = write(dir.path(), "foreign.ron", &foreign.to_ron_string());
+        let (_, c) = Table::check_file(&p, MismatchPolicy::Warn).unwrap();
+        assert_eq!(c.disabled.iter().copied().collect::<Vec<_>>(), vec![Family::Sm90]);
+        let w = c.warnings().join("\n");
+        assert!(w.contains("template sources changed") && w.contains("0123456789ab"), "{w}");
+        let e = Table::check_file(&p, MismatchPolicy::Error).unwrap_err().to_string();
+        assert!(e.contains("foreign.ron") && e.contains("template sources changed"), "{e}");
+
+        let mut empty = t.clone();
+        empty.template_hashes.insert(Family::Sm90, String::new());
+        let p = write(dir.path(), "empty.ron", &empty.to_ron_string());
+        let (_, c) = Table::check_file(&p, MismatchPolicy::Warn).unwrap();
+        assert!(c.warnings()[0].contains("empty sm90 template hash"), "{:?}", c.warnings());
+
+        let hash = family_template_hash(Family::Sm90);
+        let twice = t.to_ron_string().replace(
+            &format!("{{Sm90: \"{hash}\"}}"),
+            &format!("{{Sm90: \"0123\", Sm90: \"{hash}\"}}"),
+        );
+        assert_ne!(twice, t.to_ron_string());
+        let p = write(dir.path(), "twice.ron", &twice);
+        let e = Table::check_file(&p, MismatchPolicy::Warn).unwrap_err().to_string();
+        assert!(e.contains("twice.ron: template_hashes: family Sm90 is listed twice"), "{e}");
+
+        let p = write(dir.path(), "bom.ron", &format!("\u{feff}{}", t.to_ron_string()));
+        assert!(Table::check_file(&p, MismatchPolicy::Error).is_ok());
+    }
+
+    /// The entry of issue 14 whose thread count and shared memory wrapped in u32 (block_m
+    /// 536870928, warps_m 67108866, ...) is refused when the table is read.
+    #[test]
+    fn wrapping_configuration_is_refused_when_reading() {
+        let mut t = sample();
+        let c = &mut t.entries[0].config;
+        c.pipeline = crate::template::Pipeline::CpAsync;
+        (c.swap_ab, c.min_ctas, c.stages, c.split_k) = (false, 1, 2, 1);
+        (c.block_m, c.block_n, c.block_k) = (536_870_928, 16, 128);
+        (c.warps_m, c.warps_n, c.warps_k) = (67_108_866, 1, 2);
+        let e = Table::from_ron_str(&t.to_ron_string(), "results/h200.ron").unwrap_err();
+        let e = e.to_string();
+        assert!(e.starts_with("results/h200.ron: entry"), "{e}");
+        assert!(e.contains("block_m 536870928 is out of range"), "{e}");
     }
 }

@@ -187,6 +187,25 @@ impl Pipeline {
     }
 }
 
+/// Upper bounds on the parameters of any [`GemmConfig`] ([`GemmConfig::check_bounds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// `block_m`, `block_n`.
+    pub block: u32,
+    /// `block_k` (the streamed kernels take a whole K per CTA: 6144 on GLM-5).
+    pub block_k: u32,
+    /// Each of `warps_m`, `warps_n`, `warps_k`, and their product (32 warps = 1024 threads).
+    pub warps: u32,
+    pub stages: u32,
+    pub split_k: u32,
+    pub min_ctas: u32,
+}
+
+/// The bounds every configuration read from a table or a log must keep (the search spaces
+/// stay well inside them; a test checks it).
+pub const BOUNDS: Bounds =
+    Bounds { block: 1024, block_k: 65_536, warps: 32, stages: 16, split_k: 64, min_ctas: 16 };
+
 /// Why a configuration cannot run a problem (or cannot exist at all).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{config}: {reason}")]
@@ -241,14 +260,50 @@ impl GemmConfig {
         }
     }
 
+    /// Threads per CTA, 32 per warp (saturating at `u32::MAX` for a configuration outside
+    /// [`GemmConfig::check_bounds`], so it can never wrap into a legal-looking count).
     pub fn threads(&self) -> u32 {
-        32 * self.warps_m * self.warps_n * self.warps_k
+        let t = 32u64 * self.warps_m as u64 * self.warps_n as u64 * self.warps_k as u64;
+        u32::try_from(t).unwrap_or(u32::MAX)
     }
 
     /// The most registers per lane the kernel may use: 65536 per SM over `min_ctas` CTAs, in
     /// the allocation granule of 8, at most 255.
     pub fn register_cap(&self) -> u32 {
-        (65_536 / (self.threads() * self.min_ctas.max(1)).max(1) / 8 * 8).min(255)
+        (65_536 / self.threads().saturating_mul(self.min_ctas.max(1)).max(1) / 8 * 8).min(255)
+    }
+
+    /// Sane upper bounds on every parameter, whatever the family: what a table or a log may
+    /// name at all ([`BOUNDS`]). Everything derived from a configuration inside them (threads,
+    /// shared-memory bytes, register budgets) fits in `u32` without wrapping; the family checks
+    /// then decide what is legal. Checked first by [`GemmConfig::check`] and
+    /// [`GemmConfig::check_problem`].
+    pub fn check_bounds(&self) -> Result<(), ConstraintError> {
+        for (name, value, max) in [
+            ("block_m", self.block_m, BOUNDS.block),
+            ("block_n", self.block_n, BOUNDS.block),
+            ("block_k", self.block_k, BOUNDS.block_k),
+            ("warps_m", self.warps_m, BOUNDS.warps),
+            ("warps_n", self.warps_n, BOUNDS.warps),
+            ("warps_k", self.warps_k, BOUNDS.warps),
+            ("stages", self.stages, BOUNDS.stages),
+            ("split_k", self.split_k, BOUNDS.split_k),
+            ("min_ctas", self.min_ctas, BOUNDS.min_ctas),
+        ] {
+            if value > max {
+                return Err(
+                    self.violation(format!("{name} {value} is out of range (at most {max})"))
+                );
+            }
+        }
+        let warps = self.warps_m as u64 * self.warps_n as u64 * self.warps_k as u64;
+        if warps > BOUNDS.warps as u64 {
+            return Err(self.violation(format!(
+                "{} x {} x {} = {warps} warps per CTA, at most {} (1024 threads)",
+                self.warps_m, self.warps_n, self.warps_k, BOUNDS.warps
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) fn violation(&self, reason: impl Into<String>) -> ConstraintError {
@@ -285,7 +340,7 @@ impl GemmConfig {
     /// kernel leaves them zeroed.
     pub fn counter_words(&self, p: &GemmProblem) -> usize {
         if self.split_k > 1 {
-            (p.n.div_ceil(self.block_n) * p.m.div_ceil(self.block_m)) as usize
+            p.n.div_ceil(self.block_n.max(1)) as usize * p.m.div_ceil(self.block_m.max(1)) as usize
         } else {
             0
         }
@@ -296,8 +351,12 @@ pub mod sm120;
 pub mod sm90;
 
 impl GemmConfig {
-    /// Dynamic shared memory of one CTA, in bytes.
+    /// Dynamic shared memory of one CTA, in bytes (`u32::MAX` for a configuration outside
+    /// [`GemmConfig::check_bounds`]: more than any GPU has, never a wrapped small number).
     pub fn smem_bytes(&self) -> u32 {
+        if self.check_bounds().is_err() {
+            return u32::MAX;
+        }
         match self.family {
             Family::Sm90 => sm90::smem_bytes(self),
             Family::Sm120 => sm120::smem_bytes(self),
@@ -306,6 +365,7 @@ impl GemmConfig {
 
     /// Constraints of the configuration alone (tile divisibility, threads, shared memory).
     pub fn check(&self) -> Result<(), ConstraintError> {
+        self.check_bounds()?;
         match self.family {
             Family::Sm90 => sm90::check(self),
             Family::Sm120 => sm120::check(self),
@@ -314,6 +374,7 @@ impl GemmConfig {
 
     /// Constraints of running this configuration on `p` (config constraints included).
     pub fn check_problem(&self, p: &GemmProblem) -> Result<(), ConstraintError> {
+        self.check_bounds()?;
         self.check()?;
         if p.a_type != self.a_type {
             return Err(
@@ -380,4 +441,63 @@ pub fn default_config(family: Family, a_type: AType) -> GemmConfig {
 /// Template-source hash of a family (its own folder plus `common/`).
 pub fn family_template_hash(family: Family) -> String {
     template_tree_hash(&["common/", &format!("{}/", family.as_str())])
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+
+    /// The table entry of issue 14: `32 * warps` wraps to 128 threads in u32 and its shared
+    /// memory wraps too, so it passed every check. It is refused by its bounds, and nothing
+    /// derived from it wraps into a small number.
+    #[test]
+    fn wrapping_configuration_is_refused_not_wrapped() {
+        let mut c = default_config(Family::Sm90, AType::Bf16);
+        c.pipeline = Pipeline::CpAsync;
+        c.min_ctas = 1;
+        c.swap_ab = false;
+        (c.block_m, c.block_n, c.block_k) = (536_870_928, 16, 128);
+        (c.warps_m, c.warps_n, c.warps_k) = (67_108_866, 1, 2);
+        assert_eq!(c.threads(), u32::MAX);
+        assert_eq!(c.smem_bytes(), u32::MAX);
+        assert!(c.register_cap() <= 8, "{}", c.register_cap());
+        let e = c.check_problem(&GemmProblem::new(1, 512, 6144, AType::Bf16)).unwrap_err();
+        assert!(e.to_string().contains("block_m 536870928 is out of range (at most 1024)"), "{e}");
+        assert!(c.check().is_err() && c.render().is_err());
+        // The family's arithmetic saturates even when called without the bounds check.
+        assert_eq!(sm90::smem_bytes(&c), u32::MAX);
+    }
+
+    #[test]
+    fn every_bound_is_named_and_the_spaces_keep_them() {
+        for family in [Family::Sm90, Family::Sm120] {
+            for a in [AType::Bf16, AType::Nvfp4] {
+                for c in search_space(family, a) {
+                    c.check_bounds().unwrap_or_else(|e| panic!("{e}"));
+                }
+            }
+        }
+        let base = default_config(Family::Sm90, AType::Bf16);
+        type Edit = fn(&mut GemmConfig);
+        let cases: [(&str, Edit); 9] = [
+            ("block_m 1025", |c| c.block_m = 1025),
+            ("block_n 4096", |c| c.block_n = 4096),
+            ("block_k 65537", |c| c.block_k = 65_537),
+            ("warps_m 33", |c| c.warps_m = 33),
+            ("warps_n 64", |c| c.warps_n = 64),
+            ("warps_k 4294967295", |c| c.warps_k = u32::MAX),
+            ("stages 17", |c| c.stages = 17),
+            ("split_k 65", |c| c.split_k = 65),
+            ("min_ctas 17", |c| c.min_ctas = 17),
+        ];
+        for (what, edit) in cases {
+            let mut c = base;
+            edit(&mut c);
+            let e = c.check_bounds().unwrap_err().to_string();
+            assert!(e.contains(what), "{what}: {e}");
+        }
+        let mut c = base;
+        (c.warps_m, c.warps_n, c.warps_k) = (8, 8, 1);
+        assert!(c.check_bounds().unwrap_err().to_string().contains("64 warps per CTA"));
+    }
 }

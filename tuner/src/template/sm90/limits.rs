@@ -61,45 +61,52 @@ impl Derived {
 }
 
 fn align128(x: u32) -> u32 {
-    x.div_ceil(128) * 128
+    x.div_ceil(128).saturating_mul(128)
 }
 
 /// Bytes of one pipeline stage: W codes, W scales, A (codes or bf16), A scales; each region
 /// 128-byte aligned (`Sm90Config::STAGE_BYTES`).
 pub fn stage_bytes(c: &GemmConfig) -> u32 {
     let (bm, bn, bk) = (c.block_m, c.block_n, c.block_k);
-    let w = align128(bn * bk / 2) + align128(bn * bk / 16);
+    let (wk, ak) = (bn.saturating_mul(bk), bm.saturating_mul(bk));
+    let w = align128(wk / 2).saturating_add(align128(wk / 16));
     let a = match c.a_type {
-        AType::Nvfp4 => align128(bm * bk / 2) + align128(bm * bk / 16),
-        AType::Bf16 => align128(bm * bk * 2),
+        AType::Nvfp4 => align128(ak / 2).saturating_add(align128(ak / 16)),
+        AType::Bf16 => align128(ak.saturating_mul(2)),
     };
-    w + a
+    w.saturating_add(a)
 }
 
 /// Dynamic shared memory of one CTA (`Sm90Config::SMEM_BYTES`): the pipeline, or the in-CTA
-/// split-K reduction buffer if larger.
+/// split-K reduction buffer if larger. Computed in u64 and saturated at `u32::MAX`, so that no
+/// configuration (a hostile table entry included) wraps into a small, legal-looking size.
 pub fn smem_bytes(c: &GemmConfig) -> u32 {
     let d = Derived::of(c);
-    if c.pipeline.is_direct() {
+    let w = |x: u32| x as u64;
+    let bytes = if c.pipeline.is_direct() {
         // `DirectConfig::SMEM_BYTES`: the slice, then one reduction slot per (cluster rank, warp
         // along K) for split_k <= 8; above, epilogue.cuh's in-CTA buffer reuses offset 0.
-        let tile = c.warps_n * 32 * d.acc * 4;
-        let slots = if c.split_k <= MAX_CLUSTER_SPLIT { c.split_k * c.warps_k } else { 0 };
+        let tile = w(c.warps_n) * 32 * w(d.acc) * 4;
+        let slots = if c.split_k <= MAX_CLUSTER_SPLIT { w(c.split_k) * w(c.warps_k) } else { 0 };
         let slot_bytes = if slots > 1 { slots * tile } else { 0 };
         let red =
-            if c.split_k > MAX_CLUSTER_SPLIT { c.warps_k.saturating_sub(1) * tile } else { 0 };
+            if c.split_k > MAX_CLUSTER_SPLIT { w(c.warps_k.saturating_sub(1)) * tile } else { 0 };
         let main = if c.pipeline == Pipeline::WarpRing {
-            let stage = d.p_tiles * 2 * (512 + 128);
-            align128(slice_bytes(c) + slot_bytes) + c.threads() / 32 * c.stages * stage
+            let stage = w(d.p_tiles) * 2 * (512 + 128);
+            (w(slice_bytes(c)) + slot_bytes).div_ceil(128) * 128
+                + w(c.threads() / 32) * w(c.stages) * stage
         } else {
-            slice_bytes(c) + slot_bytes
+            w(slice_bytes(c)) + slot_bytes
         };
-        return main.max(red).max(16);
-    }
-    let pipe = c.stages * stage_bytes(c);
-    let red = c.warps_k.saturating_sub(1) * c.warps_m * c.warps_n * 32 * d.acc * 4;
-    let cluster_red = if cluster_split(c) { c.warps_m * c.warps_n * 32 * d.acc * 4 } else { 0 };
-    pipe.max(red).max(cluster_red).max(16)
+        main.max(red).max(16)
+    } else {
+        let pipe = w(c.stages) * w(stage_bytes(c));
+        let warps = w(c.warps_m) * w(c.warps_n);
+        let red = w(c.warps_k.saturating_sub(1)) * warps * 32 * w(d.acc) * 4;
+        let cluster_red = if cluster_split(c) { warps * 32 * w(d.acc) * 4 } else { 0 };
+        pipe.max(red).max(cluster_red).max(16)
+    };
+    u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
 /// Bytes of the activation slice of a register-streamed kernel (`DirectConfig::SLICE_BYTES`):
@@ -108,10 +115,10 @@ pub fn slice_bytes(c: &GemmConfig) -> u32 {
     if c.pipeline == Pipeline::Global {
         return 0;
     }
-    let (bm, bk) = (c.block_m, c.block_k);
+    let ak = c.block_m.saturating_mul(c.block_k);
     match c.a_type {
-        AType::Nvfp4 => align128(bm * bk / 2) + align128(bm * bk / 16),
-        AType::Bf16 => align128(bm * bk * 2),
+        AType::Nvfp4 => align128(ak / 2).saturating_add(align128(ak / 16)),
+        AType::Bf16 => align128(ak.saturating_mul(2)),
     }
 }
 
