@@ -117,11 +117,7 @@ pub struct StepData {
 }
 
 fn upload_copies(gpu: &Gpu, one: &[u8], copies: usize) -> Result<DeviceBuf<u8>, GpuError> {
-    let mut all = Vec::with_capacity(one.len() * copies);
-    for _ in 0..copies {
-        all.extend_from_slice(one);
-    }
-    gpu.upload(&all)
+    gpu.upload_repeated(one, copies)
 }
 
 impl StepData {
@@ -294,6 +290,8 @@ fn verify(d: &StepData, op: MoeOp, host: &[u8], reference: &Reference) -> Option
 
 /// Measure `configs` of one op on one step: compile, verify each against the reference, then time
 /// the verified ones interleaved under `policy` with weight copies rotated. Failures are data.
+/// `down_input`: for down, the gate_up kernel that writes the H it reads.
+#[allow(clippy::too_many_arguments)]
 pub fn measure_op(
     gpu: &Gpu,
     compiler: &Compiler,
@@ -306,8 +304,8 @@ pub fn measure_op(
 ) -> Result<Vec<Measured>, MoeBenchError> {
     let stream = gpu.own_stream();
     let args = d.args(0, 0);
-    // SAFETY (every launch below): the step's buffers and workspace are this device's, sized for
-    // its tokens and shape; the Gpu's own stream.
+    // SAFETY: the step's buffers and workspace are this device's, sized for its tokens and
+    // shape, alive for the whole function; the Gpu's own stream (so for every launch below).
     unsafe { launcher.align(&args, &d.ws, stream) }?;
     if op == MoeOp::Down {
         let gu = down_input.ok_or_else(|| {
@@ -316,6 +314,7 @@ pub fn measure_op(
                 "down needs a gate_up kernel to produce H".into(),
             )
         })?;
+        // SAFETY: as above.
         unsafe { launcher.grouped(gu, &args, &d.ws, stream) }?;
     }
     gpu.synchronize()?;
@@ -352,6 +351,7 @@ pub fn measure_op(
                 continue;
             }
         };
+        // SAFETY: as above.
         let run = unsafe { launcher.grouped(&kernel, &args, &d.ws, stream) }
             .map_err(|e| e.to_string())
             .and_then(|_| gpu.synchronize().map_err(|e| e.to_string()));
@@ -447,13 +447,22 @@ pub fn measure_layer(
         RuntimeError::Gpu(g) => g,
         other => GpuError::Kernel { kernel: "moe".into(), message: other.to_string() },
     };
+    let layer = move |i: usize| {
+        // SAFETY: as in measure_op; weight copy i % copies lies inside the weight buffers.
+        unsafe { launcher.layer(gate_up, down, &d.args(i % copies, i % copies), &d.ws, stream) }
+    };
+    let align = move |_| {
+        // SAFETY: as in measure_op.
+        unsafe { launcher.align(&d.args(0, 0), &d.ws, stream) }
+    };
+    let finalize = move |_| {
+        // SAFETY: as in measure_op.
+        unsafe { launcher.finalize(&d.args(0, 0), &d.ws, stream) }
+    };
     let launches: Vec<LaunchFn<'_>> = vec![
-        Box::new(|i: usize| {
-            unsafe { launcher.layer(gate_up, down, &d.args(i % copies, i % copies), &d.ws, stream) }
-                .map_err(to_gpu)
-        }),
-        Box::new(|_| unsafe { launcher.align(&d.args(0, 0), &d.ws, stream) }.map_err(to_gpu)),
-        Box::new(|_| unsafe { launcher.finalize(&d.args(0, 0), &d.ws, stream) }.map_err(to_gpu)),
+        Box::new(move |i| layer(i).map_err(to_gpu)),
+        Box::new(move |i| align(i).map_err(to_gpu)),
+        Box::new(move |i| finalize(i).map_err(to_gpu)),
     ];
     let mut t = measure(gpu, policy, launches)
         .into_iter()
@@ -550,12 +559,15 @@ pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
 /// Run the plan: per set and token count, verify and time the grouped space of both ops, the
 /// whole layer with the best of each, align and finalize alone, and the read floor of each op's
 /// bytes; read bandwidth measured once for the rooflines.
+/// Every candidate measured for one (set, tokens, op).
+pub type OpLog = (String, u32, MoeOp, Vec<Measured>);
+
 pub fn run_moe_bench(
     gpu: &Gpu,
     compiler: &Compiler,
     plan: &MoeBenchPlan,
     mut progress: impl FnMut(MoeProgress),
-) -> Result<(Vec<MoeRow>, Vec<(String, u32, MoeOp, Vec<Measured>)>), MoeBenchError> {
+) -> Result<(Vec<MoeRow>, Vec<OpLog>), MoeBenchError> {
     let floors = Floors::new(gpu, compiler)?;
     let read_gbps = floors.read_bandwidth(&plan.policy, 2 << 30)?;
     let kernels = kernels(gpu, compiler)?;

@@ -81,7 +81,10 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
 pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]) -> String {
     let mut md = format!("# {title}\n\n{provenance}\n");
     let mut groups: BTreeMap<(String, String), Vec<&MoeRow>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.implementation == "fp4tune_grouped" || r.implementation == "fp4tune_layer") {
+    for r in rows
+        .iter()
+        .filter(|r| r.implementation == "fp4tune_grouped" || r.implementation == "fp4tune_layer")
+    {
         groups.entry((r.set.clone(), r.op.clone())).or_default().push(r);
     }
     let peer_names: Vec<String> = {
@@ -97,7 +100,8 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
             "\n## {set} {op} (N {} x K {}, {} experts, top-{})\n",
             first.n, first.k, first.experts, first.top_k
         );
-        let mut head = String::from("| B | active | fp4tune us (95% CI) | x roofline | x read floor |");
+        let mut head =
+            String::from("| B | active | fp4tune us (95% CI) | x roofline | x read floor |");
         let mut rule = String::from("|---|---|---|---|---|");
         for p in &peer_names {
             let _ = write!(head, " {p} us (fp4tune x faster) |");
@@ -107,16 +111,31 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
         rule.push_str("---|");
         let _ = writeln!(md, "{head}\n{rule}");
         for r in list {
-            let floor = if r.read_floor_us > 0.0 { format!("{:.2}", r.median_us / r.read_floor_us) } else { "-".into() };
-            let roof = if r.roofline_us > 0.0 { format!("{:.2}", r.median_us / r.roofline_us) } else { "-".into() };
+            let floor = if r.read_floor_us > 0.0 {
+                format!("{:.2}", r.median_us / r.read_floor_us)
+            } else {
+                "-".into()
+            };
+            let roof = if r.roofline_us > 0.0 {
+                format!("{:.2}", r.median_us / r.roofline_us)
+            } else {
+                "-".into()
+            };
             let mut line = format!(
                 "| {} | {} | {:.2} ({:.2}-{:.2}) | {roof} | {floor} |",
                 r.tokens, r.active_experts, r.median_us, r.lo_us, r.hi_us
             );
             for p in &peer_names {
-                match peers.iter().find(|x| &x.implementation == p && x.set == r.set && x.op == r.op && x.tokens == r.tokens) {
+                match peers.iter().find(|x| {
+                    &x.implementation == p && x.set == r.set && x.op == r.op && x.tokens == r.tokens
+                }) {
                     Some(x) => {
-                        let _ = write!(line, " {:.1} ({:.2}x) |", x.median_us, x.median_us / r.median_us);
+                        let _ = write!(
+                            line,
+                            " {:.1} ({:.2}x) |",
+                            x.median_us,
+                            x.median_us / r.median_us
+                        );
                     }
                     None => line.push_str(" - |"),
                 }
@@ -125,11 +144,14 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
             let _ = writeln!(md, "{line}");
         }
     }
-    let fixed: Vec<&MoeRow> =
-        rows.iter().filter(|r| r.implementation == "moe_align" || r.implementation == "moe_finalize").collect();
+    let fixed: Vec<&MoeRow> = rows
+        .iter()
+        .filter(|r| r.implementation == "moe_align" || r.implementation == "moe_finalize")
+        .collect();
     if !fixed.is_empty() {
         let _ = writeln!(md, "\n## Routing and finalize kernels alone\n\n| set | B | moe_align us | moe_finalize us |\n|---|---|---|---|");
-        let mut keys: Vec<(String, u32)> = fixed.iter().map(|r| (r.set.clone(), r.tokens)).collect();
+        let mut keys: Vec<(String, u32)> =
+            fixed.iter().map(|r| (r.set.clone(), r.tokens)).collect();
         keys.dedup();
         for (set, b) in keys {
             let t = |name: &str| {
@@ -174,7 +196,9 @@ mod tests {
     fn csv_round_trips_and_has_the_issue_columns_first() {
         let rows = vec![row("fp4tune_grouped", 1, 8.5), row("torch_grouped_mm_bf16", 1, 37.8)];
         let text = csv(&rows);
-        assert!(text.starts_with("op,N,K,experts,top_k,B,impl,median_us,lo_us,hi_us,roofline_us,read_floor_us"));
+        assert!(text.starts_with(
+            "op,N,K,experts,top_k,B,impl,median_us,lo_us,hi_us,roofline_us,read_floor_us"
+        ));
         let back = parse_csv(&text, "x.csv").unwrap();
         assert_eq!(back.len(), 2);
         assert_eq!(back[1].implementation, "torch_grouped_mm_bf16");
@@ -185,7 +209,12 @@ mod tests {
 
     #[test]
     fn markdown_shows_ratios_against_roofline_floor_and_peers() {
-        let md = markdown("t", "p", &[row("fp4tune_grouped", 1, 8.25)], &[row("torch_grouped_mm_bf16", 1, 37.8)]);
+        let md = markdown(
+            "t",
+            "p",
+            &[row("fp4tune_grouped", 1, 8.25)],
+            &[row("torch_grouped_mm_bf16", 1, 37.8)],
+        );
         assert!(md.contains("| 1 | 8 | 8.25 (8.17-8.33) | 2.50 | 1.38 | 37.8 (4.58x) |"), "{md}");
     }
 }

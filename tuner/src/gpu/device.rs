@@ -157,6 +157,27 @@ impl Gpu {
         Ok(self.wrap(slice))
     }
 
+    /// `copies` back-to-back copies of `host` in one buffer: one upload, then device-to-device
+    /// copies (operand rotation for cold-L2 timing).
+    pub fn upload_repeated<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        host: &[T],
+        copies: usize,
+    ) -> Result<DeviceBuf<T>, GpuError> {
+        let n = host.len();
+        let mut all =
+            self.stream.alloc_zeros::<T>((n * copies).max(1)).map_err(drv("cuMemAlloc"))?;
+        if n > 0 {
+            self.stream.memcpy_htod(host, &mut all.slice_mut(0..n)).map_err(drv("cuMemcpyHtoD"))?;
+            for c in 1..copies {
+                let (first, mut rest) = all.split_at_mut(n);
+                let mut dst = rest.slice_mut((c - 1) * n..c * n);
+                self.stream.memcpy_dtod(&first, &mut dst).map_err(drv("cuMemcpyDtoD"))?;
+            }
+        }
+        Ok(self.wrap(all))
+    }
+
     pub fn download<T: DeviceRepr + Default + Clone>(
         &self,
         buf: &DeviceBuf<T>,

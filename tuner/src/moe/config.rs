@@ -293,33 +293,36 @@ impl fmt::Display for GroupedConfig {
 pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     let (_, k) = shape.nk(op);
     let mut out = Vec::new();
-    let (tiles, warps_k, splits, depths, min_ctas, walks): (
-        &[(u32, u32)],
-        &[u32],
-        &[u32],
-        &[u32],
-        &[u32],
-        &[u32],
-    ) = match op {
+    // (block_n, warps_n) pairs, warps_k, split_k, depth, min_ctas and walk values per op.
+    struct Lists {
+        tiles: &'static [(u32, u32)],
+        warps_k: &'static [u32],
+        splits: &'static [u32],
+        depths: &'static [u32],
+        min_ctas: &'static [u32],
+        walks: &'static [u32],
+    }
+    let lists = match op {
         // long K: many warps along K (in-CTA reduction), 1-2 K slices
-        MoeOp::GateUp => (
-            &[(16, 1), (32, 1), (64, 2), (64, 4)],
-            &[4, 8, 16],
-            &[1, 2],
-            &[1, 2, 3],
-            &[1],
-            &[0, 1, 2],
-        ),
+        MoeOp::GateUp => Lists {
+            tiles: &[(16, 1), (32, 1), (64, 2), (64, 4)],
+            warps_k: &[4, 8, 16],
+            splits: &[1, 2],
+            depths: &[1, 2, 3],
+            min_ctas: &[1],
+            walks: &[0, 1, 2],
+        },
         // short K: many weight rows per CTA, a persistent walk
-        MoeOp::Down => (
-            &[(32, 2), (64, 4), (128, 4), (128, 8), (256, 8)],
-            &[1, 2],
-            &[1],
-            &[1, 2],
-            &[1, 2, 4],
-            &[0, 2, 4],
-        ),
+        MoeOp::Down => Lists {
+            tiles: &[(32, 2), (64, 4), (128, 4), (128, 8), (256, 8)],
+            warps_k: &[1, 2],
+            splits: &[1],
+            depths: &[1, 2],
+            min_ctas: &[1, 2, 4],
+            walks: &[0, 2, 4],
+        },
     };
+    let Lists { tiles, warps_k, splits, depths, min_ctas, walks } = lists;
     for block_m in [8, 16, 32] {
         for &(block_n, warps_n) in tiles {
             for &wk in warps_k {

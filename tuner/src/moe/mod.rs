@@ -56,7 +56,11 @@ impl MoeShape {
             experts: gu.count_per_layer,
             top_k: set.routing.experts_per_token,
         };
-        let fits = gu.n % 2 == 0 && dn.n == gu.k && dn.k == gu.n / 2 && shape.experts > 0 && shape.top_k > 0;
+        let fits = gu.n % 2 == 0
+            && dn.n == gu.k
+            && dn.k == gu.n / 2
+            && shape.experts > 0
+            && shape.top_k > 0;
         fits.then_some((shape, set.routing.routed_experts))
     }
 
@@ -77,6 +81,16 @@ impl MoeShape {
     }
 }
 
+impl fmt::Display for MoeShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "hidden {} inter {} experts {} top_k {}",
+            self.hidden, self.inter, self.experts, self.top_k
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,15 +103,5 @@ mod tests {
         let (ep8, _) = MoeShape::from_set(file.set("ep8").unwrap()).unwrap();
         assert_eq!(ep8, MoeShape::GLM5_EP8);
         assert_eq!(tp8.expert_bytes(MoeOp::GateUp), 512 * 3072 + 512 * 384);
-    }
-}
-
-impl fmt::Display for MoeShape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "hidden {} inter {} experts {} top_k {}",
-            self.hidden, self.inter, self.experts, self.top_k
-        )
     }
 }

@@ -254,6 +254,9 @@ mod tests {
         let mut g = SplitMix64(0);
         assert_eq!(g.next_u64(), 0xE220_A839_7B1D_CDAF);
         // scripts/moe_peers.py draws the same routing for B = 1 of a benchmark (seed 1000 + B)
-        assert_eq!(draw_routing(1001, 1, 8, 256, Routing::Uniform), [212, 88, 177, 47, 171, 185, 40, 121]);
+        assert_eq!(
+            draw_routing(1001, 1, 8, 256, Routing::Uniform),
+            [212, 88, 177, 47, 171, 185, 40, 121]
+        );
     }
 }

@@ -594,7 +594,7 @@ impl Table {
         }
         if !self.moe.is_empty() {
             let mut moe: Vec<&MoeEntry> = self.moe.iter().collect();
-            moe.sort_by(|a, b| a.key.cmp(&b.key));
+            moe.sort_by_key(|e| e.key);
             let _ = writeln!(out, "    moe: [");
             for e in moe {
                 let _ = writeln!(out, "        {},", one(e));
@@ -823,11 +823,14 @@ pub(crate) mod tests {
 
     #[test]
     fn grouped_entries_round_trip_and_need_version_3_a_hash_and_a_legal_config() {
-        let t = with_moe();
+        let mut t = with_moe();
+        t.entries.sort_by(|a, b| a.key.cmp(&b.key));
         let text = t.to_ron_string();
         assert!(text.contains("moe: ["), "{text}");
         assert_eq!(Table::from_ron_str(&text, "t.ron").unwrap(), t);
-        let e = Table::from_ron_str(&text.replace("schema_version: 3,", "schema_version: 2,"), "t.ron").unwrap_err();
+        let e =
+            Table::from_ron_str(&text.replace("schema_version: 3,", "schema_version: 2,"), "t.ron")
+                .unwrap_err();
         assert!(e.to_string().contains("need schema_version 3"), "{e}");
         let mut bad = t.clone();
         bad.moe_template_hash = None;

@@ -57,6 +57,9 @@ fn timed(m: &Measured) -> Option<crate::bench::Summary> {
     }
 }
 
+/// Every candidate screened for one key (failures included).
+pub type KeyLog = (MoeKey, Vec<Measured>);
+
 /// Tune every (op, bucket); returns the entries and every screened candidate (failures included).
 pub fn tune_moe(
     gpu: &Gpu,
@@ -65,7 +68,7 @@ pub fn tune_moe(
     spec: &MoeTuneSpec,
     read_gbps: f64,
     progress: &dyn Fn(MoeTuneEvent),
-) -> Result<(Vec<MoeEntry>, Vec<(MoeKey, Vec<Measured>)>), MoeBenchError> {
+) -> Result<(Vec<MoeEntry>, Vec<KeyLog>), MoeBenchError> {
     let mut entries = Vec::new();
     let mut logs = Vec::new();
     let total = spec.buckets.len() * 2;
