@@ -2,14 +2,16 @@
 //! candidate), the basis of resume, shard merging and offline strategy simulation.
 //!
 //! A record is appended and flushed as soon as its candidate finishes, so a killed run (even
-//! SIGKILL) loses at most the candidate in flight. A torn last line (the write cut short) is
-//! ignored on reading; any other malformed line is an error naming the file and line.
+//! SIGKILL) loses at most the candidate in flight. A last line without its newline (the write cut
+//! short, wherever) is torn: ignored on reading and reported to the caller
+//! ([`LogContents::torn_tail`]); any other malformed or implausible line is an error naming the
+//! file and line. One writer at a time: [`Writer`] holds `<log>.lock`.
 
 use crate::bench::Summary;
 use crate::table::Method;
 use crate::template::GemmConfig;
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Version of the record format this fp4tune writes. Version 2 added `Record::method`.
@@ -113,16 +115,33 @@ pub struct Record {
     pub context: Option<Context>,
 }
 
+/// The quickest time a record may claim: below it no GPU launches a kernel (the empty-kernel
+/// launch floor of current GPUs under graph replay is above it), so a smaller median is a broken
+/// measurement, not a fast kernel.
+pub const MIN_PLAUSIBLE_US: f64 = 0.5;
+
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    // The OS error is part of the message and deliberately not a `source`: printed with its
+    // chain (`{:#}`), a source would repeat it.
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path}:{line}: not a measurement record: {message}")]
     Parse { path: PathBuf, line: usize, message: String },
     #[error(
         "{path}:{line}: record schema version {found}, this fp4tune reads versions 1 and {LOG_SCHEMA_VERSION}"
     )]
     Version { path: PathBuf, line: usize, found: u32 },
+    /// A record that parses but cannot be a real measurement (or names an impossible
+    /// configuration).
+    #[error("{path}:{line}: implausible measurement record: {reason}; remove the line (or re-measure the candidate)")]
+    Implausible { path: PathBuf, line: usize, reason: String },
+    #[error(
+        "{path}: another fp4tune ({holder}) is writing this log (lock file {lock}); two runs \
+         sharing one --out would mix their records: wait for it or use another --out (remove the \
+         lock file only if that process is gone)"
+    )]
+    Locked { path: PathBuf, lock: PathBuf, holder: String },
 }
 
 /// Whether `path` names a gzip-compressed log (`*.gz`, e.g. `results/h200/<log>.jsonl.gz`).
@@ -130,25 +149,85 @@ pub fn is_gzip(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "gz")
 }
 
+/// A last line without its newline: what a writer killed in the middle of a record leaves,
+/// wherever it was cut. It is not read (the candidate is measured again); callers may warn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTail {
+    pub path: PathBuf,
+    /// 1-based line number of the torn line.
+    pub line: usize,
+    /// Its length in bytes.
+    pub bytes: usize,
+}
+
+impl std::fmt::Display for TornTail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}: the last record has no newline ({} bytes, cut short by a killed run): ignored, \
+             its candidate is measured again",
+            self.path.display(),
+            self.line,
+            self.bytes
+        )
+    }
+}
+
+/// A log as read: its records, the line each came from, and a torn last line if there was one.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LogContents {
+    pub records: Vec<Record>,
+    /// 1-based line number of each record in `records`.
+    pub lines: Vec<usize>,
+    pub torn_tail: Option<TornTail>,
+}
+
 /// Read every record of a log, plain or gzip-compressed (`*.jsonl.gz`). A missing file is an
-/// empty log.
+/// empty log. See [`read_log`] (this drops the torn-tail warning).
 pub fn read(path: &Path) -> Result<Vec<Record>, LogError> {
-    let io = |source| LogError::Io { path: path.to_path_buf(), source };
+    Ok(read_log(path)?.records)
+}
+
+/// Read a log with the line of every record and the torn last line, if any (see
+/// [`parse_log`]). A missing file is an empty log.
+pub fn read_log(path: &Path) -> Result<LogContents, LogError> {
+    use std::io::Read as _;
+    let io = |error| LogError::Io { path: path.to_path_buf(), error };
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LogContents::default()),
         Err(e) => return Err(io(e)),
     };
-    let reader: Box<dyn std::io::Read> = if is_gzip(path) {
+    let mut reader: Box<dyn std::io::Read> = if is_gzip(path) {
         Box::new(flate2::read::MultiGzDecoder::new(file))
     } else {
         Box::new(file)
     };
-    let lines: Vec<String> =
-        std::io::BufReader::new(reader).lines().collect::<Result<_, _>>().map_err(io)?;
-    let last = lines.len();
-    let mut out = Vec::with_capacity(lines.len());
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes).map_err(io)?;
+    parse_log(&bytes, path)
+}
+
+/// Parse the bytes of a log; `path` names it in errors. A last line without its newline is
+/// torn by definition (a writer killed mid-record) and reported in
+/// [`LogContents::torn_tail`], not parsed; a leading UTF-8 byte-order mark is skipped; blank
+/// lines are skipped. Any other line that is not a record of a known version, or a record that
+/// cannot be a real measurement ([`check_record`]), is an error naming the file and line.
+pub fn parse_log(bytes: &[u8], path: &Path) -> Result<LogContents, LogError> {
+    let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+    let mut out = LogContents::default();
+    let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    // After the last newline: empty for a complete log, else the torn tail.
+    let tail = lines.pop().unwrap_or_default();
+    if !tail.iter().all(u8::is_ascii_whitespace) {
+        out.torn_tail =
+            Some(TornTail { path: path.to_path_buf(), line: lines.len() + 1, bytes: tail.len() });
+    }
     for (i, line) in lines.iter().enumerate() {
+        let at = i + 1;
+        let parse =
+            |message: String| LogError::Parse { path: path.to_path_buf(), line: at, message };
+        let line = std::str::from_utf8(line).map_err(|e| parse(format!("not UTF-8 text ({e})")))?;
         if line.trim().is_empty() {
             continue;
         }
@@ -160,43 +239,138 @@ pub fn read(path: &Path) -> Result<Vec<Record>, LogError> {
             Ok(v) if !LOG_SCHEMA_VERSIONS_READ.contains(&v.schema_version) => {
                 return Err(LogError::Version {
                     path: path.to_path_buf(),
-                    line: i + 1,
+                    line: at,
                     found: v.schema_version,
                 })
             }
             _ => {}
         }
-        match serde_json::from_str::<Record>(line) {
-            Ok(r) => out.push(r),
-            // A torn final line is what a killed writer leaves: skip it (it is re-measured).
-            Err(_) if i + 1 == last && !line.ends_with('}') => {}
-            Err(e) => {
-                return Err(LogError::Parse {
-                    path: path.to_path_buf(),
-                    line: i + 1,
-                    message: e.to_string(),
-                })
-            }
-        }
+        let r = serde_json::from_str::<Record>(line).map_err(|e| parse(e.to_string()))?;
+        check_record(&r).map_err(|reason| LogError::Implausible {
+            path: path.to_path_buf(),
+            line: at,
+            reason,
+        })?;
+        out.records.push(r);
+        out.lines.push(at);
     }
     Ok(out)
 }
 
-/// Appends records, one flushed and fsynced line each.
+/// Whether a record can be a real measurement: its configuration within
+/// [`crate::template::BOUNDS`], and a timed record's median finite, at least
+/// [`MIN_PLAUSIBLE_US`] and inside its own interval. Returns why not.
+pub fn check_record(r: &Record) -> Result<(), String> {
+    r.config.check_bounds().map_err(|e| e.to_string())?;
+    if let Outcome::Timed { time, .. } = &r.outcome {
+        let (median, lo, hi) = (time.median, time.lo, time.hi);
+        if ![median, lo, hi].iter().all(|x| x.is_finite()) {
+            return Err(format!("times must be finite: median {median} us, interval ({lo}, {hi})"));
+        }
+        if !(lo <= median && median <= hi) {
+            return Err(format!("median {median} us lies outside its own interval ({lo}, {hi})"));
+        }
+        if median < MIN_PLAUSIBLE_US {
+            return Err(format!(
+                "median {median} us is below the {MIN_PLAUSIBLE_US} us launch floor of any GPU"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Appends records, one flushed and fsynced line each. Holds `<log>.lock` while open, so two
+/// runs cannot write one log at once.
 #[derive(Debug)]
 pub struct Writer {
     path: PathBuf,
     file: std::fs::File,
+    _lock: LockFile,
+}
+
+/// `<log>.lock`, holding the writer's process id; removed when the writer is dropped.
+#[derive(Debug)]
+struct LockFile {
+    path: PathBuf,
+}
+
+impl Drop for LockFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The lock file of the log at `path`.
+pub fn lock_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    path.with_file_name(name)
+}
+
+/// Whether process `pid` exists (Linux: `/proc/<pid>`; elsewhere assumed to).
+fn process_exists(pid: u32) -> bool {
+    if !Path::new("/proc/self").exists() {
+        return true;
+    }
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+impl LockFile {
+    /// Take the lock of the log at `log`: created exclusively with this process's id; a lock
+    /// whose process is gone (a killed run) is taken over; a live one is a
+    /// [`LogError::Locked`] naming its process.
+    fn acquire(log: &Path) -> Result<LockFile, LogError> {
+        let path = lock_path(log);
+        let io = |error| LogError::Io { path: path.clone(), error };
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    f.write_all(format!("{}\n", std::process::id()).as_bytes()).map_err(io)?;
+                    f.sync_all().map_err(io)?;
+                    return Ok(LockFile { path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    let holder = match text.trim().parse::<u32>() {
+                        Ok(pid) if process_exists(pid) => format!("pid {pid}"),
+                        Ok(_) => {
+                            // Its process is gone: a killed run's lock.
+                            let _ = std::fs::remove_file(&path);
+                            continue;
+                        }
+                        Err(_) => {
+                            // Being written this instant, or garbage: stale once it is old.
+                            let age = std::fs::metadata(&path)
+                                .and_then(|m| m.modified())
+                                .ok()
+                                .and_then(|t| t.elapsed().ok());
+                            if age.is_some_and(|a| a > std::time::Duration::from_secs(60)) {
+                                let _ = std::fs::remove_file(&path);
+                                continue;
+                            }
+                            "a process that is starting".to_string()
+                        }
+                    };
+                    return Err(LogError::Locked { path: log.to_path_buf(), lock: path, holder });
+                }
+                Err(e) => return Err(io(e)),
+            }
+        }
+        Err(LogError::Locked {
+            path: log.to_path_buf(),
+            lock: path,
+            holder: "another process (it took the lock at the same time)".into(),
+        })
+    }
 }
 
 impl Writer {
-    /// Open for appending (creating the file and its folder). A torn last line (left by a
-    /// killed writer) is cut off first, so the next record starts cleanly.
+    /// Open for appending (creating the file and its folder), taking the log's lock file first.
+    /// A torn last line (left by a killed writer) is cut off, so the next record starts cleanly.
     pub fn open(path: &Path) -> Result<Self, LogError> {
-        let io = |source| LogError::Io { path: path.to_path_buf(), source };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
+        let io = |error| LogError::Io { path: path.to_path_buf(), error };
+        crate::compile::cache::create_parent_dir(path).map_err(io)?;
+        let lock = LockFile::acquire(path)?;
         let keep = match std::fs::read(path) {
             Ok(b) if !b.is_empty() && !b.ends_with(b"\n") => {
                 Some(b.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1) as u64)
@@ -207,11 +381,11 @@ impl Writer {
         if let Some(len) = keep {
             file.set_len(len).map_err(io)?;
         }
-        Ok(Self { path: path.to_path_buf(), file })
+        Ok(Self { path: path.to_path_buf(), file, _lock: lock })
     }
 
     pub fn append(&mut self, r: &Record) -> Result<(), LogError> {
-        let io = |source| LogError::Io { path: self.path.clone(), source };
+        let io = |error| LogError::Io { path: self.path.clone(), error };
         let mut line = serde_json::to_string(r).map_err(|e| io(std::io::Error::other(e)))?;
         line.push('\n');
         self.file.write_all(line.as_bytes()).map_err(io)?;
@@ -293,5 +467,119 @@ pub(crate) mod tests {
         std::fs::write(&path, format!("{v9}\n")).unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("schema version 9"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod reliability_tests {
+    use super::tests::record;
+    use super::*;
+
+    fn line(r: &Record) -> String {
+        serde_json::to_string(r).unwrap() + "\n"
+    }
+
+    /// A last line without its newline is torn wherever the write was cut, even right after an
+    /// inner `}` or after the whole record: it is skipped and reported, never an error, and the
+    /// next writer cuts it off.
+    #[test]
+    fn a_last_line_without_newline_is_torn_wherever_it_was_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let head = line(&record(1, Some(3.0))) + &line(&record(2, None));
+        let last = line(&record(4, Some(5.0)));
+        let last = last.trim_end();
+        let inner = last.find('}').unwrap() + 1;
+        for cut in [1, inner, last.len() / 2, last.len() - 1, last.len()] {
+            std::fs::write(&path, format!("{head}{}", &last[..cut])).unwrap();
+            let c = read_log(&path).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+            assert_eq!(c.records, vec![record(1, Some(3.0)), record(2, None)], "cut at {cut}");
+            assert_eq!(c.lines, vec![1, 2]);
+            let torn = c.torn_tail.expect("the torn line is reported");
+            assert_eq!((torn.line, torn.bytes), (3, cut));
+            assert!(torn.to_string().contains("log.jsonl:3: the last record has no newline"));
+        }
+        let mut w = Writer::open(&path).unwrap();
+        w.append(&record(8, Some(2.0))).unwrap();
+        drop(w);
+        let c = read_log(&path).unwrap();
+        assert_eq!(c.records.len(), 3);
+        assert_eq!(c.torn_tail, None);
+        // A byte-order mark (an editor's) is skipped.
+        std::fs::write(&path, format!("\u{feff}{head}")).unwrap();
+        assert_eq!(read(&path).unwrap().len(), 2);
+    }
+
+    /// A median outside its own interval, below the launch floor, or a configuration outside the
+    /// bounds is refused, naming the log file and line.
+    #[test]
+    fn implausible_records_are_refused_by_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let good = line(&record(1, Some(3.0)));
+        let with = |edit: fn(&mut Record)| {
+            let mut r = record(2, Some(3.0));
+            edit(&mut r);
+            std::fs::write(&path, format!("{good}{}", line(&r))).unwrap();
+            read(&path).unwrap_err().to_string()
+        };
+        let e = with(|r| {
+            if let Outcome::Timed { time, .. } = &mut r.outcome {
+                (time.median, time.lo, time.hi) = (1e-9, 2.0, 3.0);
+            }
+        });
+        assert!(e.contains("log.jsonl:2: implausible measurement record"), "{e}");
+        assert!(e.contains("outside its own interval"), "{e}");
+        let e = with(|r| {
+            if let Outcome::Timed { time, .. } = &mut r.outcome {
+                (time.median, time.lo, time.hi) = (0.1, 0.05, 0.2);
+            }
+        });
+        assert!(e.contains("log.jsonl:2:") && e.contains("below the 0.5 us launch floor"), "{e}");
+        let e = with(|r| r.config.warps_m = 67_108_866);
+        assert!(
+            e.contains("log.jsonl:2:") && e.contains("warps_m 67108866 is out of range"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn one_writer_per_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out/log.jsonl");
+        let lock = lock_path(&path);
+        assert_eq!(lock.file_name().unwrap(), "log.jsonl.lock");
+        let w = Writer::open(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&lock).unwrap().trim(), std::process::id().to_string());
+        let e = Writer::open(&path).unwrap_err().to_string();
+        assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+        assert!(e.contains("log.jsonl.lock") && e.contains("another --out"), "{e}");
+        drop(w);
+        assert!(!lock.exists(), "the lock goes with its writer");
+        // A killed run's lock (its process is gone) is taken over.
+        std::fs::write(&lock, "4000000000\n").unwrap();
+        drop(Writer::open(&path).unwrap());
+        // A lock being written this instant (no pid yet) is respected; an old one is not.
+        std::fs::write(&lock, "").unwrap();
+        assert!(Writer::open(&path).is_err());
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+        std::fs::File::options().write(true).open(&lock).unwrap().set_modified(old).unwrap();
+        drop(Writer::open(&path).unwrap());
+        assert!(!lock.exists());
+    }
+
+    /// An OS error is in the message once, not repeated by an error source (`{:#}` prints both).
+    #[test]
+    fn os_errors_are_printed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = read(dir.path()).unwrap_err();
+        assert!(std::error::Error::source(&e).is_none());
+        let text = format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        // `--out` under a regular file names the file in the way, not "File exists".
+        let file = dir.path().join("plain");
+        std::fs::write(&file, "x").unwrap();
+        let e = Writer::open(&file.join("log.jsonl")).unwrap_err().to_string();
+        assert!(e.contains("plain exists and is not a folder"), "{e}");
     }
 }

@@ -8,60 +8,129 @@ use std::path::{Path, PathBuf};
 pub enum MergeError {
     #[error(transparent)]
     Log(#[from] log::LogError),
-    #[error("{path}: records from {found}, but {first_path} has {expected}: logs of different GPU models cannot be merged")]
-    Device { path: PathBuf, found: String, first_path: PathBuf, expected: String },
-    #[error("{path}: {family} records made with templates {found}, but {first_path} used {expected}: logs of different template versions cannot be merged")]
+    #[error(
+        "{}:{line}: a record from {found}, but {}:{first_line} is from {expected}: logs of \
+         different GPU models cannot be merged; merge each GPU model's logs on their own",
+        path.display(), first_path.display()
+    )]
+    Device {
+        path: PathBuf,
+        line: usize,
+        found: String,
+        first_path: PathBuf,
+        first_line: usize,
+        expected: String,
+    },
+    #[error(
+        "{}:{line}: a {family} record made with templates {}, but {}:{first_line} used {}: logs \
+         of different template versions cannot be merged. {advice}",
+        path.display(), short(found), first_path.display(), short(expected)
+    )]
     Templates {
         path: PathBuf,
+        line: usize,
         family: String,
         found: String,
         first_path: PathBuf,
+        first_line: usize,
         expected: String,
+        /// How to proceed: which version to keep, and how.
+        advice: String,
     },
     #[error("no records in {0:?}")]
     Empty(Vec<PathBuf>),
-    #[error("writing {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    // The OS error is in the message, deliberately not a `source` (a chain would repeat it).
+    #[error("writing {}: {error}", path.display())]
+    Write { path: PathBuf, error: std::io::Error },
+}
+
+fn short(hash: &str) -> &str {
+    &hash[..hash.len().min(16)]
+}
+
+/// Merged records and what the caller should warn about (torn last lines of killed runs).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Merged {
+    pub records: Vec<Record>,
+    pub warnings: Vec<String>,
+}
+
+/// What to do about a log mixing template versions `a` and `b` of `family`, at `path`.
+fn template_advice(family: crate::template::Family, path: &Path, a: &str, b: &str) -> String {
+    let current = crate::template::family_template_hash(family);
+    let keep = if b == current { b } else { a };
+    let drop = if keep == a { b } else { a };
+    let now = if keep == current {
+        format!("{} is this build's {family} version", short(keep))
+    } else {
+        format!("neither is this build's {family} version ({})", short(&current))
+    };
+    let cat = if log::is_gzip(path) { "zcat" } else { "cat" };
+    format!(
+        "{now}. Keep one version's records, e.g. `{cat} {} | grep -v '\"template_hash\":\"{drop}\"' \
+         > filtered.jsonl` (and the same for the other logs), or re-tune with this build's \
+         templates (`fp4tune tune`)",
+        path.display()
+    )
 }
 
 /// Read `paths`, refuse mixed GPU models or template versions, drop duplicate (key, method, config)
 /// pairs (the first wins), and return the records in a stable order.
 pub fn merge(paths: &[PathBuf]) -> Result<Vec<Record>, MergeError> {
+    Ok(merge_logs(paths)?.records)
+}
+
+/// [`merge`], with the warnings a caller should print (a torn last line of a killed run, which
+/// is left out). Linear in the number of records; every refusal names the file and line at fault
+/// and the file and line it disagrees with.
+pub fn merge_logs(paths: &[PathBuf]) -> Result<Merged, MergeError> {
+    use std::collections::HashMap;
     let mut out: Vec<Record> = Vec::new();
-    let mut first: Option<(PathBuf, Record)> = None;
+    let mut warnings = Vec::new();
+    // The first record's device, and the first template hash of each family, with their origin.
+    let mut first: Option<(String, PathBuf, usize)> = None;
+    let mut hashes: HashMap<crate::template::Family, (String, PathBuf, usize)> = HashMap::new();
     let mut seen = HashSet::new();
+    let id = |x: &Record| {
+        format!("{} (cc {}.{})", x.device, x.compute_capability.0, x.compute_capability.1)
+    };
     for path in paths {
-        for r in log::read(path)? {
+        let contents = log::read_log(path)?;
+        if let Some(t) = &contents.torn_tail {
+            warnings.push(t.to_string());
+        }
+        for (r, line) in contents.records.into_iter().zip(contents.lines) {
             match &first {
-                None => first = Some((path.clone(), r.clone())),
-                Some((fp, f)) => {
-                    let id = |x: &Record| {
-                        format!(
-                            "{} (cc {}.{})",
-                            x.device, x.compute_capability.0, x.compute_capability.1
-                        )
-                    };
-                    if id(&r) != id(f) {
-                        return Err(MergeError::Device {
-                            path: path.clone(),
-                            found: id(&r),
-                            first_path: fp.clone(),
-                            expected: id(f),
-                        });
-                    }
+                None => first = Some((id(&r), path.clone(), line)),
+                Some((expected, fp, fl)) if *expected != id(&r) => {
+                    return Err(MergeError::Device {
+                        path: path.clone(),
+                        line,
+                        found: id(&r),
+                        first_path: fp.clone(),
+                        first_line: *fl,
+                        expected: expected.clone(),
+                    });
                 }
+                Some(_) => {}
             }
-            if let Some(other) = out
-                .iter()
-                .find(|o| o.key.family == r.key.family && o.template_hash != r.template_hash)
-            {
-                return Err(MergeError::Templates {
-                    path: path.clone(),
-                    family: r.key.family.to_string(),
-                    found: r.template_hash.chars().take(16).collect(),
-                    first_path: paths[0].clone(),
-                    expected: other.template_hash.chars().take(16).collect(),
-                });
+            match hashes.get(&r.key.family) {
+                None => {
+                    hashes.insert(r.key.family, (r.template_hash.clone(), path.clone(), line));
+                }
+                Some((expected, fp, fl)) if *expected != r.template_hash => {
+                    return Err(MergeError::Templates {
+                        path: path.clone(),
+                        line,
+                        family: r.key.family.to_string(),
+                        found: r.template_hash.clone(),
+                        first_path: fp.clone(),
+                        first_line: *fl,
+                        expected: expected.clone(),
+                        advice: template_advice(r.key.family, path, expected, &r.template_hash),
+                    });
+                }
+                Some(_) => {}
             }
             // A composite record names its key's fallback kernel, which has its own fused
             // record: the method is part of the identity.
@@ -76,13 +145,13 @@ pub fn merge(paths: &[PathBuf]) -> Result<Vec<Record>, MergeError> {
     out.sort_by(|a, b| {
         a.key.cmp(&b.key).then(a.method.cmp(&b.method)).then(a.config.cmp(&b.config))
     });
-    Ok(out)
+    Ok(Merged { records: out, warnings })
 }
 
-/// Write records as a new log at `path` (atomically: temporary file, then rename), gzip-compressed
-/// when `path` ends in `.gz`.
+/// Write records as a new log at `path` (atomically: temporary file, then rename; through a
+/// symbolic link to its target), gzip-compressed when `path` ends in `.gz`.
 pub fn write(path: &Path, records: &[Record]) -> Result<(), MergeError> {
-    let err = |source| MergeError::Write { path: path.to_path_buf(), source };
+    let err = |error| MergeError::Write { path: path.to_path_buf(), error };
     let mut text = String::new();
     for r in records {
         text.push_str(&serde_json::to_string(r).expect("records serialize"));
@@ -96,9 +165,7 @@ pub fn write(path: &Path, records: &[Record]) -> Result<(), MergeError> {
     } else {
         text.into_bytes()
     };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
+    crate::compile::cache::create_parent_dir(path).map_err(err)?;
     crate::compile::cache::write_atomic(path, &bytes).map_err(err)
 }
 
@@ -177,5 +244,82 @@ mod tests {
         let e = merge(&[a, c]).unwrap_err().to_string();
         assert!(e.contains("different template versions"), "{e}");
         assert!(matches!(merge(&[d.path().join("missing.jsonl")]), Err(MergeError::Empty(_))));
+    }
+
+    fn text_log(dir: &Path, name: &str, recs: &[Record]) -> PathBuf {
+        let p = dir.join(name);
+        let text: String = recs.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// 100k records (and the same 100k again from a second shard) merge in one linear pass;
+    /// the old per-record search over the merged list took minutes here.
+    #[test]
+    fn merges_100k_records_linearly() {
+        let d = tempfile::tempdir().unwrap();
+        let one = record(1, Some(3.0));
+        let recs: Vec<Record> = (1..=100_000)
+            .map(|m| Record { key: crate::table::TableKey { m, ..one.key.clone() }, ..one.clone() })
+            .collect();
+        let a = text_log(d.path(), "a.jsonl", &recs);
+        let b = text_log(d.path(), "b.jsonl", &recs[50_000..]);
+        let m = merge(&[a, b]).unwrap();
+        assert_eq!(m.len(), 100_000);
+        assert!(m.windows(2).all(|w| w[0].key < w[1].key));
+    }
+
+    /// A log that a tune resumed across a template change holds two hashes: the message names
+    /// that file and the line where the second version starts, the line it disagrees with, and
+    /// how to proceed.
+    #[test]
+    fn template_mismatch_names_the_right_file_and_line_and_the_way_out() {
+        let d = tempfile::tempdir().unwrap();
+        let a = text_log(d.path(), "a.jsonl", &[record(1, Some(3.0)), record(2, Some(3.0))]);
+        let newer = Record { template_hash: "0123456789abcdef0123".into(), ..record(4, Some(3.0)) };
+        let b = text_log(d.path(), "b.jsonl", &[record(8, Some(3.0)), newer.clone()]);
+        let e = merge(&[a.clone(), b]).unwrap_err().to_string();
+        assert!(e.contains("b.jsonl:2: a sm90 record made with templates 0123456789abcdef"), "{e}");
+        assert!(e.contains("but ") && e.contains("a.jsonl:1 used h"), "{e}");
+        assert!(e.contains("grep -v '\"template_hash\":\"") && e.contains("re-tune"), "{e}");
+        // One resumed log on its own: the same file on both sides, with their lines.
+        let c = text_log(d.path(), "c.jsonl", &[record(1, Some(3.0)), record(2, None), newer]);
+        let e = merge(&[c]).unwrap_err().to_string();
+        assert!(e.contains("c.jsonl:3: a sm90 record") && e.contains("c.jsonl:1 used"), "{e}");
+        // Another GPU: named by file and line too.
+        let other = Record { device: "NVIDIA H100".into(), ..record(3, Some(3.0)) };
+        let g = text_log(d.path(), "g.jsonl", &[record(5, Some(3.0)), other]);
+        let e = merge(&[a, g]).unwrap_err().to_string();
+        assert!(
+            e.contains("g.jsonl:2: a record from NVIDIA H100") && e.contains("a.jsonl:1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_torn_last_line_is_a_warning_of_the_merge() {
+        let d = tempfile::tempdir().unwrap();
+        let a = text_log(d.path(), "a.jsonl", &[record(1, Some(3.0))]);
+        let mut bytes = std::fs::read(&a).unwrap();
+        bytes.extend_from_slice(serde_json::to_string(&record(2, Some(3.0))).unwrap().as_bytes());
+        std::fs::write(&a, bytes).unwrap();
+        let m = merge_logs(&[a]).unwrap();
+        assert_eq!(m.records.len(), 1);
+        assert!(m.warnings[0].contains("a.jsonl:2: the last record has no newline"), "{m:?}");
+    }
+
+    /// `--out` through a link writes the link's target; a device is refused.
+    #[cfg(unix)]
+    #[test]
+    fn output_links_are_written_through() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real.jsonl");
+        let link = d.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        write(&link, &[record(1, Some(3.0))]).unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(log::read(&real).unwrap().len(), 1);
+        let e = write(Path::new("/dev/null"), &[record(1, Some(3.0))]).unwrap_err().to_string();
+        assert!(e.contains("/dev/null is not a regular file"), "{e}");
     }
 }

@@ -2,7 +2,7 @@
 //! answers, and the report gives best-found regret against evaluations spent, per key and
 //! aggregated.
 
-use super::log::{Outcome, Record};
+use super::log::{LogContents, LogError, Outcome, Record};
 use crate::problem::GemmProblem;
 use crate::search::{Budget, SearchError, SearchSpace, Strategy, StrategyKind};
 use crate::table::TableKey;
@@ -10,6 +10,125 @@ use crate::template::GemmConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
+
+/// Why a log cannot be replayed, or a budget is meaningless. Every record error names the file
+/// and line.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("{}: no records to replay", path.display())]
+    Empty { path: std::path::PathBuf },
+    #[error(
+        "{}:{line}: a record from {found}, but line {first_line} is from {expected}: a simulation \
+         replays one GPU model's measurements (as merge, it refuses mixed logs); split the log by \
+         device",
+        path.display()
+    )]
+    Device {
+        path: std::path::PathBuf,
+        line: usize,
+        found: String,
+        first_line: usize,
+        expected: String,
+    },
+    #[error(
+        "{}:{line}: a {family} record made with templates {found}, but line {first_line} used \
+         {expected}: a simulation compares measurements of one template version; keep one \
+         version's records (filter by `template_hash`) or re-tune",
+        path.display()
+    )]
+    Templates {
+        path: std::path::PathBuf,
+        line: usize,
+        family: String,
+        found: String,
+        first_line: usize,
+        expected: String,
+    },
+    #[error("{}:{line}: cannot be replayed: {reason}", path.display())]
+    Record { path: std::path::PathBuf, line: usize, reason: String },
+    #[error("budget {value}: {reason}")]
+    Budget { value: f64, reason: &'static str },
+}
+
+/// The evaluation budget of a simulation as a fraction of each key's logged candidates: in
+/// (0, 1]. Zero, negative, above one or not a number is refused (it used to mean one evaluation).
+pub fn budget_fraction(value: f64) -> Result<Budget, ReplayError> {
+    if !value.is_finite() {
+        return Err(ReplayError::Budget { value, reason: "must be a number in (0, 1]" });
+    }
+    if value <= 0.0 {
+        return Err(ReplayError::Budget {
+            value,
+            reason: "must be above 0 (a fraction of each key's logged candidates, up to 1)",
+        });
+    }
+    if value > 1.0 {
+        return Err(ReplayError::Budget {
+            value,
+            reason: "must be at most 1 (all of each key's logged candidates)",
+        });
+    }
+    Ok(Budget::fraction(value))
+}
+
+/// Check that `records` (from `path`, at `lines`) can be replayed together: one GPU model, one
+/// template version per family, and every timed record plausible (a finite median of at least
+/// [`super::log::MIN_PLAUSIBLE_US`], inside its interval; [`super::log::check_record`]).
+pub fn validate(
+    records: &[Record],
+    lines: &[usize],
+    path: &std::path::Path,
+) -> Result<(), ReplayError> {
+    let line_of = |i: usize| lines.get(i).copied().unwrap_or(i + 1);
+    let id = |r: &Record| {
+        format!("{} (cc {}.{})", r.device, r.compute_capability.0, r.compute_capability.1)
+    };
+    let mut hashes: HashMap<crate::template::Family, (usize, &str)> = HashMap::new();
+    for (i, r) in records.iter().enumerate() {
+        let line = line_of(i);
+        if id(r) != id(&records[0]) {
+            return Err(ReplayError::Device {
+                path: path.to_path_buf(),
+                line,
+                found: id(r),
+                first_line: line_of(0),
+                expected: id(&records[0]),
+            });
+        }
+        let (first_line, expected) =
+            *hashes.entry(r.key.family).or_insert((line, r.template_hash.as_str()));
+        if expected != r.template_hash {
+            return Err(ReplayError::Templates {
+                path: path.to_path_buf(),
+                line,
+                family: r.key.family.to_string(),
+                found: r.template_hash.chars().take(16).collect(),
+                first_line,
+                expected: expected.chars().take(16).collect(),
+            });
+        }
+        super::log::check_record(r).map_err(|reason| ReplayError::Record {
+            path: path.to_path_buf(),
+            line,
+            reason,
+        })?;
+    }
+    Ok(())
+}
+
+/// Read a measurement log for `fp4tune simulate` and [`validate`] it; an empty log is an error.
+/// The torn last line of a killed run, if any, comes back in [`LogContents::torn_tail`] for the
+/// caller to warn about.
+pub fn load_log(path: &std::path::Path) -> Result<LogContents, ReplayError> {
+    let contents = super::log::read_log(path)?;
+    if contents.records.is_empty() {
+        return Err(ReplayError::Empty { path: path.to_path_buf() });
+    }
+    validate(&contents.records, &contents.lines, path)?;
+    Ok(contents)
+}
 
 /// Fractions of the exhaustive evaluation count at which regret is reported.
 pub const FRACTIONS: [f64; 3] = [0.05, 0.10, 0.20];
@@ -198,7 +317,9 @@ where
             continue;
         }
         log.evaluated.insert(r.config);
-        let t = r.outcome.median_us().filter(|t| t.is_finite());
+        // A time that cannot be real (zero, negative, not finite) counts as a failure here;
+        // `load_log` refuses such logs outright.
+        let t = r.outcome.median_us().filter(|t| t.is_finite() && *t > 0.0);
         *e = match (*e, t) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -531,5 +652,76 @@ mod tests {
         assert!(r.keys.is_empty());
         assert_eq!(r.skipped.len(), 1);
         assert!(!r.meets_target());
+    }
+
+    #[test]
+    fn budgets_outside_zero_to_one_are_refused() {
+        for bad in [0.0, -0.5, f64::NAN, f64::INFINITY, 1.5] {
+            let e = budget_fraction(bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("budget {bad}: must be")), "{e}");
+        }
+        assert_eq!(budget_fraction(0.2).unwrap(), Budget::fraction(0.2));
+        assert_eq!(budget_fraction(1.0).unwrap(), Budget::fraction(1.0));
+    }
+
+    /// simulate refuses what merge refuses (mixed GPU models or template versions) and records
+    /// that cannot be measurements, naming the file and line; a zero median fed directly to
+    /// `simulate` counts as a failure instead of turning every aggregate into "none".
+    #[test]
+    fn logs_are_validated_before_replay() {
+        let k = key(4, 512, 6144);
+        let p = GemmProblem::new(4, 512, 6144, AType::Bf16);
+        let configs: Vec<GemmConfig> = toy_space().legal_for(&p).into_iter().take(3).collect();
+        let good: Vec<Record> =
+            configs.iter().enumerate().map(|(i, c)| record(&k, *c, Some(3.0 + i as f64))).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim.jsonl");
+        let save = |recs: &[Record]| {
+            let text: String =
+                recs.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
+            std::fs::write(&path, text).unwrap();
+        };
+        save(&good);
+        assert_eq!(load_log(&path).unwrap().records.len(), 3);
+
+        let mut mixed = good.clone();
+        mixed[2].device = "NVIDIA H100".into();
+        save(&mixed);
+        let e = load_log(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("sim.jsonl:3: a record from NVIDIA H100") && e.contains("line 1"),
+            "{e}"
+        );
+
+        let mut mixed = good.clone();
+        mixed[1].template_hash = "newer".into();
+        save(&mixed);
+        let e = load_log(&path).unwrap_err().to_string();
+        assert!(e.contains("sim.jsonl:2: a sm90 record made with templates newer"), "{e}");
+
+        let mut zero = good.clone();
+        zero[1] = record(&k, configs[1], Some(0.0));
+        save(&zero);
+        let e = load_log(&path).unwrap_err().to_string();
+        assert!(e.contains("sim.jsonl:2:") && e.contains("launch floor"), "{e}");
+        let e = validate(&zero, &[5, 6, 7], &path).unwrap_err().to_string();
+        assert!(e.contains("sim.jsonl:6: cannot be replayed"), "{e}");
+        let mut negative = good.clone();
+        negative[0] = record(&k, configs[0], Some(-1.0));
+        let e = validate(&negative, &[], &path).unwrap_err().to_string();
+        assert!(e.contains("sim.jsonl:1:"), "{e}");
+
+        save(&[]);
+        assert!(load_log(&path).unwrap_err().to_string().contains("no records"));
+
+        let report = simulate_kind(
+            &zero,
+            &StrategyKind::Exhaustive,
+            Candidates::Logged,
+            &Budget::fraction(1.0),
+        );
+        assert_eq!(report.keys.len(), 1);
+        assert!(report.keys[0].exhaustive_best_us >= 3.0, "{:?}", report.keys[0]);
+        assert!(report.aggregate.mean_regret_at.iter().all(|r| r.is_finite() && *r >= 0.0));
     }
 }
