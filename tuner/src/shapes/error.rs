@@ -8,12 +8,16 @@ use std::path::PathBuf;
 /// `origin` is the file path (or a label such as `"<embedded shapes/glm5.ron>"`) the text came from.
 #[derive(Debug, thiserror::Error)]
 pub enum ShapeError {
-    #[error("{}: cannot read: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The OS error is in the message and deliberately not a `source`: printed with its chain
+    // (`{:#}`), a source would repeat it.
+    #[error("{}: cannot read: {error}", path.display())]
+    Read { path: PathBuf, error: std::io::Error },
+
+    #[error(
+        "{origin}: this is a dispatch table, not a shape file (a shape file lists a model's GEMM \
+         shapes, like shapes/glm5.ron; a table is checked with `fp4tune table --check`)"
+    )]
+    DispatchTable { origin: String },
 
     #[error("{origin}:{line}:{column}: malformed RON: {message}")]
     Ron { origin: String, line: usize, column: usize, message: String },
@@ -78,6 +82,8 @@ pub enum InvalidReason {
     ZeroBucket,
     /// Token buckets must be strictly increasing; `prev` is followed by `next`.
     BucketsNotIncreasing { prev: u32, next: u32 },
+    /// A size or count above its sane bound ([`super::MAX_DIM`], [`super::MAX_LAYERS`], ...).
+    TooLarge { field: &'static str, value: u32, max: u32 },
 }
 
 impl fmt::Display for InvalidReason {
@@ -108,6 +114,9 @@ impl fmt::Display for InvalidReason {
                 f,
                 "token_buckets must be sorted and unique, but {prev} is followed by {next}"
             ),
+            InvalidReason::TooLarge { field, value, max } => {
+                write!(f, "{field}={value} is above the largest this fp4tune accepts ({max})")
+            }
         }
     }
 }

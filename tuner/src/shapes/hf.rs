@@ -18,9 +18,11 @@
 
 use super::error::{ParallelismReason, ShapeError};
 use super::{
-    default_token_buckets, GemmShape, Op, Parallelism, Routing, ShapeFile, ShapeSet, SCHEMA_VERSION,
+    default_token_buckets, GemmShape, Op, Parallelism, Routing, ShapeFile, ShapeSet, MAX_DIM,
+    MAX_EXPERTS, MAX_LAYERS, SCHEMA_VERSION,
 };
 use serde_json::{Map, Value};
+use std::collections::HashSet;
 use std::path::Path;
 
 /// The `model_type` values [`HfMoeConfig::from_json`] understands.
@@ -58,6 +60,16 @@ pub struct HfMoeConfig {
     pub dense_layers: u32,
 }
 
+/// A JSON value for an error message: a long one (a list of a million layers) by its start.
+fn brief(value: &Value) -> String {
+    let text = value.to_string();
+    if text.len() <= 120 {
+        return text;
+    }
+    let cut = (0..=117).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    format!("{}...", &text[..cut])
+}
+
 /// Typed access to the keys of a config object, with errors naming the key and the file.
 struct Keys<'a> {
     obj: &'a Map<String, Value>,
@@ -79,7 +91,7 @@ impl Keys<'_> {
             origin: self.origin.to_string(),
             key: key.to_string(),
             expected,
-            found: found.to_string(),
+            found: brief(found),
         }
     }
 
@@ -93,6 +105,26 @@ impl Keys<'_> {
                 .map(Some)
                 .ok_or_else(|| self.bad(key, "a non-negative integer below 2^32", v)),
         }
+    }
+
+    /// `value` of `key` if it is at most `max`; `expected` names the bound in the error.
+    fn at_most(
+        &self,
+        key: &str,
+        value: u32,
+        max: u32,
+        expected: &'static str,
+    ) -> Result<u32, ShapeError> {
+        if value > max {
+            return Err(self.bad(key, expected, &Value::from(value)));
+        }
+        Ok(value)
+    }
+
+    /// A required positive size (hidden or intermediate), at most [`MAX_DIM`].
+    fn size(&self, key: &str) -> Result<u32, ShapeError> {
+        let v = self.positive(key)?;
+        self.at_most(key, v, MAX_DIM, "a size of at most 1048576 (2^20)")
     }
 
     /// A required positive integer.
@@ -138,6 +170,8 @@ impl Keys<'_> {
 impl HfMoeConfig {
     /// Reads the MLP structure from the text of a `config.json`; `origin` names it in errors.
     pub fn from_json(text: &str, origin: &str) -> Result<HfMoeConfig, ShapeError> {
+        // A byte-order mark (left by some editors) is not JSON.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let value: Value = serde_json::from_str(text).map_err(|e| ShapeError::Json {
             origin: origin.to_string(),
             line: e.line(),
@@ -149,7 +183,7 @@ impl HfMoeConfig {
                 origin: origin.to_string(),
                 key: "<top level>".into(),
                 expected: "a JSON object",
-                found: value.to_string(),
+                found: brief(&value),
             });
         };
         let Some(model_type) = obj.get("model_type").and_then(Value::as_str) else {
@@ -169,21 +203,46 @@ impl HfMoeConfig {
             .or_else(|| obj.get("architectures")?.as_array()?.first()?.as_str())
             .unwrap_or(model_type)
             .to_string();
-        let hidden_size = keys.positive("hidden_size")?;
+        let hidden_size = keys.size("hidden_size")?;
         let num_layers = keys.positive("num_hidden_layers")?;
+        let num_layers = keys.at_most(
+            "num_hidden_layers",
+            num_layers,
+            MAX_LAYERS,
+            "a layer count of at most 10000",
+        )?;
         let experts_per_token = keys.positive("num_experts_per_tok")?;
+        let experts_per_token = keys.at_most(
+            "num_experts_per_tok",
+            experts_per_token,
+            MAX_EXPERTS,
+            "an expert count of at most 65536",
+        )?;
+        let experts = |key: &str| {
+            let n = keys.positive(key)?;
+            keys.at_most(key, n, MAX_EXPERTS, "an expert count of at most 65536")
+        };
 
         let (routed, routed_experts, shared, moe_layers) = match model_type {
             "glm_moe_dsa" | "deepseek_v3" | "deepseek_v2" | "glm4_moe" => {
                 let key = "moe_intermediate_size";
-                let routed = MlpSize { intermediate: keys.positive(key)?, key };
-                let experts = keys.positive("n_routed_experts")?;
+                let routed = MlpSize { intermediate: keys.size(key)?, key };
+                let experts = experts("n_routed_experts")?;
                 let shared = match keys.nullable("n_shared_experts")?.unwrap_or(0) {
                     0 => None,
                     n => Some(MlpSize {
-                        intermediate: routed.intermediate.checked_mul(n).ok_or_else(|| {
-                            keys.bad("n_shared_experts", "a count that fits", &Value::from(n))
-                        })?,
+                        intermediate: routed
+                            .intermediate
+                            .checked_mul(n)
+                            .filter(|&i| i <= MAX_DIM)
+                            .ok_or_else(|| {
+                                keys.bad(
+                                    "n_shared_experts",
+                                    "a count whose shared MLP (moe_intermediate_size * \
+                                     n_shared_experts) is at most 1048576 (2^20)",
+                                    &Value::from(n),
+                                )
+                            })?,
                         key: "moe_intermediate_size * n_shared_experts",
                     }),
                 };
@@ -196,16 +255,22 @@ impl HfMoeConfig {
             }
             "qwen3_moe" | "qwen2_moe" => {
                 let key = "moe_intermediate_size";
-                let routed = MlpSize { intermediate: keys.positive(key)?, key };
-                let experts = keys.positive("num_experts")?;
+                let routed = MlpSize { intermediate: keys.size(key)?, key };
+                let experts = experts("num_experts")?;
                 let shared = match keys.opt_u32("shared_expert_intermediate_size")? {
                     None | Some(0) => None,
                     Some(i) => {
-                        Some(MlpSize { intermediate: i, key: "shared_expert_intermediate_size" })
+                        let key = "shared_expert_intermediate_size";
+                        let i =
+                            keys.at_most(key, i, MAX_DIM, "a size of at most 1048576 (2^20)")?;
+                        Some(MlpSize { intermediate: i, key })
                     }
                 };
                 let step = keys.positive_or("decoder_sparse_step", 1)?;
-                let mlp_only = keys.u32_list("mlp_only_layers")?;
+                // A set: one pass over the layers, one lookup each (a list scan per layer was
+                // layers x list long).
+                let mlp_only: HashSet<u32> =
+                    keys.u32_list("mlp_only_layers")?.into_iter().collect();
                 let moe = (0..num_layers)
                     .filter(|i| !mlp_only.contains(i) && (i + 1) % step == 0)
                     .count();
@@ -213,8 +278,8 @@ impl HfMoeConfig {
             }
             "mixtral" => {
                 let key = "intermediate_size";
-                let routed = MlpSize { intermediate: keys.positive(key)?, key };
-                (routed, keys.positive("num_local_experts")?, None, num_layers)
+                let routed = MlpSize { intermediate: keys.size(key)?, key };
+                (routed, experts("num_local_experts")?, None, num_layers)
             }
             other => {
                 return Err(ShapeError::UnknownModelType {
@@ -226,7 +291,7 @@ impl HfMoeConfig {
         let dense_layers = num_layers - moe_layers;
         let dense = if dense_layers > 0 {
             let key = "intermediate_size";
-            Some(MlpSize { intermediate: keys.positive(key)?, key })
+            Some(MlpSize { intermediate: keys.size(key)?, key })
         } else {
             None
         };
@@ -247,7 +312,7 @@ impl HfMoeConfig {
     /// Reads and parses the `config.json` at `path`.
     pub fn load(path: &Path) -> Result<HfMoeConfig, ShapeError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|source| ShapeError::Read { path: path.to_path_buf(), source })?;
+            .map_err(|error| ShapeError::Read { path: path.to_path_buf(), error })?;
         HfMoeConfig::from_json(&text, &path.display().to_string())
     }
 
@@ -678,5 +743,67 @@ mod tests {
         let err = shapes_ron_from_config_file(&testdata("no-such-config.json"), 8, 1).unwrap_err();
         assert!(matches!(err, ShapeError::Read { .. }));
         assert!(err.to_string().contains("no-such-config.json"), "{err}");
+    }
+
+    /// num_hidden_layers 4294967295 with a long mlp_only_layers looped layers x list (a hang);
+    /// sizes of 2^31 were accepted. Inputs are bounded, named in the error, and the derivation
+    /// is linear.
+    #[test]
+    fn huge_counts_and_sizes_are_refused_and_derivation_is_linear() {
+        let long: Vec<Value> = (0..200_000u32).map(Value::from).collect();
+        let text = edited("qwen3-moe-config.json", |o| {
+            o.insert("num_hidden_layers".into(), Value::from(u32::MAX));
+            o.insert("mlp_only_layers".into(), Value::Array(long.clone()));
+        });
+        let e = HfMoeConfig::from_json(&text, "cfg.json").unwrap_err().to_string();
+        assert!(e.starts_with("cfg.json: key \"num_hidden_layers\" must be a layer count of at most 10000, found 4294967295"), "{e}");
+
+        // The largest layer count with a list twenty times longer: linear, and right.
+        let odd: Vec<Value> = (0..200_000u32).filter(|i| i % 2 == 1).map(Value::from).collect();
+        let text = edited("qwen3-moe-config.json", |o| {
+            o.insert("num_hidden_layers".into(), Value::from(MAX_LAYERS));
+            o.insert("mlp_only_layers".into(), Value::Array(odd));
+        });
+        let c = HfMoeConfig::from_json(&text, "cfg.json").unwrap();
+        assert_eq!((c.moe_layers, c.dense_layers), (MAX_LAYERS / 2, MAX_LAYERS / 2));
+
+        for (key, value) in [
+            ("hidden_size", 1u64 << 31),
+            ("moe_intermediate_size", (1 << 20) + 16),
+            ("num_experts", 1 << 20),
+            ("num_experts_per_tok", 1 << 20),
+            ("shared_expert_intermediate_size", 1 << 31),
+        ] {
+            let text = edited("qwen3-moe-config.json", |o| {
+                o.insert(key.into(), Value::from(value));
+            });
+            let e = HfMoeConfig::from_json(&text, "cfg.json").unwrap_err().to_string();
+            assert!(e.starts_with(&format!("cfg.json: key {key:?} must be")), "{e}");
+            assert!(e.contains("at most") && e.contains(&value.to_string()), "{e}");
+        }
+        let text = edited("deepseek-v3-config.json", |o| {
+            o.insert("n_shared_experts".into(), Value::from(4096));
+        });
+        let e = HfMoeConfig::from_json(&text, "ds.json").unwrap_err().to_string();
+        assert!(e.contains("\"n_shared_experts\"") && e.contains("2^20"), "{e}");
+        // A bad long list is named by its start, not printed whole.
+        let text = edited("qwen3-moe-config.json", |o| {
+            let mut bad = long.clone();
+            bad.push(Value::from(-1));
+            o.insert("mlp_only_layers".into(), Value::Array(bad));
+        });
+        let e = HfMoeConfig::from_json(&text, "cfg.json").unwrap_err().to_string();
+        assert!(e.len() < 400 && e.contains("mlp_only_layers") && e.ends_with("..."), "{e}");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped_and_read_errors_say_the_os_error_once() {
+        let text = format!("\u{feff}{}", fixture("qwen3-moe-config.json"));
+        assert!(HfMoeConfig::from_json(&text, "bom.json").is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let e = HfMoeConfig::load(dir.path()).unwrap_err();
+        assert!(std::error::Error::source(&e).is_none());
+        let text = format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
     }
 }

@@ -1,7 +1,7 @@
 //! Reading, checking and writing shape files (RON, schema-versioned).
 
 use super::error::{InvalidReason, ShapeError};
-use super::{ShapeFile, ShapeSet, SCHEMA_VERSION};
+use super::{ShapeFile, ShapeSet, MAX_DIM, MAX_EXPERTS, MAX_LAYERS, SCHEMA_VERSION};
 use std::collections::HashSet;
 use std::path::Path;
 
@@ -11,9 +11,27 @@ struct VersionProbe {
     schema_version: u32,
 }
 
+/// Whether `text` reads as a dispatch table (`results/<sku>.ron`: `template_hashes` and
+/// `entries`), a file often passed where a shape file belongs.
+fn is_dispatch_table(text: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct TableProbe {
+        #[allow(dead_code)]
+        template_hashes: serde::de::IgnoredAny,
+        #[allow(dead_code)]
+        entries: serde::de::IgnoredAny,
+    }
+    ron::Options::default().from_str::<TableProbe>(text).is_ok()
+}
+
 impl ShapeFile {
     /// Parses and checks a shape file; `origin` (a path or label) names it in errors.
     pub fn from_ron_str(text: &str, origin: &str) -> Result<ShapeFile, ShapeError> {
+        // A byte-order mark (left by some editors) is not RON.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        if is_dispatch_table(text) {
+            return Err(ShapeError::DispatchTable { origin: origin.to_string() });
+        }
         let ron_err = |e: ron::error::SpannedError| ShapeError::Ron {
             origin: origin.to_string(),
             line: e.span.start.line,
@@ -37,7 +55,7 @@ impl ShapeFile {
     /// Reads, parses and checks the shape file at `path`.
     pub fn load(path: &Path) -> Result<ShapeFile, ShapeError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|source| ShapeError::Read { path: path.to_path_buf(), source })?;
+            .map_err(|error| ShapeError::Read { path: path.to_path_buf(), error })?;
         ShapeFile::from_ron_str(&text, &path.display().to_string())
     }
 
@@ -160,6 +178,16 @@ impl ShapeSet {
             if s.layers == 0 {
                 return Err((at(), InvalidReason::ZeroCount { field: "layers" }));
             }
+            for (field, value, max) in [
+                ("n", s.n, MAX_DIM),
+                ("k", s.k, MAX_DIM),
+                ("count_per_layer", s.count_per_layer, MAX_EXPERTS),
+                ("layers", s.layers, MAX_LAYERS),
+            ] {
+                if value > max {
+                    return Err((at(), InvalidReason::TooLarge { field, value, max }));
+                }
+            }
         }
         let at_buckets = || format!("set {:?}, token_buckets", self.name);
         if self.token_buckets.is_empty() {
@@ -167,6 +195,12 @@ impl ShapeSet {
         }
         if self.token_buckets.contains(&0) {
             return Err((at_buckets(), InvalidReason::ZeroBucket));
+        }
+        if let Some(&value) = self.token_buckets.iter().find(|&&m| m > MAX_DIM) {
+            return Err((
+                at_buckets(),
+                InvalidReason::TooLarge { field: "token bucket", value, max: MAX_DIM },
+            ));
         }
         if let Some(w) = self.token_buckets.windows(2).find(|w| w[1] <= w[0]) {
             return Err((
@@ -388,5 +422,44 @@ mod tests {
             .unwrap();
         let err = ShapeFile::load(&path).unwrap_err();
         assert!(err.to_string().starts_with(&path.display().to_string()), "{err}");
+    }
+
+    /// A dispatch table passed where a shape file belongs says so (not "unsupported schema_version").
+    #[test]
+    fn a_dispatch_table_is_named_as_such() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "ron") {
+                let err = ShapeFile::load(&p).unwrap_err();
+                assert!(matches!(err, ShapeError::DispatchTable { .. }), "{err:?}");
+                let msg = err.to_string();
+                assert!(msg.contains("this is a dispatch table, not a shape file"), "{msg}");
+                assert!(msg.starts_with(&p.display().to_string()), "{msg}");
+                n += 1;
+            }
+        }
+        assert!(n > 0);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let text = format!("\u{feff}{}", small_file().to_ron_string());
+        assert_eq!(ShapeFile::from_ron_str(&text, "bom.ron").unwrap(), small_file());
+    }
+
+    #[test]
+    fn sizes_above_the_bounds_are_refused() {
+        assert_eq!(
+            reason_after(|f| f.sets[0].shapes[0].n = (1 << 31) + 16).1,
+            InvalidReason::TooLarge { field: "n", value: (1 << 31) + 16, max: MAX_DIM }
+        );
+        assert_eq!(
+            reason_after(|f| f.sets[0].shapes[0].layers = u32::MAX).1,
+            InvalidReason::TooLarge { field: "layers", value: u32::MAX, max: MAX_LAYERS }
+        );
+        let msg = error_after(|f| f.sets[0].token_buckets = vec![1, 1 << 30]).to_string();
+        assert!(msg.contains("token bucket=1073741824 is above the largest"), "{msg}");
     }
 }

@@ -35,6 +35,14 @@ use std::fmt;
 /// The shape-file schema this crate reads and writes.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// Largest N, K and token bucket a shape file or a derived set may hold (2^20; GLM-5's largest
+/// MLP dimension is 12288). Keeps every derived size and product far from `u32` overflow.
+pub const MAX_DIM: u32 = 1 << 20;
+/// Largest layer count (GLM-5 has 78 layers).
+pub const MAX_LAYERS: u32 = 10_000;
+/// Largest number of routed experts and of GEMMs of one shape per layer.
+pub const MAX_EXPERTS: u32 = 65_536;
+
 /// Name of the shape set `fp4tune tune` uses when none is given (in the embedded GLM-5 file).
 pub const DEFAULT_SET: &str = "tp8";
 
