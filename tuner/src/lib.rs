@@ -1,6 +1,7 @@
 //! fp4tune: autotuning of NVFP4 block-scaled GEMM kernels (library half; the CLI lives in main.rs).
 
 pub mod bench;
+pub mod check;
 pub mod compile;
 pub mod error;
 pub mod ffi;
