@@ -116,3 +116,98 @@ fn compile_emit_writes_the_rendered_sources() {
     }
     assert!(std::fs::read_dir(&out).unwrap().count() <= expected);
 }
+
+/// Issue 14: bad input that used to pass, hang, print an OS error twice or replace an output's
+/// link ends in one clear error naming the file, or does the right thing.
+#[test]
+fn hostile_inputs_of_issue_14() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+
+    // A table entry whose thread count and shared memory wrapped in u32 passed `table --check`.
+    let table = std::fs::read_to_string(results.join("nvidia-h200.ron")).unwrap();
+    let start = table.find("config: (").unwrap();
+    let end = start + table[start..].find("),").unwrap() + 1;
+    let wrapped = "config: (family: Sm90, a_type: Bf16, block_m: 536870928, block_n: 16, \
+                   block_k: 128, warps_m: 67108866, warps_n: 1, warps_k: 2, stages: 2, \
+                   split_k: 1, swap_ab: false)";
+    let bad = d.join("wrapped.ron");
+    std::fs::write(&bad, format!("{}{wrapped}{}", &table[..start], &table[end..])).unwrap();
+    let (ok, err) = run(&fp4tune(), &["table", "--check", bad.to_str().unwrap()], d);
+    assert_clean_error(ok, &err, &["wrapped.ron", "block_m 536870928 is out of range"]);
+
+    // num_hidden_layers 4294967295 with a long mlp_only_layers hung; now a bound, at once.
+    let layers: Vec<String> = (0..100_000).map(|i| i.to_string()).collect();
+    let cfg = d.join("config.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"model_type": "qwen3_moe", "hidden_size": 2048, "moe_intermediate_size": 768,
+                "intermediate_size": 6144, "num_experts": 128, "num_experts_per_tok": 8,
+                "num_hidden_layers": 4294967295, "mlp_only_layers": [{}]}}"#,
+            layers.join(",")
+        ),
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let (ok, err) =
+        run(&fp4tune(), &["shapes", "--from-config", cfg.to_str().unwrap(), "--tp", "8"], d);
+    assert_clean_error(ok, &err, &["config.json", "num_hidden_layers", "at most 10000"]);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(20));
+
+    // A folder where a file belongs: the OS error once.
+    let (ok, err) =
+        run(&fp4tune(), &["shapes", "--from-config", d.to_str().unwrap(), "--tp", "8"], d);
+    assert_clean_error(ok, &err, &["os error 21"]);
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+
+    // A dispatch table given as a shape file says so.
+    let table_path = results.join("nvidia-h200.ron");
+    let (ok, err) = run(&fp4tune(), &["tune", "--shapes", table_path.to_str().unwrap()], d);
+    assert_clean_error(ok, &err, &["this is a dispatch table, not a shape file"]);
+}
+
+/// `merge --out LINK` writes the link's target and keeps the link; a log whose last record was
+/// cut right after an inner `}` (no newline) still merges.
+#[cfg(unix)]
+#[test]
+fn merge_writes_through_links_and_reads_torn_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let table = fp4tune::table::Table::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/nvidia-h200.ron"),
+    )
+    .unwrap();
+    let e = &table.entries[0];
+    let hash = table.template_hashes.values().next().unwrap().clone();
+    let record = |m: u32| {
+        let time =
+            fp4tune::bench::Summary { n: 1, median: 3.0, lo: 2.9, hi: 3.1, min: 2.9, max: 3.1 };
+        let r = fp4tune::tune::log::Record {
+            schema_version: fp4tune::tune::log::LOG_SCHEMA_VERSION,
+            key: fp4tune::table::TableKey { m, ..e.key.clone() },
+            method: fp4tune::table::Method::Fused,
+            config: e.config,
+            outcome: fp4tune::tune::log::Outcome::Timed { time, samples: vec![3.0] },
+            device: table.device.name.clone(),
+            compute_capability: table.device.compute_capability,
+            template_hash: hash.clone(),
+            at: 0,
+            context: None,
+        };
+        serde_json::to_string(&r).unwrap()
+    };
+    let last = record(2);
+    let cut = last.find('}').unwrap() + 1;
+    let log = d.join("shard.jsonl");
+    std::fs::write(&log, format!("{}\n{}", record(1), &last[..cut])).unwrap();
+    let real = d.join("real.jsonl");
+    let link = d.join("link.jsonl");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let (ok, err) =
+        run(&fp4tune(), &["merge", log.to_str().unwrap(), "--out", link.to_str().unwrap()], d);
+    assert!(ok, "{err}");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(fp4tune::tune::log::read(&real).unwrap().len(), 1);
+}
