@@ -36,6 +36,9 @@ enum Command {
     Worker,
     /// Print a shape set (RON) derived from a Hugging Face MoE config.json.
     Shapes(cli::shapes::ShapesArgs),
+    /// CI gate: re-verify and re-time a table's kernels on this GPU against a baseline; exit 0 no
+    /// regression, 1 regression, 2 cannot check (needs a GPU).
+    Check(cli::check::CheckArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -63,5 +66,6 @@ fn run(cli: Cli) -> Result<()> {
             fp4tune::tune::worker::serve(&compiler)
         }
         Command::Shapes(args) => cli::shapes::run(args),
+        Command::Check(args) => cli::check::run(args),
     }
 }

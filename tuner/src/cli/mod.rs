@@ -2,6 +2,7 @@
 //! Only the binary prints and only it uses `anyhow`; the library returns typed errors.
 
 pub mod bench;
+pub mod check;
 pub mod compile;
 pub mod floors;
 pub mod merge;

@@ -1,0 +1,196 @@
+//! `fp4tune check`: the CI gate on kernel timings. Re-verifies and re-times every GEMM entry of a
+//! table on this GPU, compares with a baseline by the noise-aware rule (`fp4tune::check`), writes
+//! `check.md` and `check.json`, and exits 0 (no regression), 1 (regression or failed kernel) or 2
+//! (cannot check), with a one-line reason on stderr. It exits itself, whatever happens: any error
+//! (an unreadable table included) is exit 2.
+
+use anyhow::{Context, Result};
+use fp4tune::bench::TimingPolicy;
+use fp4tune::check::{self, baseline, Blocker, CheckReport, EntryStatus, RuleConfig};
+use fp4tune::table::Table;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// The dispatch table to check (results/<sku>.ron).
+    #[arg(long)]
+    pub table: PathBuf,
+    /// What to compare with: a saved check result (check.json), a measurement log (.jsonl or
+    /// .jsonl.gz) or another table (.ron). Default: the table's own medians and intervals.
+    #[arg(long)]
+    pub baseline: Option<PathBuf>,
+    /// Slowdown tolerated: "5%" or "0.05".
+    #[arg(long, default_value = "5%", value_parser = parse_threshold)]
+    pub threshold: f64,
+    /// Confidence of the interval on the ratio new/old.
+    #[arg(long, default_value_t = 0.95)]
+    pub confidence: f64,
+    /// Bootstrap resamples of the rule.
+    #[arg(long, default_value_t = 2000)]
+    pub resamples: usize,
+    /// Folder for check.md and check.json.
+    #[arg(long, default_value = "fp4tune-check")]
+    pub out: PathBuf,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Fewer samples per kernel (the tuner's quick policy instead of the benchmark's).
+    #[arg(long)]
+    pub quick: bool,
+    /// Longest wait for one answer of the measuring worker (seconds) before its kernel counts as
+    /// hung.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+}
+
+/// "5%" -> 0.05, "0.05" -> 0.05.
+pub fn parse_threshold(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let v = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|v| v / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|_| format!("`{s}` is not a threshold (e.g. 5% or 0.05)"))?;
+    if !(0.0..1.0).contains(&v) {
+        return Err(format!("threshold `{s}` is not in [0%, 100%) (write 5% or 0.05)"));
+    }
+    Ok(v)
+}
+
+pub fn run(args: CheckArgs) -> Result<()> {
+    let code = match check(&args) {
+        Ok((report, paths)) => {
+            let exit = check::exit_status(&report);
+            println!("{}", report.to_markdown());
+            println!("wrote {}", paths.join(" and "));
+            eprintln!("fp4tune check: exit {}: {}", exit.code, exit.reason);
+            exit.code
+        }
+        Err(e) => {
+            eprintln!("fp4tune check: exit 2: cannot check: {}", one_line(&e));
+            2
+        }
+    };
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(code.into())
+}
+
+/// An error and its causes on one line, each cause once (a message that already quotes its
+/// source is not followed by it again).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
+fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
+    let origin = a.table.display().to_string();
+    let table = Table::load(&a.table)?;
+    let rule = RuleConfig {
+        threshold: a.threshold,
+        confidence: a.confidence,
+        resamples: a.resamples,
+        ..RuleConfig::default()
+    };
+    // Refuse a bad rule before any GPU work.
+    check::compare(&check::Baseline::Samples(vec![1.0]), &[1.0], &rule)?;
+    let policy = if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() };
+    let mut blockers = Vec::new();
+    let baselines = match &a.baseline {
+        None => baseline::from_table(&table, &origin),
+        Some(p) => baseline::load(p, &table).unwrap_or_else(|why| {
+            blockers.push(Blocker::Baseline(why));
+            baseline::Baselines {
+                description: format!("`{}` (unusable)", p.display()),
+                by_key: Default::default(),
+                device: None,
+                notes: Vec::new(),
+            }
+        }),
+    };
+    let exe = std::env::current_exe().context("locating the fp4tune binary for its worker")?;
+    let session = check::run::Session::open(&exe, a.device, Duration::from_secs(a.timeout));
+    let device_info = session.as_ref().ok().map(|s| s.info().clone());
+    let device = session.as_ref().map(|s| s.info()).map_err(|e| e.as_str());
+    blockers.extend(check::preflight(&table, device, baselines.device.as_deref()));
+    let mut entries = Vec::new();
+    if let (Ok(mut session), true) = (session, blockers.is_empty()) {
+        let total = table.entries.len();
+        for (i, e) in table.entries.iter().enumerate() {
+            let checked = match session.measure(e, &policy) {
+                Ok(m) => check::assess(e, baselines.get(&e.key), &m, &rule),
+                Err(why) => {
+                    let mut c = check::assess(
+                        e,
+                        None,
+                        &check::Measurement {
+                            outcome: fp4tune::tune::log::Outcome::LaunchError {
+                                reason: why.clone(),
+                            },
+                            fallback: None,
+                            default: None,
+                        },
+                        &rule,
+                    );
+                    c.status = EntryStatus::Missing(format!("measuring worker: {why}"));
+                    c
+                }
+            };
+            let what = match (&checked.status, &checked.comparison) {
+                (EntryStatus::Compared(v), Some(c)) => {
+                    format!("{} (x{:.3} [{:.3}, {:.3}])", v.label(), c.ratio, c.lo, c.hi)
+                }
+                (EntryStatus::Failed(w), _) => {
+                    format!("FAILED: {}", w.lines().next().unwrap_or(""))
+                }
+                (EntryStatus::Missing(w), _) => {
+                    format!("not checked: {}", w.lines().next().unwrap_or(""))
+                }
+                (s, _) => format!("{s:?}"),
+            };
+            eprintln!("[{}/{total}] {}: {what}", i + 1, e.key);
+            entries.push(checked);
+        }
+    }
+    let setup = check::Setup {
+        table: &table,
+        origin: &origin,
+        baselines: &baselines,
+        rule,
+        timing_policy: policy.describe(),
+    };
+    let report = check::report(&setup, device_info, blockers, entries);
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let md = a.out.join("check.md");
+    let json = a.out.join("check.json");
+    std::fs::write(&md, report.to_markdown())
+        .with_context(|| format!("writing {}", md.display()))?;
+    report.write_json(&json)?;
+    Ok((report, vec![md.display().to_string(), json.display().to_string()]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_parse_as_percent_or_fraction() {
+        assert_eq!(parse_threshold("5%"), Ok(0.05));
+        assert_eq!(parse_threshold(" 2.5 % "), Ok(0.025));
+        assert_eq!(parse_threshold("0.05"), Ok(0.05));
+        assert!(parse_threshold("5").is_err());
+        assert!(parse_threshold("-1%").is_err());
+        assert!(parse_threshold("five").is_err());
+    }
+}
