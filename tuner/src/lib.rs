@@ -8,6 +8,7 @@ pub mod ffi;
 pub mod format;
 pub mod gpu;
 pub mod moe;
+pub mod plot;
 pub mod problem;
 pub mod runtime;
 pub mod search;

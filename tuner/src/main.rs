@@ -39,6 +39,8 @@ enum Command {
     /// CI gate: re-verify and re-time a table's kernels on this GPU against a baseline; exit 0 no
     /// regression, 1 regression, 2 cannot check (needs a GPU).
     Check(cli::check::CheckArgs),
+    /// Render SVG figures from tables, measurement logs and bench CSVs (no GPU).
+    Report(cli::report::ReportArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -67,5 +69,6 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Shapes(args) => cli::shapes::run(args),
         Command::Check(args) => cli::check::run(args),
+        Command::Report(args) => cli::report::run(args),
     }
 }

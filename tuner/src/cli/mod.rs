@@ -7,6 +7,7 @@ pub mod compile;
 pub mod floors;
 pub mod merge;
 pub mod moe;
+pub mod report;
 pub mod shapes;
 pub mod simulate;
 pub mod table;

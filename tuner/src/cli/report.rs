@@ -1,0 +1,69 @@
+//! `fp4tune report`: SVG figures from tables, measurement logs and bench CSVs (no GPU).
+
+use anyhow::{bail, Context, Result};
+use fp4tune::plot::figures::{self, BenchFile};
+use fp4tune::search::StrategyKind;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// Folder for the SVG files.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Dispatch tables: their entries join the time-vs-M figures.
+    #[arg(long)]
+    pub table: Vec<PathBuf>,
+    /// Measurement logs (.jsonl or .jsonl.gz): one best-so-far figure each.
+    #[arg(long)]
+    pub log: Vec<PathBuf>,
+    /// Benchmark CSVs: bench-<a_type>.csv (time vs M per shape) or bench-moe.csv and its peers
+    /// (the MoE decode step per B).
+    #[arg(long, num_args = 1..)]
+    pub bench: Vec<PathBuf>,
+    /// Strategies replayed on each log (exhaustive, random, model; comma separated).
+    #[arg(long, default_value = "model,random", value_delimiter = ',')]
+    pub strategy: Vec<String>,
+    /// Evaluation budget of the replayed strategies, as a fraction of each key's logged candidates.
+    #[arg(long, default_value_t = 0.2)]
+    pub budget: f64,
+}
+
+pub fn run(a: ReportArgs) -> Result<()> {
+    if a.table.is_empty() && a.log.is_empty() && a.bench.is_empty() {
+        bail!("nothing to plot: give --table, --log or --bench");
+    }
+    if !(a.budget > 0.0 && a.budget <= 1.0) {
+        bail!("--budget {} is not in (0, 1]", a.budget);
+    }
+    let mut gemm = Vec::new();
+    let mut moe = Vec::new();
+    for p in &a.bench {
+        match figures::read_bench(p)? {
+            BenchFile::Gemm(rows) => gemm.extend(rows),
+            BenchFile::Moe(rows) => moe.extend(rows),
+        }
+    }
+    let tables: Vec<(fp4tune::table::Table, String)> = a
+        .table
+        .iter()
+        .map(|t| Ok((fp4tune::table::Table::load(t)?, t.display().to_string())))
+        .collect::<Result<_>>()?;
+    let refs: Vec<(&fp4tune::table::Table, &str)> =
+        tables.iter().map(|(t, o)| (t, o.as_str())).collect();
+    let mut charts = figures::gemm_time_vs_m(&gemm, &refs);
+    charts.extend(figures::moe_step(&moe));
+    let kinds: Vec<StrategyKind> =
+        a.strategy.iter().map(|s| StrategyKind::parse(s)).collect::<Result<_, _>>()?;
+    for l in &a.log {
+        let records =
+            fp4tune::tune::log::read(l).with_context(|| format!("reading {}", l.display()))?;
+        charts.push(figures::search_curves(&records, &kinds, a.budget, &l.display().to_string())?);
+    }
+    // Charts without data (a shape with rows that carry no time) are skipped, not drawn blank.
+    charts.retain(|c| c.series.iter().any(|s| !s.points.is_empty()));
+    let files = fp4tune::plot::write_all(&charts, &a.out)?;
+    for f in &files {
+        println!("wrote {}", f.display());
+    }
+    Ok(())
+}
