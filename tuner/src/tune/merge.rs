@@ -21,27 +21,32 @@ pub enum MergeError {
         first_line: usize,
         expected: String,
     },
-    #[error(
-        "{}:{line}: a {family} record made with templates {}, but {}:{first_line} used {}: logs \
-         of different template versions cannot be merged. {advice}",
-        path.display(), short(found), first_path.display(), short(expected)
-    )]
-    Templates {
-        path: PathBuf,
-        line: usize,
-        family: String,
-        found: String,
-        first_path: PathBuf,
-        first_line: usize,
-        expected: String,
-        /// How to proceed: which version to keep, and how.
-        advice: String,
-    },
+    #[error(transparent)]
+    Templates(Box<TemplateConflict>),
     #[error("no records in {0:?}")]
     Empty(Vec<PathBuf>),
     // The OS error is in the message, deliberately not a `source` (a chain would repeat it).
     #[error("writing {}: {error}", path.display())]
     Write { path: PathBuf, error: std::io::Error },
+}
+
+/// Two template versions of one family among the logs being merged.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{}:{line}: a {family} record made with templates {}, but {}:{first_line} used {}: logs of \
+     different template versions cannot be merged. {advice}",
+    path.display(), short(found), first_path.display(), short(expected)
+)]
+pub struct TemplateConflict {
+    pub path: PathBuf,
+    pub line: usize,
+    pub family: String,
+    pub found: String,
+    pub first_path: PathBuf,
+    pub first_line: usize,
+    pub expected: String,
+    /// How to proceed: which version to keep, and how.
+    pub advice: String,
 }
 
 fn short(hash: &str) -> &str {
@@ -119,7 +124,7 @@ pub fn merge_logs(paths: &[PathBuf]) -> Result<Merged, MergeError> {
                     hashes.insert(r.key.family, (r.template_hash.clone(), path.clone(), line));
                 }
                 Some((expected, fp, fl)) if *expected != r.template_hash => {
-                    return Err(MergeError::Templates {
+                    return Err(MergeError::Templates(Box::new(TemplateConflict {
                         path: path.clone(),
                         line,
                         family: r.key.family.to_string(),
@@ -128,7 +133,7 @@ pub fn merge_logs(paths: &[PathBuf]) -> Result<Merged, MergeError> {
                         first_line: *fl,
                         expected: expected.clone(),
                         advice: template_advice(r.key.family, path, expected, &r.template_hash),
-                    });
+                    })));
                 }
                 Some(_) => {}
             }
