@@ -2,7 +2,9 @@
 // 6144, expert intermediate 256 per GPU), outside the Rust harness: every kernel checked against a
 // CPU reference, then timed under CUDA-graph replay with cold L2 (the launches of one graph rotate
 // over weight copies whose touched bytes exceed 4x L2). Build and run on a GPU:
-//   nvcc -O3 -arch=sm_90a -std=c++17 -I templates scripts/probes/moe_probe.cu -o moe_probe && ./moe_probe
+//   nvcc -O3 -arch=sm_90a -std=c++17 -Xcompiler -fopenmp -I templates scripts/probes/moe_probe.cu -o moe_probe
+//   ./moe_probe [B,B,...] [weight copies] [variant name filter] [once]
+// With `once`, each selected variant is launched once (verified, not timed): for Nsight Compute.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -140,6 +142,8 @@ Variant make(const char* name) {
 static std::vector<Variant> variants() {
     return {
         make<G<8, 32, 6144, 1, 8, 3, 1>, moe::OP_GATE_UP>("gu_m8_n32_k8_d3"),
+        make<G<8, 32, 512, 1, 4, 2, 1>, moe::OP_GATE_UP>("gu_m8_n32_k4_bk512_d2"),
+        make<G<8, 128, 256, 4, 1, 2, 1, 2>, moe::OP_DOWN>("dn_m8_n128_w4_d2_o2"),
         make<G<8, 16, 6144, 1, 8, 3, 1>, moe::OP_GATE_UP>("gu_m8_n16_k8_d3"),
         make<G<8, 32, 6144, 1, 16, 1, 1>, moe::OP_GATE_UP>("gu_m8_n32_k16_d1"),
         make<G<8, 32, 3072, 1, 8, 3, 2>, moe::OP_GATE_UP>("gu_m8_n32_k8_d3_s2"),
@@ -262,6 +266,8 @@ int main(int argc, char** argv) {
         for (char* t = strtok(argv[1], ","); t; t = strtok(nullptr, ",")) Bs.push_back(atoi(t));
     }
     const int copies = argc > 2 ? atoi(argv[2]) : 24;
+    const char* filter = argc > 3 ? argv[3] : "";
+    const bool once = argc > 4 && strcmp(argv[4], "once") == 0;
     std::mt19937 rng(7);
     Weights wgu(E, NGU, KGU, rng), wdn(E, NDN, KDN, rng);
     DevWeights dgu(wgu, copies), ddn(wdn, copies);
@@ -347,6 +353,7 @@ int main(int argc, char** argv) {
             std::vector<uint16_t> Hgpu(size_t(sc.R) * I);
             for (auto& v : vs) {
                 const bool gu = v.op == moe::OP_GATE_UP;
+                if (!strstr(v.name, filter) && &v != &vs[0]) continue;  // vs[0] makes the H down reads
                 const int N = gu ? NGU : NDN, K = gu ? KGU : KDN;
                 const int gx = (N + v.block_n - 1) / v.block_n;
                 int occ = 0;
@@ -418,7 +425,7 @@ int main(int argc, char** argv) {
                     }
                     float med = 0, lo = 0, hi = 0;
                     const int L = copies;
-                    time_graph(L, [&](int i, cudaStream_t s) { CK(launch(v, params(i), gx, gy, s)); }, med, lo, hi);
+                    if (!once) time_graph(L, [&](int i, cudaStream_t s) { CK(launch(v, params(i), gx, gy, s)); }, med, lo, hi);
                     printf("%s,%s,%d,%d,%d,%d,%.4g,%.4g,%ld,%.2f,%.2f,%.2f,%.2f\n", gu ? "gate_up" : "down", v.name, B, mode, gy,
                            active, max_err, max_ref, bad, med, lo, hi, (gu ? gu_bytes : dn_bytes) / 4.27e6);
                     fflush(stdout);

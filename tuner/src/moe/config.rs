@@ -309,7 +309,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
             warps_k: &[4, 8, 16],
             splits: &[1, 2],
             depths: &[1, 2, 3],
-            min_ctas: &[1],
+            min_ctas: &[1, 2, 4],
             walks: &[0, 1, 2],
         },
         // short K: many weight rows per CTA, a persistent walk
@@ -491,9 +491,9 @@ mod tests {
         let mut sources = vec![align_source(), finalize_source()];
         for op in MoeOp::ALL {
             let space = search_space(op, &shape);
-            // a spread of the space: every 7th kernel (distinct kernels only)
+            // a spread of the space: every 13th kernel (distinct kernels only)
             let mut seen = std::collections::HashSet::new();
-            for c in space.iter().step_by(7) {
+            for c in space.iter().step_by(13) {
                 if seen.insert(c.kernel_name()) {
                     sources.push(c.source());
                 }
