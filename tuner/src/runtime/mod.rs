@@ -39,16 +39,12 @@
 //! entries run their fallback fused kernel (`Entry::config`) and the start-up report says so.
 //! These launches share their workspace across streams like split-K launches.
 //!
-//! # Grouped MoE (planned; no format or API break)
-//! The grouped operation (all experts of a layer in one launch) will be
-//! `Dispatcher::grouped_gemm(&GroupedGemmArgs, stream)` with stacked expert weights `w`
-//! `[E, N, K/2]` and scales (one swizzled block per expert), activations sorted by expert with a
-//! device array of E+1 row offsets, per-expert alphas, and E. Its kernels take a new parameter
-//! block (`GroupedGemmParams`, next to `GemmParams` in params.cuh) and render from the same
-//! `GemmConfig`. Its table entries use `op: "grouped_gemm"` and `experts: Some(E)` (see
-//! [`crate::table`]); the plan gains a second route map keyed by (E, N, K, A type) with M = rows
-//! per active expert, and the workspace sizing takes the maximum over both. The C ABI gains
-//! `fp4tune_grouped_gemm` next to `fp4tune_gemm`; existing symbols do not change.
+//! # Grouped MoE ([`Dispatcher::moe`], [`moe`])
+//! A table's `moe` entries are loaded at open (per layer shape, per projection and token count):
+//! the caller makes one [`moe::MoeWorkspace`] per stream, then launches the whole layer (align,
+//! gate_up with SiLU(gate) * up, down, the router-weighted sum) or its steps on its own stream.
+//! The kernel of each step is the entry whose token count B is nearest in log scale. Scratch
+//! lives in the workspace, never shared between streams. The C ABI is `fp4tune_moe_*`.
 
 pub mod composite;
 mod dispatcher;

@@ -7,11 +7,11 @@
 //! table made on another GPU or with other kernel sources is detected at load time
 //! ([`Table::check_against`]).
 //!
-//! # Format (schema version 2)
+//! # Format (schema version 3)
 //!
 //! ```text
 //! (
-//!     schema_version: 2,
+//!     schema_version: 3,
 //!     device: (name: "NVIDIA H200", compute_capability: (9, 0), sm_count: 132),
 //!     toolchain: (nvrtc: (13, 0), driver: (13, 0)),
 //!     template_hashes: {Sm90: "3f1c..."},
@@ -60,20 +60,18 @@
 //! Steps 3 and 4 come with a [`Fallback`] that says what was missing (the shape, or a family
 //! disabled by a device/template mismatch, or no legal entry), so the caller can warn.
 //!
-//! # The grouped MoE operation (planned, no format break)
+//! # Grouped MoE entries (schema version 3)
 //!
-//! All experts of one MoE layer in one launch ("grouped_gemm": stacked expert weights
-//! `[E, N, K/2]` + stacked swizzled scales, tokens sorted by expert with an offsets array) fits
-//! this format as it is:
-//! - its entries use `op: "grouped_gemm"` and the optional key field `experts: Some(E)` (the
-//!   number of experts of the layer on this GPU; absent, i.e. `None`, for `"gemm"`), with N, K per
-//!   expert and `m` the token bucket *per active expert* (total routed rows / active experts);
-//! - the configuration stays a [`crate::template::GemmConfig`]; knobs a grouped kernel adds
-//!   (persistent CTAs, tile scheduling) become new `GemmConfig` fields with `#[serde(default)]`, so
-//!   schema-1 tables still load;
-//! - lookups take the op as a string, so step 1-4 above apply unchanged to `"grouped_gemm"`;
-//!   tables written now already carry the `op` field, and readers that do not know an op refuse the
-//!   table with a message naming it (see [`KNOWN_OPS`]).
+//! The grouped MoE layer has its own section, `moe: [(key: (op: GateUp, family: Sm90, a_type:
+//! Bf16, n: 512, k: 6144, experts: 256, top_k: 8, tokens: 64), config: (op: GateUp, block_m: 8,
+//! ...), median_us, interval_us, skewed_us, routing_seed, roofline_fraction), ...]`, next to
+//! `moe_template_hash` (the grouped kernels' template hash). A [`MoeKey`] is one projection of
+//! one layer shape (per-expert N and K, local experts, top_k) at one token count B; its
+//! [`MoeEntry`] holds the [`crate::moe::GroupedConfig`] the tuner chose and its times on the
+//! uniform routing of `routing_seed` and on the skewed guard draw. Versions 1 and 2 cannot hold
+//! the section (a file that says otherwise is refused); the runtime picks, per step, the entry
+//! whose B is nearest in log scale. The `"grouped_gemm"` op of [`TableKey`] (a grouped GEMM with
+//! a per-expert M and a `GemmConfig`) is a reserved key form that no tuner writes.
 
 mod check;
 mod lookup;
