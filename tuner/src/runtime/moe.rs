@@ -410,6 +410,17 @@ impl MoeRoutes {
                 "{shape}: hidden and inter must be multiples of 16"
             )));
         }
+        // Every distinct kernel compiled in parallel first (the loads below then hit the
+        // compiler's in-memory cache).
+        let mut sources: Vec<crate::template::KernelSource> = Vec::new();
+        for (_, _, c) in choices {
+            if !sources.iter().any(|s| s.kernel_name == c.kernel_name()) {
+                sources.push(c.source());
+            }
+        }
+        for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
+            r.map_err(|error| RuntimeError::Compile { config: src.kernel_name.clone(), error })?;
+        }
         let mut routes = MoeRoutes { shape, gate_up: Vec::new(), down: Vec::new() };
         for &(op, bucket, config) in choices {
             config
