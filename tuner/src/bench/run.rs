@@ -135,31 +135,47 @@ pub fn tensor_peak_tflops(gpu: &Gpu) -> Result<f64, GpuError> {
     Ok(2.0 * (n as f64).powi(3) / (best * 1e-3) / 1e12)
 }
 
-pub fn run(
-    gpu: &Gpu,
-    compiler: &Compiler,
-    spec: &BenchSpec,
-    progress: &dyn Fn(Event),
-) -> Result<BenchOutput, BenchError> {
-    let policy = &spec.policy;
-    progress(Event::Floors("launch floor, read bandwidth, tensor peak".into()));
-    let floors = Floors::new(gpu, compiler)?;
-    let launch_floor = floors.launch_floor(policy, gpu.info().sm_count)?.median;
-    let bandwidth = floors.read_bandwidth(policy, 1 << 30)?;
-    let peak = tensor_peak_tflops(gpu)?;
+/// The physical floors of the run: the floor kernels, the launch floor, the read bandwidth and the
+/// tensor peak, measured under the run's policy.
+struct RunFloors<'g> {
+    floors: Floors<'g>,
+    launch_floor: f64,
+    bandwidth: f64,
+    peak: f64,
+    /// Cold read floors by byte count, measured once each.
+    read_floors: HashMap<u64, f64>,
+}
 
-    let mut rows = Vec::new();
-    let mut screen_rows = Vec::new();
-    let mut failures = Vec::new();
-    let mut read_floors: HashMap<u64, f64> = HashMap::new();
-    // Candidates per problem (model-ranked when capped), then one parallel compile of their union.
-    let model = crate::search::CostModel::new(crate::search::DeviceModel::from_device_info(
-        gpu.info(),
-        bandwidth,
-        peak,
-        launch_floor,
-    ));
-    let mut plan: HashMap<(u32, u32, u32), Vec<GemmConfig>> = HashMap::new();
+impl<'g> RunFloors<'g> {
+    fn measure(
+        gpu: &'g Gpu,
+        compiler: &Compiler,
+        policy: &TimingPolicy,
+    ) -> Result<Self, BenchError> {
+        let floors = Floors::new(gpu, compiler)?;
+        let launch_floor = floors.launch_floor(policy, gpu.info().sm_count)?.median;
+        let bandwidth = floors.read_bandwidth(policy, 1 << 30)?;
+        let peak = tensor_peak_tflops(gpu)?;
+        Ok(Self { floors, launch_floor, bandwidth, peak, read_floors: HashMap::new() })
+    }
+
+    fn read_floor(&mut self, policy: &TimingPolicy, bytes: u64) -> Result<f64, BenchError> {
+        if let Some(v) = self.read_floors.get(&bytes) {
+            return Ok(*v);
+        }
+        let v = self.floors.read_floor(policy, bytes)?.time.median;
+        self.read_floors.insert(bytes, v);
+        Ok(v)
+    }
+}
+
+/// Candidates of every (M, N, K): the legal configurations, capped to the model's best per
+/// pipeline (plus the family default) when `spec.max_candidates` is set.
+fn plan_candidates(
+    spec: &BenchSpec,
+    model: &crate::search::CostModel,
+) -> HashMap<(u32, u32, u32), Vec<GemmConfig>> {
+    let mut plan = HashMap::new();
     for (_, n, k) in &spec.shapes {
         for &m in &spec.ms {
             let p = GemmProblem::new(m, *n, *k, spec.a_type);
@@ -183,164 +199,212 @@ pub fn run(
             plan.insert((m, *n, *k), chosen);
         }
     }
+    plan
+}
+
+type CompiledMap = HashMap<
+    String,
+    Result<std::sync::Arc<crate::compile::CompiledKernel>, crate::compile::CompileError>,
+>;
+
+/// One parallel compile of the union of every problem's candidates (configurations that do not
+/// render are skipped: they fail `check`), by configuration name.
+fn compile_union(
+    compiler: &Compiler,
+    plan: &HashMap<(u32, u32, u32), Vec<GemmConfig>>,
+    progress: &dyn Fn(Event),
+) -> CompiledMap {
     let mut union: Vec<GemmConfig> = plan.values().flatten().copied().collect();
     union.sort();
     union.dedup();
     progress(Event::Floors(format!("compiling {} kernels", union.len())));
-    // Render once; configurations that do not render are skipped (they fail `check`).
     let (names, sources): (Vec<String>, Vec<_>) =
         union.iter().filter_map(|c| c.render().ok().map(|s| (c.name(), s))).unzip();
-    let compiled: HashMap<String, _> =
-        names.into_iter().zip(compiler.compile_many(&sources)).collect();
+    names.into_iter().zip(compiler.compile_many(&sources)).collect()
+}
+
+/// What a run has collected so far.
+#[derive(Default)]
+struct Collected {
+    rows: Vec<Row>,
+    screen_rows: Vec<Row>,
+    failures: Vec<Failure>,
+}
+
+/// Everything one problem's measurement needs from the run.
+struct RunContext<'a, 'g> {
+    gpu: &'g Gpu,
+    spec: &'a BenchSpec,
+    compiled: &'a CompiledMap,
+    dequant_path: Option<&'a Result<Composite<'g>, composite::CompositeError>>,
+}
+
+/// One (shape, M): verify every candidate, screen and time the verified ones (then the peers and
+/// the dequantize-then-cuBLAS path, verified like our kernels), into `out`.
+fn measure_problem(
+    ctx: &RunContext<'_, '_>,
+    floors: &mut RunFloors<'_>,
+    (label, n, k, m): (&str, u32, u32, u32),
+    legal: &[GemmConfig],
+    out: &mut Collected,
+) -> Result<(), BenchError> {
+    let (gpu, spec, policy) = (ctx.gpu, ctx.spec, &ctx.spec.policy);
+    let p = GemmProblem::new(m, n, k, spec.a_type);
+    let fail =
+        |config: String, reason: String| Failure { shape: label.to_string(), m, config, reason };
+    let host = HostProblem::random(p, 0xF4 ^ ((m as u64) << 32) ^ ((n as u64) << 16) ^ k as u64)
+        .map_err(|e| BenchError::Problem(p.to_string(), e.to_string()))?;
+    let mut dp = DeviceProblem::upload(gpu, &host, policy, legal)?;
+    let mut verified: Vec<Candidate> = Vec::new();
+    for c in legal {
+        let compiled = match ctx.compiled.get(&c.name()) {
+            Some(Ok(k)) => k,
+            Some(Err(e)) => {
+                out.failures.push(fail(c.name(), format!("compile error: {e}")));
+                continue;
+            }
+            None => continue,
+        };
+        let cand = match Candidate::load(gpu, *c, compiled) {
+            Ok(x) => x,
+            Err(e) => {
+                out.failures.push(fail(c.name(), format!("load: {e}")));
+                continue;
+            }
+        };
+        match verify(gpu, &host, &mut dp, &cand)? {
+            Ok(()) => verified.push(cand),
+            Err(why) => out.failures.push(fail(c.name(), why)),
+        }
+    }
+    let bytes = p.min_bytes();
+    let read_floor = floors.read_floor(policy, bytes)?;
+    let roofline = (bytes as f64 / (floors.bandwidth * 1e3)).max(p.flops() / (floors.peak * 1e6));
+    let mk_row = |imp: String, s: Summary, verified: &str| Row {
+        shape: label.to_string(),
+        n,
+        k,
+        m,
+        a_type: spec.a_type.to_string(),
+        implementation: imp,
+        time: s,
+        roofline_us: roofline,
+        read_floor_us: read_floor,
+        bytes,
+        verified: verified.to_string(),
+    };
+    let mut refs: Vec<&Candidate> = verified.iter().collect();
+    if spec.refine > 0 && refs.len() > spec.refine {
+        let mut screened: Vec<(f64, &Candidate)> = Vec::new();
+        for chunk in refs.chunks(64) {
+            for (c, r) in chunk.iter().zip(time_candidates(gpu, &spec.screen_policy, &dp, chunk)) {
+                match r {
+                    Ok(s) => {
+                        let sum = Summary::of(&s.us).expect("samples");
+                        out.screen_rows.push(mk_row(c.config.name(), sum, "ok"));
+                        screened.push((sum.median, *c));
+                    }
+                    Err(e) => out.failures.push(fail(c.config.name(), format!("timing: {e}"))),
+                }
+            }
+        }
+        screened.sort_by(|a, b| a.0.total_cmp(&b.0));
+        refs = screened.into_iter().take(spec.refine).map(|(_, c)| c).collect();
+    }
+    for (c, r) in refs.iter().zip(time_candidates(gpu, policy, &dp, &refs)) {
+        match r {
+            Ok(s) => {
+                out.rows.push(mk_row(c.config.name(), Summary::of(&s.us).expect("samples"), "ok"))
+            }
+            Err(e) => out.failures.push(fail(c.config.name(), format!("timing: {e}"))),
+        }
+    }
+    if spec.peers {
+        for (name, r) in time_peers(gpu, policy, &p)? {
+            match r {
+                Ok(s) => out.rows.push(mk_row(
+                    name.to_string(),
+                    Summary::of(&s.us).expect("samples"),
+                    "-",
+                )),
+                Err(e) => out.failures.push(fail(name.to_string(), format!("peer: {e}"))),
+            }
+        }
+    }
+    if let Some(setup) = ctx.dequant_path {
+        // The dequantize-then-cuBLAS path, verified like our kernels.
+        let name = composite::NAME.to_string();
+        let scratch = setup
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|comp| comp.scratch(p).map(|s| (comp, s)).map_err(|e| e.to_string()));
+        match scratch {
+            Ok((comp, s)) => match comp.verify(&s, &host, &mut dp)? {
+                Ok(()) => match comp.time(&s, policy, &dp) {
+                    Ok(t) => {
+                        out.rows.push(mk_row(name, Summary::of(&t.us).expect("samples"), "ok"))
+                    }
+                    Err(e) => out.failures.push(fail(name, format!("timing: {e}"))),
+                },
+                Err(why) => out.failures.push(fail(name, why)),
+            },
+            Err(e) => out.failures.push(fail(name, format!("setup: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// The run, in phases: floors; candidates per problem (model-ranked when capped); one parallel
+/// compile of their union; then each (shape, M) measured in turn, its rows reported as it ends.
+pub fn run(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    spec: &BenchSpec,
+    progress: &dyn Fn(Event),
+) -> Result<BenchOutput, BenchError> {
+    progress(Event::Floors("launch floor, read bandwidth, tensor peak".into()));
+    let mut floors = RunFloors::measure(gpu, compiler, &spec.policy)?;
+    let model = crate::search::CostModel::new(crate::search::DeviceModel::from_device_info(
+        gpu.info(),
+        floors.bandwidth,
+        floors.peak,
+        floors.launch_floor,
+    ));
+    let mut plan = plan_candidates(spec, &model);
+    let compiled = compile_union(compiler, &plan, progress);
     // With the peers: the dequantize-then-cuBLAS path, set up once per run (kernel load, cuBLAS
     // handle); a failure to set it up is recorded per problem.
     let dequant_path = spec.peers.then(|| Composite::new(gpu, compiler));
+    let ctx = RunContext { gpu, spec, compiled: &compiled, dequant_path: dequant_path.as_ref() };
+    let mut out = Collected::default();
     let total = spec.shapes.len() * spec.ms.len();
     let mut index = 0;
     for (label, n, k) in &spec.shapes {
         for &m in &spec.ms {
             index += 1;
-            let p = GemmProblem::new(m, *n, *k, spec.a_type);
             let legal: Vec<GemmConfig> = plan.remove(&(m, *n, *k)).unwrap_or_default();
-            let (rows_before, screen_before, failures_before) =
-                (rows.len(), screen_rows.len(), failures.len());
+            let before = (out.rows.len(), out.screen_rows.len(), out.failures.len());
             progress(Event::Problem {
                 index,
                 total,
                 label: format!("{label} M={m}"),
                 candidates: legal.len(),
             });
-            let fail = |config: String, reason: String| Failure {
-                shape: label.clone(),
-                m,
-                config,
-                reason,
-            };
-            let host =
-                HostProblem::random(p, 0xF4 ^ ((m as u64) << 32) ^ ((*n as u64) << 16) ^ *k as u64)
-                    .map_err(|e| BenchError::Problem(p.to_string(), e.to_string()))?;
-            let mut dp = DeviceProblem::upload(gpu, &host, policy, &legal)?;
-            let mut verified: Vec<Candidate> = Vec::new();
-            for c in &legal {
-                let compiled = match compiled.get(&c.name()) {
-                    Some(Ok(k)) => k,
-                    Some(Err(e)) => {
-                        failures.push(fail(c.name(), format!("compile error: {e}")));
-                        continue;
-                    }
-                    None => continue,
-                };
-                let cand = match Candidate::load(gpu, *c, compiled) {
-                    Ok(x) => x,
-                    Err(e) => {
-                        failures.push(fail(c.name(), format!("load: {e}")));
-                        continue;
-                    }
-                };
-                match verify(gpu, &host, &mut dp, &cand)? {
-                    Ok(()) => verified.push(cand),
-                    Err(why) => failures.push(fail(c.name(), why)),
-                }
-            }
-            let bytes = p.min_bytes();
-            let read_floor = match read_floors.get(&bytes) {
-                Some(v) => *v,
-                None => {
-                    let v = floors.read_floor(policy, bytes)?.time.median;
-                    read_floors.insert(bytes, v);
-                    v
-                }
-            };
-            let roofline = (bytes as f64 / (bandwidth * 1e3)).max(p.flops() / (peak * 1e6));
-            let mk_row = |imp: String, s: Summary, verified: &str| Row {
-                shape: label.clone(),
-                n: *n,
-                k: *k,
-                m,
-                a_type: spec.a_type.to_string(),
-                implementation: imp,
-                time: s,
-                roofline_us: roofline,
-                read_floor_us: read_floor,
-                bytes,
-                verified: verified.to_string(),
-            };
-            let mut refs: Vec<&Candidate> = verified.iter().collect();
-            if spec.refine > 0 && refs.len() > spec.refine {
-                let mut screened: Vec<(f64, &Candidate)> = Vec::new();
-                for chunk in refs.chunks(64) {
-                    for (c, r) in
-                        chunk.iter().zip(time_candidates(gpu, &spec.screen_policy, &dp, chunk))
-                    {
-                        match r {
-                            Ok(s) => {
-                                let sum = Summary::of(&s.us).expect("samples");
-                                screen_rows.push(mk_row(c.config.name(), sum, "ok"));
-                                screened.push((sum.median, *c));
-                            }
-                            Err(e) => failures.push(fail(c.config.name(), format!("timing: {e}"))),
-                        }
-                    }
-                }
-                screened.sort_by(|a, b| a.0.total_cmp(&b.0));
-                refs = screened.into_iter().take(spec.refine).map(|(_, c)| c).collect();
-            }
-            for (c, r) in refs.iter().zip(time_candidates(gpu, policy, &dp, &refs)) {
-                match r {
-                    Ok(s) => rows.push(mk_row(
-                        c.config.name(),
-                        Summary::of(&s.us).expect("samples"),
-                        "ok",
-                    )),
-                    Err(e) => failures.push(fail(c.config.name(), format!("timing: {e}"))),
-                }
-            }
-            if spec.peers {
-                for (name, r) in time_peers(gpu, policy, &p)? {
-                    match r {
-                        Ok(s) => rows.push(mk_row(
-                            name.to_string(),
-                            Summary::of(&s.us).expect("samples"),
-                            "-",
-                        )),
-                        Err(e) => failures.push(fail(name.to_string(), format!("peer: {e}"))),
-                    }
-                }
-            }
-            if let Some(setup) = &dequant_path {
-                // The dequantize-then-cuBLAS path, verified like our kernels.
-                let name = composite::NAME.to_string();
-                let scratch = setup
-                    .as_ref()
-                    .map_err(|e| e.to_string())
-                    .and_then(|comp| comp.scratch(p).map(|s| (comp, s)).map_err(|e| e.to_string()));
-                match scratch {
-                    Ok((comp, s)) => match comp.verify(&s, &host, &mut dp)? {
-                        Ok(()) => match comp.time(&s, policy, &dp) {
-                            Ok(t) => {
-                                rows.push(mk_row(name, Summary::of(&t.us).expect("samples"), "ok"))
-                            }
-                            Err(e) => failures.push(fail(name, format!("timing: {e}"))),
-                        },
-                        Err(why) => failures.push(fail(name, why)),
-                    },
-                    Err(e) => failures.push(fail(name, format!("setup: {e}"))),
-                }
-            }
+            measure_problem(&ctx, &mut floors, (label, *n, *k, m), &legal, &mut out)?;
             progress(Event::ProblemDone {
-                rows: rows[rows_before..].to_vec(),
-                screen_rows: screen_rows[screen_before..].to_vec(),
-                failures: failures[failures_before..].to_vec(),
+                rows: out.rows[before.0..].to_vec(),
+                screen_rows: out.screen_rows[before.1..].to_vec(),
+                failures: out.failures[before.2..].to_vec(),
             });
         }
     }
     Ok(BenchOutput {
-        rows,
-        screen_rows,
-        failures,
-        bandwidth_gbps: bandwidth,
-        launch_floor_us: launch_floor,
-        tensor_peak_tflops: peak,
+        rows: out.rows,
+        screen_rows: out.screen_rows,
+        failures: out.failures,
+        bandwidth_gbps: floors.bandwidth,
+        launch_floor_us: floors.launch_floor,
+        tensor_peak_tflops: floors.peak,
     })
 }
 
