@@ -1,6 +1,6 @@
 //! `fp4tune bench --moe`: the grouped MoE layer of each chosen shape set, every candidate verified
 //! then timed, against the roofline, the read floor and the peers of `--peers` (a CSV written by
-//! scripts/moe_peers.py in the same device session), written as bench-moe.csv and .md.
+//! scripts/moe_peers.py on the same machine just before), written as bench-moe.csv and .md.
 
 use super::bench::BenchArgs;
 use anyhow::{bail, Context, Result};
