@@ -212,57 +212,62 @@ pub fn gemm_time_vs_m(points: &[BenchPoint], tables: &[(&Table, &str)]) -> Vec<C
         .collect()
 }
 
-/// Per shape set of a grouped MoE benchmark (`bench-moe.csv`, peers CSVs in the same format):
-/// time vs the step's token count B, log-log, one series per (implementation, op) named
-/// `<impl> (<op>)`, plus the roofline and the read floor of the whole layer (`moe_layer`) when
-/// the rows have it, else of each op.
+/// Per shape set and op of a grouped MoE benchmark (`bench-moe.csv`, peers CSVs in the same
+/// format): time vs the step's token count B, log-log, one series per implementation (fp4tune's
+/// grouped kernel or whole layer, the routing and finalize kernels, the peers), plus the op's
+/// roofline and read floor where the rows have them. One figure per (set, op), as in
+/// `bench-moe.md`: `moe_gate_up`, `moe_down`, and `moe_layer` (the whole decode step).
 pub fn moe_step(rows: &[MoeRow]) -> Vec<Chart> {
-    let mut sets: BTreeMap<String, Vec<&MoeRow>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String), Vec<&MoeRow>> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.median_us > 0.0) {
-        sets.entry(r.set.clone()).or_default().push(r);
+        groups.entry((r.set.clone(), r.op.clone())).or_default().push(r);
     }
-    sets.into_iter()
-        .map(|(set, list)| {
-            let mut measured: BTreeMap<(String, String), BTreeMap<u32, f64>> = BTreeMap::new();
-            let mut floors: BTreeMap<String, (ByX, ByX)> = BTreeMap::new();
+    groups
+        .into_iter()
+        .map(|((set, op), list)| {
+            let mut measured: BTreeMap<String, ByX> = BTreeMap::new();
+            let (mut roof, mut floor) = (ByX::new(), ByX::new());
             for r in &list {
                 measured
-                    .entry((r.implementation.clone(), r.op.clone()))
+                    .entry(r.implementation.clone())
                     .or_default()
                     .entry(r.tokens)
                     .or_insert(r.median_us);
-                let f = floors.entry(r.op.clone()).or_default();
                 if r.roofline_us > 0.0 {
-                    f.0.entry(r.tokens).or_insert(r.roofline_us);
+                    roof.entry(r.tokens).or_insert(r.roofline_us);
                 }
                 if r.read_floor_us > 0.0 {
-                    f.1.entry(r.tokens).or_insert(r.read_floor_us);
+                    floor.entry(r.tokens).or_insert(r.read_floor_us);
                 }
             }
-            let mut s: Vec<Series> = measured
-                .iter()
-                .map(|((imp, op), pts)| series(format!("{imp} ({op})"), pts, Style::Line))
-                .collect();
-            let layer_has_floors =
-                floors.get("moe_layer").is_some_and(|(r, f)| !r.is_empty() || !f.is_empty());
-            for (op, (roof, floor)) in &floors {
-                if layer_has_floors && op != "moe_layer" {
-                    continue;
-                }
-                if !roof.is_empty() {
-                    s.push(series(format!("roofline ({op})"), roof, Style::Floor));
-                }
-                if !floor.is_empty() {
-                    s.push(series(format!("read floor ({op})"), floor, Style::Floor));
-                }
+            // fp4tune's own rows first, then the peers.
+            let mut names: Vec<&String> = measured.keys().collect();
+            names.sort_by_key(|n| {
+                (!(n.starts_with("fp4tune") || n.starts_with("moe_")), n.to_string())
+            });
+            let mut s: Vec<Series> =
+                names.iter().map(|n| series(n.as_str(), &measured[*n], Style::Line)).collect();
+            if !roof.is_empty() {
+                s.push(series("roofline", &roof, Style::Floor));
+            }
+            if !floor.is_empty() {
+                s.push(series("read floor", &floor, Style::Floor));
             }
             let first = list[0];
-            Chart {
-                file: format!("moe-step-{}.svg", slug(&set)),
-                title: format!(
-                    "{set}: grouped MoE decode step per B ({} experts, top-{})",
+            let title = if op == "moe_layer" {
+                format!(
+                    "{set} grouped MoE, the whole decode step per B ({} experts, top-{})",
                     first.experts, first.top_k
-                ),
+                )
+            } else {
+                format!(
+                    "{set} grouped MoE, {op} per B (N {} x K {}, {} experts, top-{})",
+                    first.n, first.k, first.experts, first.top_k
+                )
+            };
+            Chart {
+                file: format!("moe-{}-{}.svg", slug(&set), slug(&op)),
+                title,
                 x_label: "B (tokens in the step)".into(),
                 y_label: "us".into(),
                 log_x: true,

@@ -6,8 +6,9 @@
 //! - [`figures::gemm_time_vs_m`]: per weight shape, time vs M (log-log) of the best verified
 //!   fp4tune kernel, the table's entries, the peers and the dequantize-then-cuBLAS method of a
 //!   benchmark CSV (`bench-<a_type>.csv`), with the read floor and the roofline;
-//! - [`figures::moe_step`]: per shape set, the grouped MoE decode step per token count B from
-//!   `bench-moe.csv` (and peers CSVs in the same format), with its roofline and read floor;
+//! - [`figures::moe_step`]: per shape set and op (`moe_gate_up`, `moe_down`, and `moe_layer`,
+//!   the whole decode step), time per token count B from `bench-moe.csv` (and peers CSVs in the
+//!   same format) against the peers, with the op's roofline and read floor;
 //! - [`figures::search_curves`]: a measurement log's best-so-far (relative to the best in the
 //!   log) against evaluations, per search strategy replayed offline (`tune::replay`) and in the
 //!   order the log recorded.

@@ -6,7 +6,7 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
 /// Distinct, print-safe colours for measured series (floors are drawn in greys).
-const PALETTE: [RGBColor; 8] = [
+const PALETTE: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
@@ -15,6 +15,8 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
     RGBColor(23, 190, 207),
+    RGBColor(188, 189, 34),
+    RGBColor(0, 0, 128),
 ];
 const FLOOR_GREYS: [RGBColor; 3] =
     [RGBColor(0, 0, 0), RGBColor(110, 110, 110), RGBColor(170, 170, 170)];
