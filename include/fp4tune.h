@@ -137,8 +137,8 @@ typedef struct fp4tune_moe_args {
     uint64_t w2_sf;
     uint64_t alpha2;
     uint64_t y;
-    int32_t tokens;
-    int32_t expert_begin;
+    uint32_t tokens;       /* 1 .. the workspace's max_tokens */
+    int32_t expert_begin;  /* global id of local expert 0 (expert parallelism), else 0 */
 } fp4tune_moe_args;
 
 /* A workspace for up to max_tokens tokens of the layer; the table must have grouped entries for

@@ -35,7 +35,7 @@ TOL_LAYER = 2.0**-5  # H is rounded to bf16 before down in both; f32 summation o
 class MoeArgs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in
                 ("x", "topk_ids", "topk_weights", "w13", "w13_sf", "alpha13", "w2", "w2_sf", "alpha2", "y")] + [
-        ("tokens", ctypes.c_int32), ("expert_begin", ctypes.c_int32)]
+        ("tokens", ctypes.c_uint32), ("expert_begin", ctypes.c_int32)]
 
 
 class StackedWeights:

@@ -403,24 +403,6 @@ pub struct Fp4tuneMoeWorkspace {
     inner: crate::runtime::moe::MoeWorkspace,
 }
 
-/// `fp4tune_moe_args` in C: device addresses of one MoE layer call.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct MoeArgsC {
-    pub x: u64,
-    pub topk_ids: u64,
-    pub topk_weights: u64,
-    pub w13: u64,
-    pub w13_sf: u64,
-    pub alpha13: u64,
-    pub w2: u64,
-    pub w2_sf: u64,
-    pub alpha2: u64,
-    pub y: u64,
-    pub tokens: i32,
-    pub expert_begin: i32,
-}
-
 fn moe_shape(
     hidden: i32,
     inter: i32,
@@ -507,7 +489,7 @@ enum MoeCall {
 unsafe fn moe_call(
     d: *const Fp4tuneDispatcher,
     ws: *mut Fp4tuneMoeWorkspace,
-    args: *const MoeArgsC,
+    args: *const crate::runtime::moe::MoeArgs,
     stream: u64,
     call: MoeCall,
 ) -> c_int {
@@ -518,24 +500,10 @@ unsafe fn moe_call(
             return Err(invalid("workspace or args is NULL"));
         }
         // SAFETY: live workspace and args per the contract (read only).
-        let (ws, a) = unsafe { (&(*ws).inner, *args) };
-        if a.tokens <= 0 {
-            return Err(invalid(format!("tokens {} must be positive", a.tokens)));
+        let (ws, args) = unsafe { (&(*ws).inner, *args) };
+        if args.tokens == 0 {
+            return Err(invalid("tokens must be positive"));
         }
-        let args = crate::runtime::moe::MoeArgs {
-            x: a.x,
-            topk_ids: a.topk_ids,
-            topk_weights: a.topk_weights,
-            w13: a.w13,
-            w13_sf: a.w13_sf,
-            alpha13: a.alpha13,
-            w2: a.w2,
-            w2_sf: a.w2_sf,
-            alpha2: a.alpha2,
-            y: a.y,
-            tokens: a.tokens as u32,
-            expert_begin: a.expert_begin,
-        };
         let m = d.moe().map_err(|e| fail(e, false))?;
         // SAFETY: buffer, workspace and stream contract forwarded from the caller.
         unsafe {
@@ -560,7 +528,7 @@ unsafe fn moe_call(
 pub unsafe extern "C" fn fp4tune_moe_layer(
     d: *const Fp4tuneDispatcher,
     ws: *mut Fp4tuneMoeWorkspace,
-    args: *const MoeArgsC,
+    args: *const crate::runtime::moe::MoeArgs,
     stream: u64,
 ) -> c_int {
     // SAFETY: forwarded contract.
@@ -575,7 +543,7 @@ pub unsafe extern "C" fn fp4tune_moe_layer(
 pub unsafe extern "C" fn fp4tune_moe_align(
     d: *const Fp4tuneDispatcher,
     ws: *mut Fp4tuneMoeWorkspace,
-    args: *const MoeArgsC,
+    args: *const crate::runtime::moe::MoeArgs,
     stream: u64,
 ) -> c_int {
     // SAFETY: forwarded contract.
@@ -590,7 +558,7 @@ pub unsafe extern "C" fn fp4tune_moe_align(
 pub unsafe extern "C" fn fp4tune_moe_gate_up(
     d: *const Fp4tuneDispatcher,
     ws: *mut Fp4tuneMoeWorkspace,
-    args: *const MoeArgsC,
+    args: *const crate::runtime::moe::MoeArgs,
     stream: u64,
 ) -> c_int {
     // SAFETY: forwarded contract.
@@ -605,7 +573,7 @@ pub unsafe extern "C" fn fp4tune_moe_gate_up(
 pub unsafe extern "C" fn fp4tune_moe_down(
     d: *const Fp4tuneDispatcher,
     ws: *mut Fp4tuneMoeWorkspace,
-    args: *const MoeArgsC,
+    args: *const crate::runtime::moe::MoeArgs,
     stream: u64,
 ) -> c_int {
     // SAFETY: forwarded contract.
@@ -736,7 +704,7 @@ mod tests {
         assert_eq!(fp4tune_scale_bytes(512, 6144), 512 * 384);
         assert_eq!(fp4tune_scale_bytes(1, 64), 128 * 4);
         assert_eq!(fp4tune_scale_bytes(8, 24), 0);
-        let args = MoeArgsC {
+        let args = crate::runtime::moe::MoeArgs {
             x: 0,
             topk_ids: 0,
             topk_weights: 0,

@@ -178,7 +178,9 @@ impl MoeWorkspace {
     }
 }
 
-/// Device addresses of one MoE layer call (see ARCHITECTURE.md "Data layout" per expert).
+/// Device addresses of one MoE layer call (see ARCHITECTURE.md "Data layout" per expert); also
+/// the C ABI's `fp4tune_moe_args` (include/fp4tune.h), field for field.
+#[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct MoeArgs {
     /// bf16 `[tokens, hidden]`, 16-byte aligned.
@@ -489,6 +491,40 @@ mod tests {
         assert!(regions.iter().all(|(o, _)| o % 256 == 0));
         assert!(l.y_rows + 2048 * 6144 * 2 <= l.bytes);
         assert_eq!(l.max_tiles, 256 + 256);
+    }
+
+    #[test]
+    fn moe_args_have_the_layout_of_the_c_struct() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<MoeArgs>(), 88);
+        assert_eq!(offset_of!(MoeArgs, y), 72);
+        assert_eq!(offset_of!(MoeArgs, tokens), 80);
+        assert_eq!(offset_of!(MoeArgs, expert_begin), 84);
+        let header = include_str!("../../../include/fp4tune.h");
+        let body = &header[header.find("typedef struct fp4tune_moe_args {").unwrap()..];
+        let body = &body[..body.find("} fp4tune_moe_args;").unwrap()];
+        let fields: Vec<&str> = body
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split(';').next()?.split_whitespace().last())
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "x",
+                "topk_ids",
+                "topk_weights",
+                "w13",
+                "w13_sf",
+                "alpha13",
+                "w2",
+                "w2_sf",
+                "alpha2",
+                "y",
+                "tokens",
+                "expert_begin"
+            ]
+        );
     }
 
     #[test]
