@@ -1,5 +1,36 @@
 //! The `fp4tune` command line: argument parsing, progress display and printing only. Each
 //! subcommand lives in `cli/`.
+//!
+//! Standard output is written through [`write_stdout`] (the `outln!` and `out!` macros), never
+//! `println!`, so a write error is an error and not a panic. Commands save their files before
+//! they print a summary. A closed pipe (`fp4tune ... | head -1`) ends the command quietly with
+//! exit status 141, what a shell reports for a program ended by SIGPIPE: the output was cut
+//! short, though every file written before it is complete. Any other write error (a full disk)
+//! is a one-line `error: writing to standard output: ...` and exit status 1.
+
+/// `println!` that returns write errors as an `anyhow::Result<()>` instead of panicking.
+macro_rules! outln {
+    () => {
+        $crate::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` that returns write errors as an `anyhow::Result<()>` instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!("warning: ...")` that ignores a closed standard error instead of panicking.
+macro_rules! warnln {
+    ($($arg:tt)*) => {
+        $crate::warn_stderr(format_args!($($arg)*))
+    };
+}
 
 mod cli;
 
@@ -43,12 +74,55 @@ enum Command {
     Report(cli::report::ReportArgs),
 }
 
+/// Exit status after standard output was closed by its reader (128 + SIGPIPE, as a shell
+/// reports a program that SIGPIPE ended).
+const EXIT_BROKEN_PIPE: u8 = 141;
+
+/// A failed write to standard output. Only this error ends quietly on a closed pipe: a broken
+/// pipe elsewhere (a tuning worker that died) stays an error.
+#[derive(Debug)]
+struct StdoutError(std::io::Error);
+
+impl std::fmt::Display for StdoutError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The OS error is in the message and deliberately not a `source` (`{:#}` would repeat it).
+        write!(f, "writing to standard output: {}", self.0)
+    }
+}
+
+impl std::error::Error for StdoutError {}
+
+/// Write `args` to standard output (locked, then flushed, so the error of this write is the one
+/// returned). [`main`] ends quietly when the error is a closed pipe.
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) -> Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_fmt(args).and_then(|()| stdout.flush()).map_err(|e| StdoutError(e).into())
+}
+
+/// Print `warning: <args>` on standard error. A warning that cannot be written is dropped: it must
+/// not end a command whose work is otherwise done.
+pub(crate) fn warn_stderr(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "warning: {args}");
+}
+
+/// Whether `e` comes from writing to standard output after its reader went away (`| head`).
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<StdoutError>()
+            .is_some_and(|s| s.0.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn main() -> std::process::ExitCode {
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => std::process::ExitCode::from(EXIT_BROKEN_PIPE),
         Err(e) => {
             // `{:#}` prints the whole context chain on one line; no backtrace noise for users.
-            eprintln!("error: {e:#}");
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr().lock(), "error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

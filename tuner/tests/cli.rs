@@ -211,3 +211,72 @@ fn merge_writes_through_links_and_reads_torn_logs() {
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
     assert_eq!(fp4tune::tune::log::read(&real).unwrap().len(), 1);
 }
+
+/// Issue 14, item 2: a standard output closed by its reader (`| head -1`) neither panics nor
+/// loses work: merge writes its log and table before it prints, and the command ends quietly
+/// with 141 (what a shell reports for a program SIGPIPE ended).
+#[test]
+fn a_closed_stdout_ends_quietly_after_the_files_are_written() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let log =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/h200/nvidia-h200-w4a16.jsonl.gz");
+    let closed = |args: &[&str]| {
+        let mut child = Command::new(fp4tune())
+            .args(args)
+            .current_dir(d)
+            .env_remove("RUST_BACKTRACE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        // The reader goes away before the command prints anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) =
+        closed(&["merge", log.to_str().unwrap(), "--out", "m.jsonl", "--table", "t.ron"]);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(code, Some(141), "{err}");
+    assert!(err.is_empty(), "a closed pipe ends quietly: {err}");
+    let table = fp4tune::table::Table::load(&d.join("t.ron")).unwrap();
+    assert!(!table.entries.is_empty());
+    assert!(!fp4tune::tune::log::read(&d.join("m.jsonl")).unwrap().is_empty());
+
+    let (code, err) = closed(&["compile", "--arch", "sm_90a", "--configs", "seeds", "--emit", "e"]);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(code, Some(141), "{err}");
+    assert!(std::fs::read_dir(d.join("e")).unwrap().count() > 0);
+}
+
+/// Issue 14, item 2: any other write error on standard output (a full disk) is a one-line error
+/// and exit status 1, not a panic.
+#[test]
+fn a_full_stdout_is_a_one_line_error() {
+    let full = Path::new("/dev/full");
+    if !full.exists() {
+        eprintln!("SKIPPED: no /dev/full on this system");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    std::fs::write(
+        &cfg,
+        r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "moe_intermediate_size": 768,
+            "intermediate_size": 6144, "num_experts": 128, "num_experts_per_tok": 8,
+            "num_hidden_layers": 48}"#,
+    )
+    .unwrap();
+    let out = Command::new(fp4tune())
+        .args(["shapes", "--from-config", cfg.to_str().unwrap(), "--tp", "8"])
+        .env_remove("RUST_BACKTRACE")
+        .stdout(std::fs::OpenOptions::new().write(true).open(full).unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_clean_error(false, &err, &["writing to standard output", "os error 28"]);
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -222,11 +222,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         report::csv(&out.screen_rows),
     )?;
     std::fs::write(stem.with_extension("md"), &md)?;
-    println!("{md}");
-    println!(
+    outln!("{md}")?;
+    outln!(
         "wrote {} and {}",
         stem.with_extension("csv").display(),
         stem.with_extension("md").display()
-    );
-    Ok(())
+    )
 }

@@ -91,24 +91,28 @@ pub fn run(args: CompileArgs) -> Result<()> {
             std::fs::write(&path, &src.code)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
-        println!("{} kernel sources written to {}", sources.len(), dir.display());
-        return Ok(());
+        return outln!("{} kernel sources written to {}", sources.len(), dir.display());
     }
     let compiler =
         Compiler::new(Some(cache.unwrap_or_else(fp4tune::compile::cache::DiskCache::default_dir)))?;
     let t0 = std::time::Instant::now();
     let results = compiler.compile_many(&sources);
     let wall = t0.elapsed().as_secs_f64();
-    println!(
+    outln!(
         "{:<52} {:>5} {:>7} {:>9} {:>10} {:>6}",
-        "kernel", "regs", "spills", "smem_B", "compile_ms", "from"
-    );
+        "kernel",
+        "regs",
+        "spills",
+        "smem_B",
+        "compile_ms",
+        "from"
+    )?;
     let mut failed = 0;
     for (cfg, r) in configs.iter().zip(&results) {
         match r {
             Ok(k) => {
                 let s = k.stats.unwrap_or_default();
-                println!(
+                outln!(
                     "{:<52} {:>5} {:>7} {:>9} {:>10.1} {:>6}",
                     cfg.name(),
                     s.registers,
@@ -120,25 +124,26 @@ pub fn run(args: CompileArgs) -> Result<()> {
                         Origin::DiskCache => "disk",
                         Origin::MemoryCache => "memory",
                     }
-                );
+                )?;
             }
             Err(e) => {
                 failed += 1;
-                println!(
+                outln!(
                     "{:<52} FAILED: {}",
                     cfg.name(),
                     e.to_string().lines().next().unwrap_or("")
-                );
-                eprintln!("{e}");
+                )?;
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stderr().lock(), "{e}");
             }
         }
     }
     let (maj, min) = compiler.nvrtc_version();
-    println!(
+    outln!(
         "{} variants for {arch}, {failed} failed, {wall:.1} s wall (NVRTC {maj}.{min}, cache {})",
         configs.len(),
         compiler.cache_dir().map(|d| d.display().to_string()).unwrap_or_default()
-    );
+    )?;
     if failed > 0 {
         bail!("{failed} of {} variants failed to compile", configs.len());
     }

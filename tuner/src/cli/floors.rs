@@ -20,7 +20,7 @@ pub fn run(args: FloorsArgs) -> Result<()> {
     let policy = TimingPolicy::default();
     let floors = Floors::new(&gpu, &compiler)?;
     let info = gpu.info();
-    println!(
+    outln!(
         "{} (cc {}.{}, {} SMs, L2 {} MiB, {} MHz SM, {} MHz mem x {} bit)",
         info.name,
         info.compute_capability.0,
@@ -30,16 +30,16 @@ pub fn run(args: FloorsArgs) -> Result<()> {
         info.sm_clock_mhz,
         info.mem_clock_mhz,
         info.mem_bus_bits
-    );
-    println!("policy: {}", policy.describe());
+    )?;
+    outln!("policy: {}", policy.describe())?;
     for blocks in [1, info.sm_count] {
         let s = floors.launch_floor(&policy, blocks)?;
-        println!("launch floor ({blocks} CTAs): {:.3} us [{:.3}, {:.3}]", s.median, s.lo, s.hi);
+        outln!("launch floor ({blocks} CTAs): {:.3} us [{:.3}, {:.3}]", s.median, s.lo, s.hi)?;
     }
-    println!(
+    outln!(
         "bf16 tensor peak (cuBLAS 8192^3, best of 6): {:.0} TFLOP/s",
         tensor_peak_tflops(&gpu)?
-    );
+    )?;
     let sizes = if bytes.is_empty() {
         vec![
             885_000,
@@ -56,13 +56,18 @@ pub fn run(args: FloorsArgs) -> Result<()> {
     } else {
         bytes
     };
-    println!(
+    outln!(
         "{:>12} {:>7} {:>10} {:>10} {:>10} {:>8}",
-        "bytes", "blocks", "median_us", "lo_us", "hi_us", "GB/s"
-    );
+        "bytes",
+        "blocks",
+        "median_us",
+        "lo_us",
+        "hi_us",
+        "GB/s"
+    )?;
     for b in sizes {
         let f = floors.read_floor(&policy, b)?;
-        println!(
+        outln!(
             "{:>12} {:>7} {:>10.2} {:>10.2} {:>10.2} {:>8.0}",
             f.bytes,
             f.blocks,
@@ -70,7 +75,7 @@ pub fn run(args: FloorsArgs) -> Result<()> {
             f.time.lo,
             f.time.hi,
             f.gbps()
-        );
+        )?;
     }
     Ok(())
 }

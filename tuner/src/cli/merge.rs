@@ -19,14 +19,26 @@ pub struct MergeArgs {
 pub fn run(args: MergeArgs) -> Result<()> {
     let MergeArgs { logs, out, table } = args;
     use fp4tune::tune::select::SelectRules;
-    let records = fp4tune::tune::merge::merge(&logs)?;
+    let merged = fp4tune::tune::merge::merge_logs(&logs)?;
+    for w in &merged.warnings {
+        warnln!("{w}");
+    }
+    let records = merged.records;
+    // Every file is written before anything is printed: a closed standard output (`| head`)
+    // must not lose the table.
     fp4tune::tune::merge::write(&out, &records)?;
-    println!("merged {} logs into {} ({} records)", logs.len(), out.display(), records.len());
-    if let Some(path) = table {
-        let (t, sel) = fp4tune::tune::emit::dispatch_table(&records, &SelectRules::default())?;
-        super::tune::print_selection(&records, &sel);
-        t.save(&path)?;
-        println!("wrote the dispatch table {}", path.display());
+    let selection = match &table {
+        Some(path) => {
+            let (t, sel) = fp4tune::tune::emit::dispatch_table(&records, &SelectRules::default())?;
+            t.save(path)?;
+            Some((path, sel))
+        }
+        None => None,
+    };
+    outln!("merged {} logs into {} ({} records)", logs.len(), out.display(), records.len())?;
+    if let Some((path, sel)) = selection {
+        super::tune::print_selection(&records, &sel)?;
+        outln!("wrote the dispatch table {}", path.display())?;
     }
     Ok(())
 }

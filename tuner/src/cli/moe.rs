@@ -63,17 +63,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
         max_candidates: a.max_candidates,
     };
     let started = std::time::Instant::now();
+    // Progress on standard error, best effort: a closed stream must not stop the benchmark.
+    use std::io::Write as _;
     let (rows, _logs) = run_moe_bench(&gpu, &compiler, &plan, |p| match p {
         MoeProgress::Step { set, tokens, active_experts } => {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "[{:>6.1}s] {set} B={tokens}: {active_experts} active experts",
                 started.elapsed().as_secs_f64()
-            )
+            );
         }
-        MoeProgress::Op { op, verified, failed, best } => eprintln!(
-            "          {op}: {verified} verified, {failed} failed{}",
-            best.map_or(String::new(), |(c, us)| format!(", best {us:.2} us {c}"))
-        ),
+        MoeProgress::Op { op, verified, failed, best } => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "          {op}: {verified} verified, {failed} failed{}",
+                best.map_or(String::new(), |(c, us)| format!(", best {us:.2} us {c}"))
+            );
+        }
     })?;
     let provenance = format!(
         "Command: `{}`\n\nDevice: {} (compute capability {}.{}, {} SMs, driver {}.{}), NVRTC {}.{}; timing: {}; \
@@ -112,13 +118,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     .with_context(|| format!("writing {}", stem.with_extension("csv").display()))?;
     fp4tune::compile::cache::write_atomic(&stem.with_extension("md"), md.as_bytes())
         .with_context(|| format!("writing {}", stem.with_extension("md").display()))?;
-    println!("{md}");
-    println!(
+    outln!("{md}")?;
+    outln!(
         "wrote {} and {}",
         stem.with_extension("csv").display(),
         stem.with_extension("md").display()
-    );
-    Ok(())
+    )
 }
 
 /// The grouped phase of `fp4tune tune`: tune the layer, then write its entries into `table` (the
@@ -160,14 +165,16 @@ pub fn tune_phase(
     let read_gbps = Floors::new(&gpu, &compiler)?.read_bandwidth(&spec.policy, 2 << 30)?;
     let kernels = MoeKernels::load(&gpu, &compiler)?;
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
-    println!(
+    // Progress lines before the entries are saved are best effort: one that cannot be written
+    // (a closed standard output) must not stop the measuring; the last line reports the error.
+    let _ = outln!(
         "grouped MoE phase: {shape}, buckets {:?}, read bandwidth {read_gbps:.0} GB/s",
         spec.buckets
     );
-    let (entries, logs) = tune_moe(&gpu, &compiler, &launcher, &spec, read_gbps, &|e| {
-        match e {
+    let (entries, logs) = tune_moe(&gpu, &compiler, &launcher, &spec, read_gbps, &|e| match e {
         MoeTuneEvent::Key { .. } => {}
-        MoeTuneEvent::Chosen { entry, screened, failed } => println!(
+        MoeTuneEvent::Chosen { entry, screened, failed } => {
+            let _ = outln!(
             "[{:>6.1}s] {}: {screened} screened ({failed} failed), {} {:.2} us (skewed {:.2} us), {:.0}% of roofline",
             started.elapsed().as_secs_f64(),
             entry.key,
@@ -175,8 +182,8 @@ pub fn tune_phase(
             entry.median_us,
             entry.skewed_us,
             100.0 * entry.roofline_fraction
-        ),
-    }
+        );
+        }
     })?;
     let slug = fp4tune::tune::run::sku_slug(&info.name);
     let path = out.join(format!("{slug}.ron"));
@@ -218,12 +225,11 @@ pub fn tune_phase(
     let log_path = out.join(format!("{slug}-moe.jsonl"));
     fp4tune::compile::cache::write_atomic(&log_path, jsonl.as_bytes())
         .with_context(|| format!("writing {}", log_path.display()))?;
-    println!(
+    outln!(
         "grouped MoE phase: {} entries in {:.1} s; wrote {} and {}",
         keys.len(),
         started.elapsed().as_secs_f64(),
         path.display(),
         log_path.display()
-    );
-    Ok(())
+    )
 }

@@ -18,6 +18,5 @@ pub struct ShapesArgs {
 
 pub fn run(args: ShapesArgs) -> Result<()> {
     let ShapesArgs { from_config, tp, ep } = args;
-    print!("{}", fp4tune::shapes::shapes_ron_from_config_file(&from_config, tp, ep.unwrap_or(1))?);
-    Ok(())
+    out!("{}", fp4tune::shapes::shapes_ron_from_config_file(&from_config, tp, ep.unwrap_or(1))?)
 }

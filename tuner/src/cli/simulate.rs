@@ -26,7 +26,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     for name in strategies {
         let kind = StrategyKind::parse(&name)?;
         let report = simulate_kind(&records, &kind, Candidates::Logged, &Budget::fraction(budget));
-        println!("## {name}\n\n{}", report.to_markdown());
+        outln!("## {name}\n\n{}", report.to_markdown())?;
     }
     Ok(())
 }

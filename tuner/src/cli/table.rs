@@ -16,7 +16,7 @@ pub struct TableArgs {
 pub fn run(args: TableArgs) -> Result<()> {
     let TableArgs { check: path, device } = args;
     let table = fp4tune::table::Table::load(&path)?;
-    print!("{}", fp4tune::table::summary(&table));
+    out!("{}", fp4tune::table::summary(&table))?;
     if let Some(ordinal) = device {
         let gpu = fp4tune::gpu::Gpu::open(ordinal)?;
         let report = table.check_against(
@@ -25,9 +25,8 @@ pub fn run(args: TableArgs) -> Result<()> {
             &path.display().to_string(),
         )?;
         for w in report.warnings() {
-            println!("warning: {w}");
+            warnln!("{w}");
         }
     }
-    println!("{}: ok", path.display());
-    Ok(())
+    outln!("{}: ok", path.display())
 }

@@ -184,7 +184,28 @@ pub fn run(args: TuneArgs) -> Result<()> {
     cand_bar.finish_and_clear();
     let (table, sel) =
         fp4tune::tune::emit::dispatch_table(&output.records, &SelectRules::default())?;
-    println!(
+    // The table is saved before anything is printed (a closed standard output must not lose it).
+    let path = out.join(format!("{}.ron", run::sku_slug(&output.device.name)));
+    table.save(&path)?;
+    let printed = print_summary(&output, &sel, &path);
+    // A summary that could not be printed (`| head`) does not stop the grouped phase: its error
+    // is returned once that phase has saved its entries too.
+    let moe = match moe_layer {
+        Some((shape, total)) if !no_moe && output.family == fp4tune::template::Family::Sm90 => {
+            super::moe::tune_phase(shape, total, &moe_buckets, device, &out, Some(table))
+        }
+        _ => Ok(()),
+    };
+    moe.and(printed)
+}
+
+/// The campaign's summary after its table was saved at `path`.
+fn print_summary(
+    output: &fp4tune::tune::run::TuneOutput,
+    sel: &fp4tune::tune::select::Selection,
+    path: &std::path::Path,
+) -> Result<()> {
+    outln!(
         "{} on {}: {} new records ({} in the log {}), {:.1} s wall",
         output.family,
         output.device.name,
@@ -192,17 +213,9 @@ pub fn run(args: TuneArgs) -> Result<()> {
         output.records.len(),
         output.log_path.display(),
         output.wall.as_secs_f64()
-    );
-    print_selection(&output.records, &sel);
-    let path = out.join(format!("{}.ron", run::sku_slug(&output.device.name)));
-    table.save(&path)?;
-    println!("wrote the dispatch table {}", path.display());
-    match moe_layer {
-        Some((shape, total)) if !no_moe && output.family == fp4tune::template::Family::Sm90 => {
-            super::moe::tune_phase(shape, total, &moe_buckets, device, &out, Some(table))
-        }
-        _ => Ok(()),
-    }
+    )?;
+    print_selection(&output.records, sel)?;
+    outln!("wrote the dispatch table {}", path.display())
 }
 
 /// The end-of-campaign summary: per key the winner, its time, roofline fraction and speedup over
@@ -210,18 +223,25 @@ pub fn run(args: TuneArgs) -> Result<()> {
 pub fn print_selection(
     records: &[fp4tune::tune::log::Record],
     sel: &fp4tune::tune::select::Selection,
-) {
+) -> Result<()> {
     let ctx = records.iter().find_map(|r| r.context.clone());
     if let Some(d) = sel.default {
-        println!(
+        outln!(
             "default configuration (best geomean over all keys): {d} ({:.2} us geomean)",
             sel.default_geomean_us
-        );
+        )?;
     }
-    println!(
+    outln!(
         "{:>6} {:>6} {:>6}  {:<52} {:>9} {:>9} {:>10} {:>7}",
-        "N", "K", "M", "winner", "us", "roofline", "vs default", "timed"
-    );
+        "N",
+        "K",
+        "M",
+        "winner",
+        "us",
+        "roofline",
+        "vs default",
+        "timed"
+    )?;
     let mut log_sum = 0.0;
     for c in &sel.choices {
         let p = fp4tune::problem::GemmProblem::new(c.key.m, c.key.n, c.key.k, c.key.a_type);
@@ -234,7 +254,7 @@ pub fn print_selection(
             (m, Some(f)) => format!("{} (fused {:.2} us)", m.label(), f.median),
             (m, None) => m.label().to_string(),
         };
-        println!(
+        outln!(
             "{:>6} {:>6} {:>6}  {:<52} {:>9.2} {:>8.0}% {:>9.2}x {:>7}",
             c.key.n,
             c.key.k,
@@ -244,9 +264,10 @@ pub fn print_selection(
             roof,
             c.speedup_over_default(),
             c.timed
-        );
+        )?;
     }
     if !sel.choices.is_empty() {
-        println!("geomean speedup of the tuned choice over the default configuration: {:.3}x over {} entries", (log_sum / sel.choices.len() as f64).exp(), sel.choices.len());
+        outln!("geomean speedup of the tuned choice over the default configuration: {:.3}x over {} entries", (log_sum / sel.choices.len() as f64).exp(), sel.choices.len())?;
     }
+    Ok(())
 }
