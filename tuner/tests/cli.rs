@@ -280,3 +280,51 @@ fn a_full_stdout_is_a_one_line_error() {
     assert_clean_error(false, &err, &["writing to standard output", "os error 28"]);
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// Issue 14, item 5: `table --check` compares the template hashes with this build's without a
+/// device: a foreign hash is a warning on standard error (and the entries' family named), an
+/// error with `--strict`; a family listed twice is refused.
+#[test]
+fn table_check_compares_template_hashes_without_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+    let table = std::fs::read_to_string(results.join("nvidia-h200.ron")).unwrap();
+    let current = fp4tune::template::family_template_hash(fp4tune::template::Family::Sm90);
+    assert!(table.contains(&current), "the committed table is stale: re-tune or update it");
+    let foreign = d.join("foreign.ron");
+    std::fs::write(&foreign, table.replace(&current, &"ab".repeat(32))).unwrap();
+    let f = foreign.to_str().unwrap();
+
+    let out = Command::new(fp4tune())
+        .args(["table", "--check", f])
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let (stdout, err) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{err}");
+    let warning =
+        err.lines().find(|l| l.starts_with("warning: ")).unwrap_or_else(|| panic!("{err}"));
+    assert!(warning.contains("foreign.ron") && warning.contains("abababab"), "{warning}");
+    assert!(stdout.contains("foreign.ron: ok, 1 warning"), "{stdout}");
+
+    let (ok, err) = run(&fp4tune(), &["table", "--check", f, "--strict"], d);
+    assert_clean_error(ok, &err, &["foreign.ron", "abababab"]);
+
+    // The committed table itself is clean, strict or not.
+    let committed = results.join("nvidia-h200.ron");
+    let (ok, err) =
+        run(&fp4tune(), &["table", "--check", committed.to_str().unwrap(), "--strict"], d);
+    assert!(ok && err.is_empty(), "{err}");
+
+    let twice = d.join("twice.ron");
+    let line = format!("{{Sm90: \"{current}\"}}");
+    std::fs::write(
+        &twice,
+        table.replace(&line, &format!("{{Sm90: \"{current}\", Sm90: \"{current}\"}}")),
+    )
+    .unwrap();
+    let (ok, err) = run(&fp4tune(), &["table", "--check", twice.to_str().unwrap()], d);
+    assert_clean_error(ok, &err, &["twice.ron", "listed twice"]);
+}
