@@ -63,13 +63,24 @@ pub fn run(args: CheckArgs) -> Result<()> {
     let code = match check(&args) {
         Ok((report, paths)) => {
             let exit = check::exit_status(&report);
-            println!("{}", report.to_markdown());
-            println!("wrote {}", paths.join(" and "));
-            eprintln!("fp4tune check: exit {}: {}", exit.code, exit.reason);
+            // The exit status is the result: a closed standard output or error (`| head`) must not
+            // turn it into a panic, so write errors are ignored here.
+            let _ = writeln!(std::io::stdout().lock(), "{}", report.to_markdown());
+            let _ = writeln!(std::io::stdout().lock(), "wrote {}", paths.join(" and "));
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "fp4tune check: exit {}: {}",
+                exit.code,
+                exit.reason
+            );
             exit.code
         }
         Err(e) => {
-            eprintln!("fp4tune check: exit 2: cannot check: {}", one_line(&e));
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "fp4tune check: exit 2: cannot check: {}",
+                one_line(&e)
+            );
             2
         }
     };
@@ -159,7 +170,7 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
                 }
                 (s, _) => format!("{s:?}"),
             };
-            eprintln!("[{}/{total}] {}: {what}", i + 1, e.key);
+            let _ = writeln!(std::io::stderr().lock(), "[{}/{total}] {}: {what}", i + 1, e.key);
             entries.push(checked);
         }
     }

@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use fp4tune::plot::figures::{self, BenchFile};
 use fp4tune::search::StrategyKind;
+use std::io::Write as _;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -62,8 +63,9 @@ pub fn run(a: ReportArgs) -> Result<()> {
     // Charts without data (a shape with rows that carry no time) are skipped, not drawn blank.
     charts.retain(|c| c.series.iter().any(|s| !s.points.is_empty()));
     let files = fp4tune::plot::write_all(&charts, &a.out)?;
+    let mut stdout = std::io::stdout().lock();
     for f in &files {
-        println!("wrote {}", f.display());
+        writeln!(stdout, "wrote {}", f.display()).context("writing to standard output")?;
     }
     Ok(())
 }
