@@ -4,8 +4,9 @@
 //! the dequantize-then-cuBLAS path for entries that take it (`Composite`). A kernel that kills or
 //! hangs the worker is that entry's failure; a new worker serves the rest.
 //!
-//! Not exercised without a GPU beyond [`Session::open`]'s refusal (no driver: an error, no
-//! worker started).
+//! Without a GPU the protocol is tested against a fake worker (a script speaking the worker's
+//! JSON lines): a slowed kernel is named as a regression, a crashing one as a failure, and the
+//! rest is measured on a new worker.
 
 use super::Measurement;
 use crate::bench::TimingPolicy;
@@ -63,6 +64,14 @@ impl Session {
         if !crate::gpu::loader::driver_present() {
             return Err(crate::gpu::GpuError::NoDriver.to_string());
         }
+        Self::with_worker(exe, device, timeout)
+    }
+
+    /// Start the worker `exe worker` without looking for a CUDA driver first (what [`open`]
+    /// does after it; tests drive a fake worker through it).
+    ///
+    /// [`open`]: Session::open
+    pub fn with_worker(exe: &Path, device: usize, timeout: Duration) -> Result<Self, String> {
         let (w, info) = start(exe, device, timeout)?;
         Ok(Self { worker: Some(w), exe: exe.to_path_buf(), device, info, timeout, restarts: 0 })
     }
@@ -210,5 +219,105 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.restart();
+    }
+}
+
+#[cfg(test)]
+mod fake_worker_tests {
+    use super::*;
+    use crate::check::{self, exit_status, Baseline, Baselines, EntryStatus, RuleConfig, Verdict};
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Answers like `fp4tune worker` on an H200: every configuration of problem M gets 9 samples
+    /// around 1 + M/100 us (the default configuration 0.5 us more); the configuration with
+    /// `stages == 7` kills the worker when it runs on N = 6144.
+    const FAKE: &str = r#"#!/usr/bin/env python3
+import json, sys
+def send(x):
+    sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    req = json.loads(line)
+    if "Hello" in req:
+        send({"Device": {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132,
+              "l2_bytes": 62914560, "total_mem": 1, "max_smem_per_block_optin": 232448,
+              "driver_version": [13, 0], "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "mem_bus_bits": 6016}})
+    elif "Evaluate" in req:
+        ev = req["Evaluate"]
+        p = ev["problem"]
+        for i, c in enumerate(ev["configs"]):
+            send({"Running": {"config": c}})
+            if c["stages"] == 7 and p["n"] == 6144:
+                sys.exit(3)
+            t = 1.0 + p["m"] / 100.0 + (0.5 if c == json.loads('DEFAULT_CONFIG') else 0.0)
+            us = [t * (1.0 + 0.002 * (j % 5 - 2)) for j in range(9)]
+            s = {"n": 9, "median": t, "lo": us[1], "hi": us[3], "min": min(us), "max": max(us)}
+            send({"Result": {"config": c, "outcome": {"Timed": {"time": s, "samples": us}}}})
+        send("Done")
+"#;
+
+    fn samples(t: f64) -> Vec<f64> {
+        (0..9).map(|j| t * (1.0 + 0.002 * ((j % 5) as f64 - 2.0))).collect()
+    }
+
+    #[test]
+    fn slowed_kernel_is_named_crash_fails_and_the_rest_is_measured_on_a_new_worker() {
+        let mut table = crate::table::tests_support::sample();
+        let default = default_config(table.entries[0].key.family, table.entries[0].key.a_type);
+        // The last entry (N 6144, M 1) gets a kernel that crashes the worker.
+        let crashing = GemmConfig { stages: 7, ..table.entries[3].config };
+        table.entries[3].config = crashing;
+        let script = FAKE.replace("DEFAULT_CONFIG", &serde_json::to_string(&default).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("fake-worker");
+        std::fs::write(&exe, script).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut session = Session::with_worker(&exe, 0, Duration::from_secs(20)).unwrap();
+        assert_eq!(session.info().name, "NVIDIA H200");
+        // Baselines: what the fake measures now, except M = 16, which was 20% faster.
+        let by_key = table
+            .entries
+            .iter()
+            .map(|e| {
+                let t = 1.0 + e.key.m as f64 / 100.0 + if e.config == default { 0.5 } else { 0.0 };
+                let old = if e.key.m == 16 { t / 1.2 } else { t };
+                (e.key.clone(), Baseline::Samples(samples(old)))
+            })
+            .collect();
+        let baselines =
+            Baselines { description: "fake".into(), by_key, device: None, notes: vec![] };
+        let rule = RuleConfig::default();
+        let policy = TimingPolicy::quick();
+        let entries: Vec<_> = table
+            .entries
+            .iter()
+            .map(|e| {
+                let m = session.measure(e, &policy).unwrap();
+                check::assess(e, baselines.get(&e.key), &m, &rule)
+            })
+            .collect();
+        assert_eq!(session.restarts, 1, "one new worker after the crash");
+        let status: Vec<&EntryStatus> = entries.iter().map(|e| &e.status).collect();
+        assert_eq!(status[0], &EntryStatus::Compared(Verdict::Regression), "{status:?}");
+        assert_eq!(status[1], &EntryStatus::Compared(Verdict::Within), "{status:?}");
+        assert_eq!(status[2], &EntryStatus::Compared(Verdict::Within), "{status:?}");
+        assert!(matches!(status[3], EntryStatus::Failed(w) if w.contains("worker died")));
+        // The family default was timed next to the entries (0.5 us slower in the fake), and on
+        // the new worker after the crash.
+        assert!((entries[0].default.unwrap().median - 1.66).abs() < 1e-9);
+        assert!((entries[3].default.unwrap().median - 1.51).abs() < 1e-9);
+        let setup = check::Setup {
+            table: &table,
+            origin: "t.ron",
+            baselines: &baselines,
+            rule,
+            timing_policy: policy.describe(),
+        };
+        let blockers = check::preflight(&table, Ok(session.info()), None);
+        assert!(blockers.is_empty(), "{blockers:?}");
+        let report = check::report(&setup, Some(session.info().clone()), blockers, entries);
+        let exit = exit_status(&report);
+        assert_eq!(exit.code, 1, "{exit:?}");
+        assert!(exit.reason.contains("M=16 0.97 -> 1.16 us (x1.200"), "{exit:?}");
+        assert!(exit.reason.contains("M=1 failed: worker died"), "{exit:?}");
     }
 }
