@@ -168,6 +168,31 @@ fn hostile_inputs_of_issue_14() {
     assert_clean_error(ok, &err, &["this is a dispatch table, not a shape file"]);
 }
 
+/// One log record (JSON, no newline) for bucket `m` of the committed table's first key, on the
+/// table's device or on `device`.
+fn record_line(m: u32, device: Option<&str>) -> String {
+    let table = fp4tune::table::Table::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/nvidia-h200.ron"),
+    )
+    .unwrap();
+    let e = &table.entries[0];
+    let hash = table.template_hashes.values().next().unwrap().clone();
+    let time = fp4tune::bench::Summary { n: 1, median: 3.0, lo: 2.9, hi: 3.1, min: 2.9, max: 3.1 };
+    let r = fp4tune::tune::log::Record {
+        schema_version: fp4tune::tune::log::LOG_SCHEMA_VERSION,
+        key: fp4tune::table::TableKey { m, ..e.key.clone() },
+        method: fp4tune::table::Method::Fused,
+        config: e.config,
+        outcome: fp4tune::tune::log::Outcome::Timed { time, samples: vec![3.0] },
+        device: device.map_or(table.device.name.clone(), str::to_string),
+        compute_capability: table.device.compute_capability,
+        template_hash: hash,
+        at: 0,
+        context: None,
+    };
+    serde_json::to_string(&r).unwrap()
+}
+
 /// `merge --out LINK` writes the link's target and keeps the link; a log whose last record was
 /// cut right after an inner `}` (no newline) still merges.
 #[cfg(unix)]
@@ -175,29 +200,7 @@ fn hostile_inputs_of_issue_14() {
 fn merge_writes_through_links_and_reads_torn_logs() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let table = fp4tune::table::Table::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/nvidia-h200.ron"),
-    )
-    .unwrap();
-    let e = &table.entries[0];
-    let hash = table.template_hashes.values().next().unwrap().clone();
-    let record = |m: u32| {
-        let time =
-            fp4tune::bench::Summary { n: 1, median: 3.0, lo: 2.9, hi: 3.1, min: 2.9, max: 3.1 };
-        let r = fp4tune::tune::log::Record {
-            schema_version: fp4tune::tune::log::LOG_SCHEMA_VERSION,
-            key: fp4tune::table::TableKey { m, ..e.key.clone() },
-            method: fp4tune::table::Method::Fused,
-            config: e.config,
-            outcome: fp4tune::tune::log::Outcome::Timed { time, samples: vec![3.0] },
-            device: table.device.name.clone(),
-            compute_capability: table.device.compute_capability,
-            template_hash: hash.clone(),
-            at: 0,
-            context: None,
-        };
-        serde_json::to_string(&r).unwrap()
-    };
+    let record = |m: u32| record_line(m, None);
     let last = record(2);
     let cut = last.find('}').unwrap() + 1;
     let log = d.join("shard.jsonl");
@@ -327,4 +330,45 @@ fn table_check_compares_template_hashes_without_a_device() {
     .unwrap();
     let (ok, err) = run(&fp4tune(), &["table", "--check", twice.to_str().unwrap()], d);
     assert_clean_error(ok, &err, &["twice.ron", "listed twice"]);
+}
+
+/// Issue 14, items 8 and 11: `simulate` refuses a meaningless budget and a log it cannot replay
+/// as one GPU model's measurements, naming the file and line; a torn last line is a warning.
+#[test]
+fn simulate_validates_its_budget_and_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let log = d.join("one.jsonl");
+    std::fs::write(&log, format!("{}\n{}\n", record_line(1, None), record_line(2, None))).unwrap();
+    let l = log.to_str().unwrap();
+    for budget in ["0", "nan", "-0.5", "2"] {
+        let budget = format!("--budget={budget}");
+        let (ok, err) = run(&fp4tune(), &["simulate", "--log", l, &budget], d);
+        assert_clean_error(ok, &err, &["budget"]);
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let (ok, err) = run(&fp4tune(), &["simulate", "--log", l, "--budget", "0.5"], d);
+    assert!(ok, "{err}");
+
+    let mixed = d.join("mixed.jsonl");
+    std::fs::write(
+        &mixed,
+        format!("{}\n{}\n", record_line(1, None), record_line(2, Some("NVIDIA B200"))),
+    )
+    .unwrap();
+    let (ok, err) = run(&fp4tune(), &["simulate", "--log", mixed.to_str().unwrap()], d);
+    assert_clean_error(ok, &err, &["mixed.jsonl:2", "NVIDIA B200"]);
+
+    let torn = d.join("torn.jsonl");
+    let last = record_line(2, None);
+    std::fs::write(&torn, format!("{}\n{}", record_line(1, None), &last[..last.len() / 2]))
+        .unwrap();
+    let out = Command::new(fp4tune())
+        .args(["simulate", "--log", torn.to_str().unwrap()])
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.starts_with("warning: ") && err.contains("torn.jsonl:2"), "{err}");
 }

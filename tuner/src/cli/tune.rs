@@ -179,6 +179,7 @@ pub fn run(args: TuneArgs) -> Result<()> {
         }
         Event::WorkerRestart(why) => keys_bar
             .println(format!("worker restarted: {}", why.chars().take(200).collect::<String>())),
+        Event::TornTail(torn) => keys_bar.suspend(|| warnln!("{torn}")),
     })?;
     keys_bar.finish_and_clear();
     cand_bar.finish_and_clear();

@@ -204,6 +204,9 @@ pub enum Event {
         median_us: Option<f64>,
     },
     WorkerRestart(String),
+    /// The log being resumed ended in a torn record (a killed run's last line, no newline): it
+    /// is not read, its candidate is measured again.
+    TornTail(log::TornTail),
 }
 
 #[derive(Debug)]
@@ -345,8 +348,13 @@ pub fn run(
         return Err(TuneError::Other(format!("the {family} family has no {} variants", a_type)));
     }
 
-    // Earlier records: must be from this GPU model and these templates.
-    let previous = log::read(&log_path)?;
+    // Earlier records: must be from this GPU model and these templates. A torn last line is
+    // reported, and cut off when the writer opens the log.
+    let resumed = log::read_log(&log_path)?;
+    if let Some(torn) = resumed.torn_tail {
+        progress(Event::TornTail(torn));
+    }
+    let previous = resumed.records;
     for r in &previous {
         if r.device != info.name || r.compute_capability != info.compute_capability {
             return Err(TuneError::Other(format!(
@@ -727,6 +735,38 @@ for line in sys.stdin:
         // Run again: everything is in the log, nothing is measured twice.
         let second = run(&spec(exe, out), &compiler, &|_| {}).unwrap();
         assert_eq!(second.new_records, 0);
+        assert_eq!(second.records.len(), 12);
+    }
+
+    /// A run killed in the middle of a record leaves a last line without its newline: the next
+    /// run reports it (an event the CLI prints), measures that candidate again and resumes.
+    #[test]
+    fn a_torn_last_record_is_reported_and_the_run_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("fake-worker");
+        std::fs::write(&exe, FAKE).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
+        let out = dir.path().join("results");
+        let first = run(&spec(exe.clone(), out.clone()), &compiler, &|_| {}).unwrap();
+        assert_eq!(first.new_records, 12);
+        // Cut the last record right after an inner `}` (no newline): what a kill leaves.
+        let text = std::fs::read_to_string(&first.log_path).unwrap();
+        let last_start = text.trim_end().rfind('\n').unwrap() + 1;
+        let cut = last_start + text[last_start..].find('}').unwrap() + 1;
+        std::fs::write(&first.log_path, &text[..cut]).unwrap();
+        let torn = std::cell::RefCell::new(Vec::new());
+        let second = run(&spec(exe, out), &compiler, &|e| {
+            if let Event::TornTail(t) = e {
+                torn.borrow_mut().push(t);
+            }
+        })
+        .unwrap();
+        let torn = torn.into_inner();
+        assert_eq!(torn.len(), 1, "{torn:?}");
+        assert_eq!(torn[0].path, first.log_path);
+        assert_eq!(torn[0].line, 12);
+        assert_eq!(second.new_records, 1, "only the torn candidate is measured again");
         assert_eq!(second.records.len(), 12);
     }
 }
