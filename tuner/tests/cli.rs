@@ -372,3 +372,47 @@ fn simulate_validates_its_budget_and_its_log() {
     assert!(out.status.success(), "{err}");
     assert!(err.starts_with("warning: ") && err.contains("torn.jsonl:2"), "{err}");
 }
+
+/// Issue 14, item 11: `compile` with nothing to compile says in words which filter left nothing
+/// and what the family computes (it said `the sm120 family has no variants for All`).
+#[test]
+fn compile_says_which_filter_left_no_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let shapes = d.join("tiny.ron");
+    std::fs::write(
+        &shapes,
+        r#"(schema_version: 1, model: "tiny", source: "test", sets: [(name: "tp8",
+            parallelism: (tp: 8, ep: 1), routing: (routed_experts: 8, experts_per_token: 2),
+            shapes: [(name: "routed_gate_up", op: RoutedGateUp, n: 8, k: 16, count_per_layer: 1,
+            layers: 1)], token_buckets: [1])])"#,
+    )
+    .unwrap();
+    let s = shapes.to_str().unwrap();
+    let e = d.join("emit");
+    let e = e.to_str().unwrap();
+    let (ok, err) =
+        run(&fp4tune(), &["compile", "--arch", "sm_120a", "--shapes", s, "--emit", e], d);
+    assert_clean_error(
+        ok,
+        &err,
+        &[
+            "no sm120 kernel fits these filters (activations: all, --shapes ",
+            "tiny.ron left none of the",
+            "sm120 computes W4A4 (nvfp4 activations) only",
+        ],
+    );
+    assert!(!err.contains("All"), "{err}");
+    let (ok, err) =
+        run(&fp4tune(), &["compile", "--arch", "sm_120a", "--a-type", "w4a16", "--emit", e], d);
+    assert_clean_error(
+        ok,
+        &err,
+        &["no sm120 kernel computes W4A16 (bf16 activations): sm120 computes W4A4 (nvfp4 activations) only"],
+    );
+    let (ok, err) =
+        run(&fp4tune(), &["compile", "--arch", "sm_90a", "--names", "nope", "--emit", e], d);
+    assert_clean_error(ok, &err, &["(activations: all, --names nope): --names nope left none"]);
+    assert!(!err.contains("computes"), "sm90 computes both: {err}");
+    assert!(!Path::new(e).exists());
+}

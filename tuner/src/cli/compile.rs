@@ -4,6 +4,7 @@ use super::ATypeArg;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use fp4tune::compile::{Compiler, Origin};
+use fp4tune::problem::AType;
 use fp4tune::shapes::ShapeFile;
 use fp4tune::template::{self, Arch, Family, GemmConfig};
 use std::path::PathBuf;
@@ -44,15 +45,35 @@ pub struct CompileArgs {
     pub emit: Option<PathBuf>,
 }
 
+/// An activation type in words, for messages.
+fn activations(t: AType) -> &'static str {
+    match t {
+        AType::Nvfp4 => "W4A4 (nvfp4 activations)",
+        AType::Bf16 => "W4A16 (bf16 activations)",
+    }
+}
+
 pub fn run(args: CompileArgs) -> Result<()> {
     let CompileArgs { arch, shapes, a_type, cache, configs: set, names, emit } = args;
     let family = Family::for_arch(arch);
     let file = shapes.as_deref().map(ShapeFile::load).transpose()?;
+    let requested = a_type.types();
+    // The activation types this family computes: `all` takes those, a single missing one is an
+    // error that says what the family does compute.
+    let supported: Vec<AType> = [AType::Nvfp4, AType::Bf16]
+        .into_iter()
+        .filter(|t| !template::search_space(family, *t).is_empty())
+        .collect();
+    let family_computes = || {
+        let kinds: Vec<&str> = supported.iter().map(|t| activations(*t)).collect();
+        format!("{family} computes {} only", kinds.join(" and "))
+    };
+    if !requested.iter().any(|t| supported.contains(t)) {
+        let wanted: Vec<&str> = requested.iter().map(|t| activations(*t)).collect();
+        bail!("no {family} kernel computes {}: {}", wanted.join(" or "), family_computes());
+    }
     let mut configs: Vec<GemmConfig> = Vec::new();
-    for t in a_type.types() {
-        if template::search_space(family, t).is_empty() {
-            continue;
-        }
+    for t in requested.iter().copied().filter(|t| supported.contains(t)) {
         match set {
             CompileSet::Space => configs.extend(template::search_space(family, t)),
             CompileSet::Seeds => {
@@ -66,19 +87,42 @@ pub fn run(args: CompileArgs) -> Result<()> {
     }
     let mut seen = std::collections::HashSet::new();
     configs.retain(|c| seen.insert(*c));
+    // Each filter in turn, with what it left, so an empty result names the filter that emptied it.
+    let a_type_name = a_type.to_possible_value().map_or("?".into(), |v| v.get_name().to_string());
+    let mut filters = vec![(format!("activations: {a_type_name}"), configs.len())];
     if !names.is_empty() {
         configs.retain(|c| names.iter().any(|n| *n == c.name() || *n == c.kernel_name()));
+        filters.push((format!("--names {}", names.join(",")), configs.len()));
     }
-    if let Some(file) = &file {
+    if let (Some(file), Some(path)) = (&file, &shapes) {
         // Keep variants that can run at least one (shape, bucket) of the file.
         configs.retain(|c| {
             file.sets
                 .iter()
                 .any(|set| set.problems(c.a_type).any(|(_, p)| c.check_problem(&p).is_ok()))
         });
+        filters.push((format!("--shapes {}", path.display()), configs.len()));
     }
     if configs.is_empty() {
-        bail!("the {family} family has no variants for {a_type:?}");
+        let all: Vec<&str> = filters.iter().map(|(f, _)| f.as_str()).collect();
+        let emptied = filters.iter().position(|(_, n)| *n == 0).unwrap_or(0);
+        let left = if emptied == 0 {
+            let set = set.to_possible_value().map_or("?".into(), |v| v.get_name().to_string());
+            format!("its --configs {set} list is empty")
+        } else {
+            format!(
+                "{} left none of the {} {}",
+                filters[emptied].0,
+                filters[emptied - 1].1,
+                if filters[emptied - 1].1 == 1 { "variant" } else { "variants" }
+            )
+        };
+        let partial = if supported.len() < requested.len() {
+            format!("; {}", family_computes())
+        } else {
+            String::new()
+        };
+        bail!("no {family} kernel fits these filters ({}): {left}{partial}", all.join(", "));
     }
     let sources = configs
         .iter()
