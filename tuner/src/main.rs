@@ -107,6 +107,22 @@ pub(crate) fn warn_stderr(args: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "warning: {args}");
 }
 
+/// Print the compiler's cache warning (a cubin cache folder it does not use), at most once per
+/// process however many compilers a command makes.
+pub(crate) fn warn_cache(compiler: &Compiler) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if let Some(w) = compiler.cache_warning() {
+        ONCE.call_once(|| warn_stderr(format_args!("{w}")));
+    }
+}
+
+/// A compiler with the default cache folder; its cache warning printed once.
+pub(crate) fn default_compiler() -> Result<Compiler> {
+    let compiler = Compiler::with_default_cache()?;
+    warn_cache(&compiler);
+    Ok(compiler)
+}
+
 /// Whether `e` comes from writing to standard output after its reader went away (`| head`).
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {

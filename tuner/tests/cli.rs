@@ -416,3 +416,33 @@ fn compile_says_which_filter_left_no_kernel() {
     assert!(!err.contains("computes"), "sm90 computes both: {err}");
     assert!(!Path::new(e).exists());
 }
+
+/// Issue 14, item 14: `compile` with a cache folder others can write says once that it is not
+/// used, and compiles in memory.
+#[cfg(unix)]
+#[test]
+fn compile_warns_once_about_a_shared_cache_folder() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let name = fp4tune::template::default_config(
+        fp4tune::template::Family::Sm90,
+        fp4tune::problem::AType::Bf16,
+    )
+    .name();
+    let out = Command::new(fp4tune())
+        .args(["compile", "--arch", "sm_90a", "--configs", "seeds", "--names", &name, "--cache"])
+        .arg(&shared)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(warnings[0].contains("world-writable"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not used"));
+    assert_eq!(std::fs::read_dir(&shared).unwrap().count(), 0);
+}

@@ -3,7 +3,6 @@
 use super::ATypeArg;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
-use fp4tune::compile::Compiler;
 use fp4tune::shapes::ShapeFile;
 use fp4tune::template::{self, Arch, Family, Pipeline};
 use std::path::PathBuf;
@@ -156,7 +155,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.pipeline
         );
     }
-    let compiler = Compiler::with_default_cache()?;
+    let compiler = crate::default_compiler()?;
     let spec = run::BenchSpec {
         shapes,
         ms: if a.m.is_empty() { run::DEFAULT_MS.to_vec() } else { a.m.clone() },

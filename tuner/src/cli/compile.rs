@@ -139,6 +139,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
     }
     let compiler =
         Compiler::new(Some(cache.unwrap_or_else(fp4tune::compile::cache::DiskCache::default_dir)))?;
+    crate::warn_cache(&compiler);
     let t0 = std::time::Instant::now();
     let results = compiler.compile_many(&sources);
     let wall = t0.elapsed().as_secs_f64();
@@ -186,7 +187,11 @@ pub fn run(args: CompileArgs) -> Result<()> {
     outln!(
         "{} variants for {arch}, {failed} failed, {wall:.1} s wall (NVRTC {maj}.{min}, cache {})",
         configs.len(),
-        compiler.cache_dir().map(|d| d.display().to_string()).unwrap_or_default()
+        match (compiler.cache_dir(), compiler.cache_warning()) {
+            (Some(d), None) => d.display().to_string(),
+            (Some(d), Some(_)) => format!("{} not used", d.display()),
+            (None, _) => "none".to_string(),
+        }
     )?;
     if failed > 0 {
         bail!("{failed} of {} variants failed to compile", configs.len());

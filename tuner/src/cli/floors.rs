@@ -1,7 +1,6 @@
 //! `fp4tune floors`: the device's physical floors.
 
 use anyhow::Result;
-use fp4tune::compile::Compiler;
 
 #[derive(clap::Args, Debug)]
 pub struct FloorsArgs {
@@ -16,7 +15,7 @@ pub fn run(args: FloorsArgs) -> Result<()> {
     let FloorsArgs { bytes, device } = args;
     use fp4tune::bench::{floors::Floors, run::tensor_peak_tflops, TimingPolicy};
     let gpu = fp4tune::gpu::Gpu::open(device)?;
-    let compiler = Compiler::with_default_cache()?;
+    let compiler = crate::default_compiler()?;
     let policy = TimingPolicy::default();
     let floors = Floors::new(&gpu, &compiler)?;
     let info = gpu.info();

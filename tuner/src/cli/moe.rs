@@ -6,7 +6,6 @@ use super::bench::BenchArgs;
 use anyhow::{bail, Context, Result};
 use fp4tune::bench::moe::{run_moe_bench, MoeBenchPlan, MoeProgress};
 use fp4tune::bench::{moe_report, report, TimingPolicy};
-use fp4tune::compile::Compiler;
 use fp4tune::moe::MoeShape;
 use fp4tune::shapes::ShapeFile;
 
@@ -54,7 +53,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             info.compute_capability.1
         );
     }
-    let compiler = Compiler::with_default_cache()?;
+    let compiler = crate::default_compiler()?;
     let plan = MoeBenchPlan {
         sets,
         experts_total,
@@ -151,7 +150,7 @@ pub fn tune_phase(
             info.name
         );
     }
-    let compiler = Compiler::with_default_cache()?;
+    let compiler = crate::default_compiler()?;
     let spec = MoeTuneSpec {
         shape,
         experts_total,

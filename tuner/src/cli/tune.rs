@@ -2,7 +2,6 @@
 
 use super::ATypeArg;
 use anyhow::{bail, Context, Result};
-use fp4tune::compile::Compiler;
 use fp4tune::shapes::ShapeFile;
 use std::path::PathBuf;
 
@@ -130,7 +129,7 @@ pub fn run(args: TuneArgs) -> Result<()> {
         precompile: exhaustive,
         composite_min_m,
     };
-    let compiler = Compiler::with_default_cache()?;
+    let compiler = crate::default_compiler()?;
     let mp = indicatif::MultiProgress::new();
     let keys_bar = mp.add(indicatif::ProgressBar::new(0));
     keys_bar.set_style(

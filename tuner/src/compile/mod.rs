@@ -96,6 +96,13 @@ impl Compiler {
         self.disk.as_ref().map(|d| d.dir())
     }
 
+    /// Why the on-disk cache folder is not used (group- or world-writable, owned by someone
+    /// else, not a folder), in which case kernels are compiled in memory; for the caller to print
+    /// once. `None` when the folder is used or there is no disk cache.
+    pub fn cache_warning(&self) -> Option<&str> {
+        self.disk.as_ref().and_then(|d| d.warning())
+    }
+
     /// Cache key of `src` under this compiler.
     pub fn key(&self, src: &KernelSource) -> String {
         let mut h = Sha256::new();
@@ -184,6 +191,27 @@ mod tests {
             "#include \"common/params.cuh\"\nextern \"C\" __global__ void probe_kernel(const fp4tune::GemmParams p) {{ {body} }}\n"
         );
         KernelSource::from_unit("probe_kernel".into(), arch, &unit).unwrap()
+    }
+
+    /// Issue 14, item 14: a cache folder others can write is not used, and the compiler says
+    /// why (the CLI and the dispatcher's start-up report print it).
+    #[cfg(unix)]
+    #[test]
+    fn a_shared_cache_folder_is_the_compilers_warning() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(compiler(dir.path()).cache_warning(), None);
+        assert_eq!(Compiler::new(None).unwrap_or_else(|e| panic!("{e}")).cache_warning(), None);
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let c = compiler(&shared);
+        let w = c.cache_warning().expect("a warning for a world-writable folder");
+        assert!(w.contains("world-writable") && w.contains(&*shared.to_string_lossy()), "{w}");
+        // Compiled in memory: nothing lands in the folder.
+        let k = c.compile(&probe(Arch::Sm90a, "")).unwrap();
+        assert_eq!(k.origin, Origin::Compiled);
+        assert_eq!(std::fs::read_dir(&shared).unwrap().count(), 0);
     }
 
     #[test]

@@ -219,6 +219,7 @@ impl Dispatcher {
         let compiler = Compiler::new(Some(cache_dir.clone())).map_err(|error| {
             RuntimeError::Compiler { cache_dir: Some(cache_dir.clone()), error }
         })?;
+        plan.warnings.extend(compiler.cache_warning().map(str::to_string));
         let t_compile = Instant::now();
         let built = plan.compile(&compiler)?;
         let compile_s = t_compile.elapsed().as_secs_f64();
