@@ -46,7 +46,7 @@ extern "C" {
 
 typedef enum fp4tune_status {
     FP4TUNE_OK = 0,
-    FP4TUNE_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad shape, unknown enum value */
+    FP4TUNE_ERR_INVALID_ARGUMENT = 1, /* NULL or misaligned pointer, bad shape, unknown enum value */
     FP4TUNE_ERR_TABLE = 2,            /* table unreadable, malformed, or not matching (policy error) */
     FP4TUNE_ERR_DEVICE = 3,           /* no driver/device, unsupported compute capability */
     FP4TUNE_ERR_COMPILE = 4,          /* NVRTC missing, cache folder unusable, a kernel failed to build */
@@ -87,7 +87,13 @@ FP4TUNE_API int fp4tune_open_ex(const char* table_path, int device, const char* 
 
 /* Launch Y = alpha * A * W^T with the table's kernel for (m, n, k, a_type) on `stream` (a
  * CUstream / cudaStream_t as an integer, 0 = legacy default stream). Pointers are device addresses
- * (cast with (uint64_t)(uintptr_t)ptr). Asynchronous; `a_sf` may be 0 for FP4TUNE_A_BF16. */
+ * (cast with (uint64_t)(uintptr_t)ptr). Asynchronous; `a_sf` may be 0 for FP4TUNE_A_BF16.
+ * Alignment (checked; a misaligned pointer returns FP4TUNE_ERR_INVALID_ARGUMENT before any launch,
+ * as it would fault the kernel): `a` and `w` 16-byte aligned (16-byte cp.async loads); `w_sf`,
+ * `a_sf` (FP4TUNE_A_NVFP4) and `y` 4-byte aligned. cudaMalloc'd buffers (256-byte aligned) qualify;
+ * views into them (a row offset, a slice of a stacked tensor) must keep these alignments.
+ * Scale buffers are read in the swizzled layout padded to 128 rows (and K/16 to 4 columns):
+ * allocate w_sf with fp4tune_scale_bytes(n, k) bytes and a_sf with fp4tune_scale_bytes(m, k). */
 FP4TUNE_API int fp4tune_gemm(const fp4tune_dispatcher* d, uint64_t a, uint64_t a_sf, uint64_t w,
                              uint64_t w_sf, uint64_t y, int32_t m, int32_t n, int32_t k,
                              int a_type, float alpha, uint64_t stream);

@@ -59,9 +59,8 @@ int main(int argc, char** argv) {
 
     /* Host operands in the device layout. */
     size_t w_bytes = (size_t)N * K / 2;
-    size_t sf_cols = (size_t)K / 16, sf_cols_pad = (sf_cols + 3) / 4 * 4;
-    size_t sf_rows_pad = ((size_t)N + 127) / 128 * 128;
-    size_t sf_bytes = sf_rows_pad * sf_cols_pad;
+    /* Scales in the swizzled layout, rows padded to 128 and K/16 to 4: the library says the size. */
+    size_t sf_bytes = fp4tune_scale_bytes(N, K);
     uint8_t* w = malloc(w_bytes);
     uint8_t* w_sf = malloc(sf_bytes);
     uint16_t* a = malloc((size_t)M * K * 2);

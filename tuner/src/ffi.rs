@@ -774,6 +774,18 @@ mod tests {
         assert!(last_error().contains("/nonexistent/h200.ron"), "{}", last_error());
     }
 
+    /// Issue 14, item 12: the runtime's refusal of a call's arguments (a null or misaligned
+    /// pointer, a bad size) is the invalid-argument status, also from a launching call.
+    #[test]
+    fn refused_arguments_are_the_invalid_argument_status() {
+        let e = RuntimeError::InvalidArgument(
+            "device pointer `a` (0x1008) is not 16-byte aligned".into(),
+        );
+        let (status, message) = fail(e, true);
+        assert_eq!(status, Status::InvalidArgument);
+        assert!(message.contains("16-byte aligned"), "{message}");
+    }
+
     #[test]
     fn panics_become_a_status() {
         let s = guard(|| panic!("boom"));

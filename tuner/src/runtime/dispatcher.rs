@@ -544,6 +544,20 @@ impl Drop for Dispatcher {
     }
 }
 
+/// The alignment, in bytes, each operand of [`Dispatcher::gemm`] must have: the kernels load `a`
+/// and `w` with 16-byte `cp.async` and vector loads, and read the scales and store `y` (bf16
+/// pairs) 4 bytes at a time. A misaligned address faults the kernel, and a faulted CUDA context
+/// ends the serving process: such calls are refused before the launch.
+const ALIGN_A: u64 = 16;
+/// See [`ALIGN_A`].
+const ALIGN_W: u64 = 16;
+/// Alignment of the swizzled scale buffers `w_sf` and (W4A4) `a_sf`; see [`ALIGN_A`].
+const ALIGN_SCALES: u64 = 4;
+/// See [`ALIGN_A`].
+const ALIGN_Y: u64 = 4;
+
+/// Refuse a GEMM the kernels cannot run safely: empty or oversized dimensions, K not a multiple
+/// of 16, a null or misaligned device pointer ([`ALIGN_A`] and the like).
 fn validate(a: &GemmArgs) -> Result<(), RuntimeError> {
     let bad = |s: String| Err(RuntimeError::InvalidArgument(s));
     if a.m == 0 || a.n == 0 || a.k == 0 {
@@ -564,6 +578,23 @@ fn validate(a: &GemmArgs) -> Result<(), RuntimeError> {
     if a.a_type == AType::Nvfp4 && a.a_sf == 0 {
         return bad("null device pointer `a_sf` (W4A4 needs the activation scales)".into());
     }
+    // W4A16 does not read `a_sf` (0 passes).
+    let a_sf = if a.a_type == AType::Nvfp4 { a.a_sf } else { 0 };
+    let aligned = [
+        ("a", a.a, ALIGN_A),
+        ("w", a.w, ALIGN_W),
+        ("w_sf", a.w_sf, ALIGN_SCALES),
+        ("a_sf", a_sf, ALIGN_SCALES),
+        ("y", a.y, ALIGN_Y),
+    ];
+    for (name, ptr, align) in aligned {
+        if ptr % align != 0 {
+            return bad(format!(
+                "device pointer `{name}` ({ptr:#x}) is not {align}-byte aligned: the kernels need \
+                 `a` and `w` 16-byte aligned, the scales and `y` 4-byte aligned"
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -573,11 +604,11 @@ mod tests {
 
     fn args() -> GemmArgs {
         GemmArgs {
-            a: 1,
+            a: 0x7f00_0000_0000,
             a_sf: 0,
-            w: 2,
-            w_sf: 3,
-            y: 4,
+            w: 0x7f00_0010_0000,
+            w_sf: 0x7f00_0020_0000,
+            y: 0x7f00_0030_0000,
             m: 1,
             n: 512,
             k: 6144,
@@ -600,6 +631,48 @@ mod tests {
         check(&|a| a.n = u32::MAX, "signed 32-bit");
         check(&|a| a.w_sf = 0, "`w_sf`");
         check(&|a| a.a_type = AType::Nvfp4, "`a_sf`");
+    }
+
+    /// Issue 14, item 12: a misaligned pointer is refused before any launch (it would fault the
+    /// kernel and the context), naming the pointer and the alignment it needs.
+    #[test]
+    fn misaligned_pointers_are_refused_naming_the_pointer_and_its_alignment() {
+        let check = |f: &dyn Fn(&mut GemmArgs), want: &[&str]| {
+            let mut a = args();
+            f(&mut a);
+            let e = validate(&a).unwrap_err();
+            assert!(matches!(e, RuntimeError::InvalidArgument(_)), "{e:?}");
+            let e = e.to_string();
+            for w in want {
+                assert!(e.contains(w), "want {w:?} in {e}");
+            }
+        };
+        check(&|a| a.a += 8, &["`a`", "not 16-byte aligned"]);
+        check(&|a| a.a += 2, &["`a`", "16-byte"]);
+        check(&|a| a.w += 4, &["`w`", "not 16-byte aligned"]);
+        check(&|a| a.w_sf += 2, &["`w_sf`", "not 4-byte aligned"]);
+        check(&|a| a.y += 2, &["`y`", "not 4-byte aligned", "0x7f0000300002"]);
+        let w4a4 = |a: &mut GemmArgs| {
+            a.a_type = AType::Nvfp4;
+            a.a_sf = 0x7f00_0040_0000;
+        };
+        check(
+            &|a| {
+                w4a4(a);
+                a.a_sf += 1;
+            },
+            &["`a_sf`", "not 4-byte aligned"],
+        );
+        // What the kernels need is enough: 16 B for A and W, 4 B for the scales and Y.
+        let mut a = args();
+        w4a4(&mut a);
+        (a.a, a.w) = (a.a + 16, a.w + 48);
+        (a.a_sf, a.w_sf, a.y) = (a.a_sf + 4, a.w_sf + 12, a.y + 4);
+        assert!(validate(&a).is_ok());
+        // W4A16 does not read `a_sf`: any value is accepted.
+        let mut a = args();
+        a.a_sf = 3;
+        assert!(validate(&a).is_ok());
     }
 
     #[test]
