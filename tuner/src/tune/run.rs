@@ -287,14 +287,11 @@ impl Session {
     }
 }
 
-pub fn run(
+/// What the first worker reports: the device and its floors (measured under the campaign's policy).
+fn start_session(
     spec: &TuneSpec,
-    compiler: &Compiler,
-    progress: &dyn Fn(Event),
-) -> Result<TuneOutput, TuneError> {
-    let t0 = Instant::now();
-    let mut session = Session { worker: None, exe: spec.exe.clone(), device: spec.device };
-    // Ask a first worker what the device is.
+    session: &mut Session,
+) -> Result<(DeviceInfo, (f64, f64, f64)), TuneError> {
     let info = {
         let mut w = WorkerHandle::spawn(&spec.exe, &[])?;
         w.send(&Request::Hello { device: spec.device })?;
@@ -307,18 +304,20 @@ pub fn run(
             other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
         }
     };
-    progress(Event::Device(info.clone()));
-    let (bandwidth_gbps, tensor_peak_tflops, launch_floor_us) = {
-        let w = session.worker()?;
-        w.send(&Request::Floors { policy: spec.policy })?;
-        match w.recv(Duration::from_secs(120))? {
-            Reply::Floors { bandwidth_gbps, tensor_peak_tflops, launch_floor_us } => {
-                (bandwidth_gbps, tensor_peak_tflops, launch_floor_us)
-            }
-            Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
-            other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
+    let w = session.worker()?;
+    w.send(&Request::Floors { policy: spec.policy })?;
+    let floors = match w.recv(Duration::from_secs(120))? {
+        Reply::Floors { bandwidth_gbps, tensor_peak_tflops, launch_floor_us } => {
+            (bandwidth_gbps, tensor_peak_tflops, launch_floor_us)
         }
+        Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
+        other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
     };
+    Ok((info, floors))
+}
+
+/// The family of the device and the activation type to tune (the family's own when not given).
+fn family_and_a_type(spec: &TuneSpec, info: &DeviceInfo) -> Result<(Family, AType), TuneError> {
     let (ma, mi) = info.compute_capability;
     let arch = Arch::for_compute_capability(ma, mi).ok_or_else(|| {
         TuneError::Other(format!(
@@ -332,49 +331,11 @@ pub fn run(
     } else {
         AType::Bf16
     });
-    let log_path = spec.out_dir.join(log_file_name(&info, a_type));
-    let template_hash = template::family_template_hash(family);
-    let context = log::Context {
-        sm_count: info.sm_count,
-        driver_version: info.driver_version,
-        nvrtc_version: compiler.nvrtc_version(),
-        bandwidth_gbps,
-        tensor_peak_tflops,
-        launch_floor_us,
-        timing_policy: spec.policy.describe(),
-    };
-    let space = template::search_space(family, a_type);
-    if space.is_empty() {
-        return Err(TuneError::Other(format!("the {family} family has no {} variants", a_type)));
-    }
+    Ok((family, a_type))
+}
 
-    // Earlier records: must be from this GPU model and these templates. A torn last line is
-    // reported, and cut off when the writer opens the log.
-    let resumed = log::read_log(&log_path)?;
-    if let Some(torn) = resumed.torn_tail {
-        progress(Event::TornTail(torn));
-    }
-    let previous = resumed.records;
-    for r in &previous {
-        if r.device != info.name || r.compute_capability != info.compute_capability {
-            return Err(TuneError::Other(format!(
-                "{}: has records from {} (cc {}.{}); this GPU is {}: use another --log",
-                log_path.display(),
-                r.device,
-                r.compute_capability.0,
-                r.compute_capability.1,
-                info.name
-            )));
-        }
-    }
-    // Fused candidates already measured (composite records name a fallback config, not a run of it).
-    let mut done: HashSet<(TableKey, GemmConfig)> = previous
-        .iter()
-        .filter(|r| r.template_hash == template_hash && r.method.is_fused())
-        .map(|r| (r.key.clone(), r.config))
-        .collect();
-
-    // Keys of this shard.
+/// This shard's keys, in key order.
+fn shard_keys(spec: &TuneSpec, family: Family, a_type: AType) -> Vec<TableKey> {
     let mut keys = Vec::new();
     for &(n, k) in &spec.shapes {
         for &m in &spec.buckets {
@@ -382,44 +343,81 @@ pub fn run(
         }
     }
     keys.sort();
-    let keys: Vec<TableKey> =
-        keys.into_iter().enumerate().filter(|(i, _)| spec.shard.owns(*i)).map(|(_, k)| k).collect();
+    keys.into_iter().enumerate().filter(|(i, _)| spec.shard.owns(*i)).map(|(_, k)| k).collect()
+}
 
-    // Compile everything any key may need, in parallel, into the disk cache (workers load from it).
-    let needed: Vec<GemmConfig> = space
-        .iter()
-        .copied()
-        .filter(|c| {
-            keys.iter().any(|k| c.check_problem(&GemmProblem::new(k.m, k.n, k.k, k.a_type)).is_ok())
-        })
-        .collect();
-    if spec.precompile {
-        progress(Event::Compiling(needed.len()));
-        let sources: Vec<_> = needed.iter().filter_map(|c| c.render().ok()).collect();
-        let _ = compiler.compile_many(&sources);
+/// The campaign's state while it measures: the worker session, the log writer, what the log
+/// already holds, and what every record is stamped with.
+struct Campaign<'a> {
+    spec: &'a TuneSpec,
+    progress: &'a dyn Fn(Event),
+    session: Session,
+    writer: log::Writer,
+    info: DeviceInfo,
+    template_hash: String,
+    context: log::Context,
+    /// Records read from the log at start (resume).
+    previous: Vec<Record>,
+    /// Fused candidates already measured, per key.
+    done: HashSet<(TableKey, GemmConfig)>,
+    new_records: usize,
+}
+
+impl Campaign<'_> {
+    /// A measurement as a log record of this device, template version and context, appended.
+    fn append(
+        &mut self,
+        key: &TableKey,
+        method: Method,
+        config: GemmConfig,
+        outcome: Outcome,
+    ) -> Result<(), TuneError> {
+        let record = Record {
+            schema_version: LOG_SCHEMA_VERSION,
+            key: key.clone(),
+            method,
+            config,
+            outcome,
+            device: self.info.name.clone(),
+            compute_capability: self.info.compute_capability,
+            template_hash: self.template_hash.clone(),
+            at: now(),
+            context: Some(self.context.clone()),
+        };
+        self.writer.append(&record)?;
+        self.new_records += 1;
+        Ok(())
     }
 
-    let mut writer = log::Writer::open(&log_path)?;
-    let mut new_records = 0usize;
-    // A measurement as a log record of this device, template version and context.
-    let stamp = |key: &TableKey, method: Method, config: GemmConfig, outcome: Outcome| Record {
-        schema_version: LOG_SCHEMA_VERSION,
-        key: key.clone(),
-        method,
-        config,
-        outcome,
-        device: info.name.clone(),
-        compute_capability: info.compute_capability,
-        template_hash: template_hash.clone(),
-        at: now(),
-        context: Some(context.clone()),
-    };
-    let total = keys.len();
-    for (index, key) in keys.iter().enumerate() {
+    /// Append one fused outcome and mark its candidate done.
+    fn record(
+        &mut self,
+        key: &TableKey,
+        config: GemmConfig,
+        outcome: Outcome,
+        todo: &mut Vec<GemmConfig>,
+    ) -> Result<(), TuneError> {
+        self.append(key, Method::Fused, config, outcome)?;
+        self.done.insert((key.clone(), config));
+        todo.retain(|c| *c != config);
+        Ok(())
+    }
+
+    /// One key: its planner's batches, results already in the log told to the planner without
+    /// re-measuring, the rest evaluated by the worker (a worker that dies or hangs costs the
+    /// candidate in flight, then comes back for the rest).
+    fn tune_key(
+        &mut self,
+        space: &[GemmConfig],
+        index: usize,
+        total: usize,
+        key: &TableKey,
+    ) -> Result<(), TuneError> {
+        let (spec, progress) = (self.spec, self.progress);
         let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
         let legal: Vec<GemmConfig> =
             space.iter().copied().filter(|c| c.check_problem(&problem).is_ok()).collect();
-        let done_before = legal.iter().filter(|c| done.contains(&(key.clone(), **c))).count();
+        let done_before = legal.iter().filter(|c| self.done.contains(&(key.clone(), **c))).count();
         progress(Event::Key {
             index,
             total,
@@ -427,36 +425,25 @@ pub fn run(
             candidates: legal.len(),
             done_before,
         });
-        let mut planner = (spec.planner)(key, legal, &info, &context);
-        // Append one outcome to the log (flushed), and mark its candidate done.
-        let mut record = |config: GemmConfig,
-                          outcome: Outcome,
-                          writer: &mut log::Writer,
-                          done: &mut HashSet<(TableKey, GemmConfig)>,
-                          todo: &mut Vec<GemmConfig>|
-         -> Result<(), TuneError> {
-            writer.append(&stamp(key, Method::Fused, config, outcome))?;
-            new_records += 1;
-            done.insert((key.clone(), config));
-            todo.retain(|c| *c != config);
-            Ok(())
-        };
-        // Results already in the log are told to the planner without re-measuring.
-        let known: std::collections::HashMap<GemmConfig, Option<f64>> = previous
+        let mut planner = (spec.planner)(key, legal, &self.info, &self.context);
+        let known: std::collections::HashMap<GemmConfig, Option<f64>> = self
+            .previous
             .iter()
-            .filter(|r| r.key == *key && r.template_hash == template_hash && r.method.is_fused())
+            .filter(|r| {
+                r.key == *key && r.template_hash == self.template_hash && r.method.is_fused()
+            })
             .map(|r| (r.config, r.outcome.median_us()))
             .collect();
         loop {
             let batch = planner.next_batch(spec.batch);
             if batch.is_empty() {
-                break;
+                return Ok(());
             }
             let mut todo = Vec::new();
             for c in batch {
                 match known.get(&c) {
                     Some(t) => planner.observe(&c, *t),
-                    None if done.contains(&(key.clone(), c)) => planner.observe(&c, None),
+                    None if self.done.contains(&(key.clone(), c)) => planner.observe(&c, None),
                     None => todo.push(c),
                 }
             }
@@ -469,15 +456,14 @@ pub fn run(
                 };
                 let mut running: Option<GemmConfig> = None;
                 let outcome_of_failure;
-                let worker = session.worker()?;
-                worker.send(&req)?;
+                self.session.worker()?.send(&req)?;
                 loop {
-                    match worker.recv(spec.candidate_timeout) {
+                    match self.session.worker()?.recv(spec.candidate_timeout) {
                         Ok(Reply::Running { config }) => running = Some(config),
                         Ok(Reply::Result { config, outcome }) => {
                             let label = outcome.label();
                             planner.observe(&config, outcome.median_us());
-                            record(config, outcome, &mut writer, &mut done, &mut todo)?;
+                            self.record(key, config, outcome, &mut todo)?;
                             progress(Event::Result { key: key.clone(), config, outcome: label });
                         }
                         Ok(Reply::Done) => {
@@ -505,23 +491,32 @@ pub fn run(
                     }
                     Some(outcome) => {
                         progress(Event::WorkerRestart(format!("{outcome:?}")));
-                        session.restart();
+                        self.session.restart();
                         // Blame the candidate in flight; the rest of the batch is retried.
                         let blamed =
                             running.filter(|c| todo.contains(c)).or_else(|| todo.first().copied());
                         if let Some(c) = blamed {
                             planner.observe(&c, None);
-                            record(c, outcome, &mut writer, &mut done, &mut todo)?;
+                            self.record(key, c, outcome, &mut todo)?;
                         }
                     }
                 }
             }
         }
     }
-    if let Some(min_m) = spec.composite_min_m {
-        let records: Vec<Record> = log::read(&log_path)?
+
+    /// The dequantize-then-cuBLAS path on the keys with M >= `min_m` that have a fused winner
+    /// and no composite record yet, each with that winner as its fallback.
+    fn composite_pass(
+        &mut self,
+        keys: &[TableKey],
+        min_m: u32,
+        log_path: &std::path::Path,
+    ) -> Result<(), TuneError> {
+        let (spec, progress) = (self.spec, self.progress);
+        let records: Vec<Record> = log::read(log_path)?
             .into_iter()
-            .filter(|r| r.template_hash == template_hash)
+            .filter(|r| r.template_hash == self.template_hash)
             .collect();
         let fused = super::select::timed_table(&records);
         let measured: HashSet<TableKey> =
@@ -535,8 +530,7 @@ pub fn run(
                 continue;
             };
             let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
-            let worker = session.worker()?;
-            worker.send(&Request::Composite {
+            self.session.worker()?.send(&Request::Composite {
                 problem,
                 fallback,
                 policy: spec.policy,
@@ -545,7 +539,7 @@ pub fn run(
             let mut outcome = None;
             let mut failure = None;
             loop {
-                match worker.recv(spec.candidate_timeout) {
+                match self.session.worker()?.recv(spec.candidate_timeout) {
                     Ok(Reply::Result { outcome: o, .. }) => outcome = Some(o),
                     Ok(Reply::Done) => break,
                     Ok(Reply::Fatal(e)) => {
@@ -561,7 +555,7 @@ pub fn run(
             }
             if let Some(f) = &failure {
                 progress(Event::WorkerRestart(format!("{f:?}")));
-                session.restart();
+                self.session.restart();
             }
             let Some(outcome) = failure.or(outcome) else { continue };
             progress(Event::Composite {
@@ -569,24 +563,119 @@ pub fn run(
                 outcome: outcome.label(),
                 median_us: outcome.median_us(),
             });
-            writer.append(&stamp(key, Method::DequantCublasBf16, fallback, outcome))?;
-            new_records += 1;
+            self.append(key, Method::DequantCublasBf16, fallback, outcome)?;
         }
+        Ok(())
     }
-    session.restart();
+}
+
+/// The campaign, in phases: the device and its floors from a first worker; the family and the
+/// space; resume from the log; this shard's keys; an optional parallel precompile; every key
+/// through its planner; the composite pass on large-M keys; the log's records of this run's
+/// templates and activation type.
+pub fn run(
+    spec: &TuneSpec,
+    compiler: &Compiler,
+    progress: &dyn Fn(Event),
+) -> Result<TuneOutput, TuneError> {
+    let t0 = Instant::now();
+    let mut session = Session { worker: None, exe: spec.exe.clone(), device: spec.device };
+    let (info, (bandwidth_gbps, tensor_peak_tflops, launch_floor_us)) =
+        start_session(spec, &mut session)?;
+    progress(Event::Device(info.clone()));
+    let (family, a_type) = family_and_a_type(spec, &info)?;
+    let log_path = spec.out_dir.join(log_file_name(&info, a_type));
+    let template_hash = template::family_template_hash(family);
+    let context = log::Context {
+        sm_count: info.sm_count,
+        driver_version: info.driver_version,
+        nvrtc_version: compiler.nvrtc_version(),
+        bandwidth_gbps,
+        tensor_peak_tflops,
+        launch_floor_us,
+        timing_policy: spec.policy.describe(),
+    };
+    let space = template::search_space(family, a_type);
+    if space.is_empty() {
+        return Err(TuneError::Other(format!("the {family} family has no {} variants", a_type)));
+    }
+
+    // Earlier records: must be from this GPU model and these templates. A torn last line is
+    // reported, and cut off when the writer opens the log.
+    let resumed = log::read_log(&log_path)?;
+    if let Some(torn) = resumed.torn_tail {
+        progress(Event::TornTail(torn));
+    }
+    let previous = resumed.records;
+    if let Some(r) = previous
+        .iter()
+        .find(|r| r.device != info.name || r.compute_capability != info.compute_capability)
+    {
+        return Err(TuneError::Other(format!(
+            "{}: has records from {} (cc {}.{}); this GPU is {}: use another --log",
+            log_path.display(),
+            r.device,
+            r.compute_capability.0,
+            r.compute_capability.1,
+            info.name
+        )));
+    }
+    // Fused candidates already measured (composite records name a fallback config, not a run of it).
+    let done: HashSet<(TableKey, GemmConfig)> = previous
+        .iter()
+        .filter(|r| r.template_hash == template_hash && r.method.is_fused())
+        .map(|r| (r.key.clone(), r.config))
+        .collect();
+
+    let keys = shard_keys(spec, family, a_type);
+    if spec.precompile {
+        // Everything any key may need, in parallel, into the disk cache (workers load from it).
+        let needed: Vec<GemmConfig> = space
+            .iter()
+            .copied()
+            .filter(|c| {
+                keys.iter()
+                    .any(|k| c.check_problem(&GemmProblem::new(k.m, k.n, k.k, k.a_type)).is_ok())
+            })
+            .collect();
+        progress(Event::Compiling(needed.len()));
+        let sources: Vec<_> = needed.iter().filter_map(|c| c.render().ok()).collect();
+        let _ = compiler.compile_many(&sources);
+    }
+
+    let mut campaign = Campaign {
+        spec,
+        progress,
+        session,
+        writer: log::Writer::open(&log_path)?,
+        info,
+        template_hash,
+        context,
+        previous,
+        done,
+        new_records: 0,
+    };
+    let total = keys.len();
+    for (index, key) in keys.iter().enumerate() {
+        campaign.tune_key(&space, index, total, key)?;
+    }
+    if let Some(min_m) = spec.composite_min_m {
+        campaign.composite_pass(&keys, min_m, &log_path)?;
+    }
+    campaign.session.restart();
     let records: Vec<Record> = log::read(&log_path)?
         .into_iter()
-        .filter(|r| r.template_hash == template_hash && r.key.a_type == a_type)
+        .filter(|r| r.template_hash == campaign.template_hash && r.key.a_type == a_type)
         .collect();
     Ok(TuneOutput {
-        device: info,
+        device: campaign.info,
         log_path,
         bandwidth_gbps,
         tensor_peak_tflops,
         family,
-        template_hash,
+        template_hash: campaign.template_hash,
         records,
-        new_records,
+        new_records: campaign.new_records,
         wall: t0.elapsed(),
     })
 }
