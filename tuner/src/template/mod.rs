@@ -215,6 +215,35 @@ pub struct ConstraintError {
 }
 
 impl GemmConfig {
+    /// A cp.async-pipeline configuration (`Pipeline::CpAsync`, one CTA per SM) from its tile
+    /// (block_m, block_n, block_k), its warp layout (warps_m, warps_n, warps_k), stages, split-K and
+    /// swap-AB: the shape every family's cp.async space and seed list is written in.
+    pub fn cp_async(
+        family: Family,
+        a_type: AType,
+        [block_m, block_n, block_k]: [u32; 3],
+        [warps_m, warps_n, warps_k]: [u32; 3],
+        stages: u32,
+        split_k: u32,
+        swap_ab: bool,
+    ) -> GemmConfig {
+        GemmConfig {
+            family,
+            a_type,
+            block_m,
+            block_n,
+            block_k,
+            warps_m,
+            warps_n,
+            warps_k,
+            stages,
+            split_k,
+            swap_ab,
+            pipeline: Pipeline::CpAsync,
+            min_ctas: 1,
+        }
+    }
+
     /// Stable, human-readable identity; also the suffix of the kernel's symbol name.
     pub fn name(&self) -> String {
         let occupancy =

@@ -268,21 +268,15 @@ pub(crate) fn config(
     split_k: u32,
     swap_ab: bool,
 ) -> GemmConfig {
-    GemmConfig {
-        family: Family::Sm120,
-        a_type: AType::Nvfp4,
-        block_m,
-        block_n,
-        block_k,
-        warps_m,
-        warps_n,
-        warps_k,
+    GemmConfig::cp_async(
+        Family::Sm120,
+        AType::Nvfp4,
+        [block_m, block_n, block_k],
+        [warps_m, warps_n, warps_k],
         stages,
         split_k,
         swap_ab,
-        pipeline: Pipeline::CpAsync,
-        min_ctas: 1,
-    }
+    )
 }
 
 /// The configuration used when nothing was tuned: swap-AB decode tile (16 tokens x 64 weight rows,

@@ -102,21 +102,15 @@ pub fn representative_configs(a_type: AType) -> Vec<GemmConfig> {
 /// must contain them (a test checks).
 pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
     let c = |block_m, block_n, block_k, warps_m, warps_n, warps_k, stages, split_k, swap_ab| {
-        GemmConfig {
-            family: Family::Sm90,
+        GemmConfig::cp_async(
+            Family::Sm90,
             a_type,
-            block_m,
-            block_n,
-            block_k,
-            warps_m,
-            warps_n,
-            warps_k,
+            [block_m, block_n, block_k],
+            [warps_m, warps_n, warps_k],
             stages,
             split_k,
             swap_ab,
-            pipeline: Pipeline::CpAsync,
-            min_ctas: 1,
-        }
+        )
     };
     // The streamed pipelines: swap-AB, one warp along M.
     let d = |block_m, block_n, block_k, warps_n, warps_k, stages, split_k, pipeline| GemmConfig {

@@ -28,21 +28,15 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
                             for warps_k in [1u32, 2, 4] {
                                 for stages in [2u32, 3, 4, 6, 8] {
                                     for split_k in [1u32, 2, 3, 4, 6, 8, 12, 16] {
-                                        let c = GemmConfig {
-                                            family: Family::Sm90,
+                                        let c = GemmConfig::cp_async(
+                                            Family::Sm90,
                                             a_type,
-                                            block_m,
-                                            block_n,
-                                            block_k,
-                                            warps_m,
-                                            warps_n,
-                                            warps_k,
+                                            [block_m, block_n, block_k],
+                                            [warps_m, warps_n, warps_k],
                                             stages,
                                             split_k,
                                             swap_ab,
-                                            pipeline: Pipeline::CpAsync,
-                                            min_ctas: 1,
-                                        };
+                                        );
                                         if keep(&c) {
                                             out.push(c);
                                         }
