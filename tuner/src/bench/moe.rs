@@ -116,10 +116,6 @@ pub struct StepData {
     pub ws: MoeWorkspace,
 }
 
-fn upload_copies(gpu: &Gpu, one: &[u8], copies: usize) -> Result<DeviceBuf<u8>, GpuError> {
-    gpu.upload_repeated(one, copies)
-}
-
 impl StepData {
     pub fn new(gpu: &Gpu, step: MoeStep, policy: &TimingPolicy) -> Result<Self, MoeBenchError> {
         let shape = step.shape;
@@ -141,10 +137,10 @@ impl StepData {
         let weights_host: Vec<f32> =
             (0..ids.len()).map(|_| (1 + rng.below(100)) as f32 / 100.0).collect();
         Ok(StepData {
-            w13_codes: upload_copies(gpu, &w13.codes, copies13)?,
-            w13_sf: upload_copies(gpu, &w13.scales, copies13)?,
-            w2_codes: upload_copies(gpu, &w2.codes, copies2)?,
-            w2_sf: upload_copies(gpu, &w2.scales, copies2)?,
+            w13_codes: gpu.upload_repeated(&w13.codes, copies13)?,
+            w13_sf: gpu.upload_repeated(&w13.scales, copies13)?,
+            w2_codes: gpu.upload_repeated(&w2.codes, copies2)?,
+            w2_sf: gpu.upload_repeated(&w2.scales, copies2)?,
             alpha13: gpu.upload(&w13.alpha)?,
             alpha2: gpu.upload(&w2.alpha)?,
             x: gpu.upload(&x_host.iter().map(|v| v.to_bits()).collect::<Vec<u16>>())?,
@@ -338,14 +334,11 @@ pub fn measure_op(
                 out.push(fail(format!("compile: {e}")));
                 continue;
             }
-            Ok(k) if k.stats.as_ref().is_some_and(|s| s.spills()) => {
-                out.push(fail("spills registers".into()));
-                continue;
-            }
             Ok(k) => k,
         };
-        let kernel = match gpu.load(&k, c.smem_bytes()) {
-            Ok(kernel) => GroupedKernel::from_loaded(*c, kernel),
+        // A kernel that spills or does not load is a failed candidate, not an error of the run.
+        let kernel = match GroupedKernel::from_compiled(gpu, *c, &k) {
+            Ok(kernel) => kernel,
             Err(e) => {
                 out.push(fail(format!("load: {e}")));
                 continue;
@@ -482,30 +475,6 @@ pub struct LayerTimes {
     pub finalize: Summary,
 }
 
-/// The cold read floor of the bytes one projection must read (the same byte count, one
-/// contiguous read, best grid).
-pub fn read_floor(
-    floors: &Floors<'_>,
-    policy: &TimingPolicy,
-    bytes: u64,
-) -> Result<Summary, MoeBenchError> {
-    Ok(floors.read_floor(policy, bytes)?.time)
-}
-
-/// Load one kernel for `config` (used by the layer timing after selection).
-pub fn load(
-    gpu: &Gpu,
-    compiler: &Compiler,
-    config: GroupedConfig,
-) -> Result<GroupedKernel, MoeBenchError> {
-    Ok(GroupedKernel::load(gpu, compiler, config)?)
-}
-
-/// The kernels of the layer (align, finalize), loaded.
-pub fn kernels(gpu: &Gpu, compiler: &Compiler) -> Result<MoeKernels, MoeBenchError> {
-    Ok(MoeKernels::load(gpu, compiler)?)
-}
-
 /// What `fp4tune bench --moe` measures.
 #[derive(Debug, Clone)]
 pub struct MoeBenchPlan {
@@ -570,7 +539,7 @@ pub fn run_moe_bench(
 ) -> Result<(Vec<MoeRow>, Vec<OpLog>), MoeBenchError> {
     let floors = Floors::new(gpu, compiler)?;
     let read_gbps = floors.read_bandwidth(&plan.policy, 2 << 30)?;
-    let kernels = kernels(gpu, compiler)?;
+    let kernels = MoeKernels::load(gpu, compiler)?;
     let launcher = MoeLauncher { gpu, kernels: &kernels };
     let mut rows = Vec::new();
     let mut logs = Vec::new();
@@ -637,11 +606,11 @@ pub fn run_moe_bench(
                     lo_us: t.lo,
                     hi_us: t.hi,
                     roofline_us: bytes as f64 / (read_gbps * 1e3),
-                    read_floor_us: read_floor(&floors, &plan.policy, bytes)?.median,
+                    read_floor_us: floors.read_floor(&plan.policy, bytes)?.time.median,
                     verified,
                     failed,
                 });
-                chosen.push(load(gpu, compiler, top.config)?);
+                chosen.push(GroupedKernel::load(gpu, compiler, top.config)?);
                 logs.push((label.clone(), tokens, op, measured));
             }
             let layer = measure_layer(gpu, &plan.policy, &launcher, &d, &chosen[0], &chosen[1])?;

@@ -41,7 +41,7 @@ fn run_step(
             assert!(m.median().is_some(), "{step:?} {}: {:?}", m.config, m.outcome);
         }
         checked += measured.len();
-        chosen.push(load(gpu, compiler, best(&measured).unwrap().config).unwrap());
+        chosen.push(GroupedKernel::load(gpu, compiler, best(&measured).unwrap().config).unwrap());
     }
     // the whole layer, twice: bit-identical outputs (no atomics, fixed orders)
     measure_layer(gpu, &policy, launcher, &d, &chosen[0], &chosen[1]).unwrap();
@@ -63,7 +63,7 @@ fn grouped_moe_matches_the_cpu_reference_over_routings_and_sizes() {
     let gpu = Gpu::open(0).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
-    let kernels = kernels(&gpu, &compiler).unwrap();
+    let kernels = MoeKernels::load(&gpu, &compiler).unwrap();
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
     let tp8 = MoeShape::GLM5_TP8;
     let ep8 = MoeShape::GLM5_EP8;

@@ -578,22 +578,19 @@ fn validate(a: &GemmArgs) -> Result<(), RuntimeError> {
     if a.a_type == AType::Nvfp4 && a.a_sf == 0 {
         return bad("null device pointer `a_sf` (W4A4 needs the activation scales)".into());
     }
-    // W4A16 does not read `a_sf` (0 passes).
-    let a_sf = if a.a_type == AType::Nvfp4 { a.a_sf } else { 0 };
-    let aligned = [
+    const RULE: &str =
+        "the kernels need `a` and `w` 16-byte aligned, the scales and `y` 4-byte aligned";
+    for (name, ptr, align) in [
         ("a", a.a, ALIGN_A),
         ("w", a.w, ALIGN_W),
         ("w_sf", a.w_sf, ALIGN_SCALES),
-        ("a_sf", a_sf, ALIGN_SCALES),
         ("y", a.y, ALIGN_Y),
-    ];
-    for (name, ptr, align) in aligned {
-        if ptr % align != 0 {
-            return bad(format!(
-                "device pointer `{name}` ({ptr:#x}) is not {align}-byte aligned: the kernels need \
-                 `a` and `w` 16-byte aligned, the scales and `y` 4-byte aligned"
-            ));
-        }
+    ] {
+        super::error::check_pointer(name, ptr, align, RULE)?;
+    }
+    // W4A16 does not read `a_sf`.
+    if a.a_type == AType::Nvfp4 {
+        super::error::check_pointer("a_sf", a.a_sf, ALIGN_SCALES, RULE)?;
     }
     Ok(())
 }

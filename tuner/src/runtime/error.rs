@@ -5,6 +5,25 @@ use crate::gpu::GpuError;
 use crate::table::{LookupError, TableError};
 use std::path::PathBuf;
 
+/// A device pointer the kernels cannot take: null, or not `align`-byte aligned (`rule` says what
+/// the launch needs, appended to the message). One check for every launch path's arguments.
+pub(crate) fn check_pointer(
+    name: &str,
+    ptr: u64,
+    align: u64,
+    rule: &str,
+) -> Result<(), RuntimeError> {
+    if ptr == 0 {
+        return Err(RuntimeError::InvalidArgument(format!("null device pointer `{name}`")));
+    }
+    if ptr % align != 0 {
+        return Err(RuntimeError::InvalidArgument(format!(
+            "device pointer `{name}` ({ptr:#x}) is not {align}-byte aligned: {rule}"
+        )));
+    }
+    Ok(())
+}
+
 /// Everything that can fail opening a dispatcher or launching through it.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {

@@ -29,22 +29,25 @@ impl GroupedKernel {
         compiler: &Compiler,
         config: GroupedConfig,
     ) -> Result<Self, RuntimeError> {
-        let src = config.source();
         let compiled = compiler
-            .compile(&src)
+            .compile(&config.source())
             .map_err(|error| RuntimeError::Compile { config: config.name(), error })?;
+        Self::from_compiled(gpu, config, &compiled)
+    }
+
+    /// Load `config`'s compiled kernel; one that spills registers is refused.
+    pub fn from_compiled(
+        gpu: &Gpu,
+        config: GroupedConfig,
+        compiled: &crate::compile::CompiledKernel,
+    ) -> Result<Self, RuntimeError> {
         if compiled.stats.as_ref().is_some_and(|s| s.spills()) {
             return Err(RuntimeError::Render {
                 config: config.name(),
                 reason: "the kernel spills registers to local memory".into(),
             });
         }
-        Ok(Self { config, kernel: gpu.load(&compiled, config.smem_bytes())? })
-    }
-
-    /// A kernel the caller compiled and loaded for `config`.
-    pub fn from_loaded(config: GroupedConfig, kernel: Kernel) -> Self {
-        Self { config, kernel }
+        Ok(Self { config, kernel: gpu.load(compiled, config.smem_bytes())? })
     }
 }
 
@@ -205,18 +208,6 @@ pub struct MoeArgs {
     pub expert_begin: i32,
 }
 
-fn check_aligned(what: &str, ptr: u64, align: u64) -> Result<(), RuntimeError> {
-    if ptr == 0 {
-        return Err(RuntimeError::InvalidArgument(format!("{what} is a null pointer")));
-    }
-    if ptr % align != 0 {
-        return Err(RuntimeError::InvalidArgument(format!(
-            "{what} ({ptr:#x}) must be {align}-byte aligned"
-        )));
-    }
-    Ok(())
-}
-
 impl MoeArgs {
     /// Null pointers, alignment and sizes against `ws`.
     pub fn validate(&self, ws: &MoeWorkspace) -> Result<(), RuntimeError> {
@@ -232,7 +223,12 @@ impl MoeArgs {
             ("alpha2", self.alpha2, 4),
             ("y", self.y, 16),
         ] {
-            check_aligned(what, p, a)?;
+            super::error::check_pointer(
+                what,
+                p,
+                a,
+                "x, y and the weight codes 16-byte aligned, ids, router weights, scales and alphas 4-byte",
+            )?;
         }
         if self.tokens == 0 || self.tokens > ws.layout.max_tokens {
             return Err(RuntimeError::InvalidArgument(format!(
@@ -390,17 +386,20 @@ impl MoeLauncher<'_> {
     }
 }
 
-/// The kernels of one layer shape, chosen per token count: (bucket, kernel) per op, buckets
-/// ascending; a token count takes the nearest bucket in log scale (ties: the larger).
+/// The kernels of one layer shape, chosen per token count: (bucket, index into `kernels`) per op,
+/// buckets ascending; a token count takes the nearest bucket in log scale (ties: the larger).
+/// Buckets that chose the same configuration share one loaded kernel.
 #[derive(Debug)]
 pub struct MoeRoutes {
     pub shape: MoeShape,
-    pub gate_up: Vec<(u32, GroupedKernel)>,
-    pub down: Vec<(u32, GroupedKernel)>,
+    kernels: Vec<GroupedKernel>,
+    gate_up: Vec<(u32, usize)>,
+    down: Vec<(u32, usize)>,
 }
 
 impl MoeRoutes {
-    /// Load every (op, bucket, config) of one shape.
+    /// Load every (op, bucket, config) of one shape: the distinct configurations compiled in
+    /// parallel, each loaded once.
     pub fn load(
         gpu: &Gpu,
         compiler: &Compiler,
@@ -412,26 +411,31 @@ impl MoeRoutes {
                 "{shape}: hidden and inter must be multiples of 16"
             )));
         }
-        // Every distinct kernel compiled in parallel first (the loads below then hit the
-        // compiler's in-memory cache).
-        let mut sources: Vec<crate::template::KernelSource> = Vec::new();
+        let mut configs: Vec<GroupedConfig> = Vec::new();
         for (_, _, c) in choices {
-            if !sources.iter().any(|s| s.kernel_name == c.kernel_name()) {
-                sources.push(c.source());
+            c.check(&shape)
+                .map_err(|e| RuntimeError::Render { config: c.name(), reason: e.reason })?;
+            if !configs.contains(c) {
+                configs.push(*c);
             }
         }
-        for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
-            r.map_err(|error| RuntimeError::Compile { config: src.kernel_name.clone(), error })?;
+        let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
+        let mut kernels = Vec::with_capacity(configs.len());
+        for ((c, src), r) in configs.iter().zip(&sources).zip(compiler.compile_many(&sources)) {
+            let compiled = r.map_err(|error| RuntimeError::Compile {
+                config: src.kernel_name.clone(),
+                error,
+            })?;
+            kernels.push(GroupedKernel::from_compiled(gpu, *c, &compiled)?);
         }
-        let mut routes = MoeRoutes { shape, gate_up: Vec::new(), down: Vec::new() };
-        for &(op, bucket, config) in choices {
-            config
-                .check(&shape)
-                .map_err(|e| RuntimeError::Render { config: config.name(), reason: e.reason })?;
-            let k = GroupedKernel::load(gpu, compiler, config)?;
+        let index =
+            |c: &GroupedConfig| configs.iter().position(|x| x == c).expect("collected above");
+        let mut routes = MoeRoutes { shape, kernels, gate_up: Vec::new(), down: Vec::new() };
+        for (op, bucket, config) in choices {
+            let k = index(config);
             match op {
-                MoeOp::GateUp => routes.gate_up.push((bucket, k)),
-                MoeOp::Down => routes.down.push((bucket, k)),
+                MoeOp::GateUp => routes.gate_up.push((*bucket, k)),
+                MoeOp::Down => routes.down.push((*bucket, k)),
             }
         }
         routes.gate_up.sort_by_key(|(b, _)| *b);
@@ -450,7 +454,7 @@ impl MoeRoutes {
             MoeOp::GateUp => &self.gate_up,
             MoeOp::Down => &self.down,
         };
-        &list[nearest_bucket(list.iter().map(|(b, _)| *b), tokens)].1
+        &self.kernels[list[nearest_bucket(list.iter().map(|(b, _)| *b), tokens)].1]
     }
 }
 

@@ -4,7 +4,7 @@
 //! collapses under skew (slower than `SKEW_GUARD` x the best skewed time, then the next one).
 
 use crate::bench::moe::{
-    load, measure_op, roofline_bytes, spread, Measured, MoeBenchError, MoeStep, Outcome, StepData,
+    measure_op, roofline_bytes, spread, Measured, MoeBenchError, MoeStep, Outcome, StepData,
 };
 use crate::bench::TimingPolicy;
 use crate::compile::Compiler;
@@ -172,7 +172,7 @@ pub fn tune_moe(
                 screened: screened.len(),
                 failed,
             });
-            chosen.push(load(gpu, compiler, entry.config)?);
+            chosen.push(GroupedKernel::load(gpu, compiler, entry.config)?);
             entries.push(entry);
             logs.push((key, screened));
         }
