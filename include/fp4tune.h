@@ -20,9 +20,14 @@
  *
  * Errors: every function returning int returns an fp4tune_status; on failure
  * fp4tune_last_error() holds a message for the calling thread. Thread safety: a dispatcher may be
- * used by several threads at once; close it once, after all other calls returned. Split-K kernels,
- * and the dequantize-then-cuBLAS entries, share one workspace each per dispatcher: order such
- * launches on different streams yourself.
+ * used by several threads at once; close it once, after all other calls returned.
+ *
+ * Streams: split-K kernels and dequantize-then-cuBLAS entries need scratch memory. Give every
+ * stream that launches GEMMs a workspace of its own (fp4tune_gemm_workspace_create, sized at
+ * creation) and launch with fp4tune_gemm_ws: launches on different streams then never share
+ * scratch (two micro-batches on two streams stay correct), and a launch allocates and synchronizes
+ * nothing (capturable in a CUDA graph). fp4tune_gemm uses the dispatcher's own workspace and is
+ * meant for callers on a single stream.
  *
  * Build against it: cc app.c -I include -L target/release -lfp4tune (and -Wl,-rpath,...).
  */
@@ -80,14 +85,19 @@ FP4TUNE_API const char* fp4tune_last_error(void);
  * Mismatch policy: warn. On success *out is the handle; on failure *out is NULL. */
 FP4TUNE_API int fp4tune_open(const char* table_path, int device, fp4tune_dispatcher** out);
 
-/* fp4tune_open with options: cache_dir (NULL: default), policy (fp4tune_policy), max_m (the split-K
- * workspace is sized at open for M up to this; 0: 8192; larger M grows it on first use). */
+/* fp4tune_open with options: cache_dir (NULL: default), policy (fp4tune_policy), max_m (the
+ * dispatcher's own workspace, the one fp4tune_gemm uses, is sized at open for M up to this; 0: 8192;
+ * larger M grows it on first use; also the default max_m of fp4tune_gemm_workspace_create). */
 FP4TUNE_API int fp4tune_open_ex(const char* table_path, int device, const char* cache_dir,
                                 int policy, uint32_t max_m, fp4tune_dispatcher** out);
 
 /* Launch Y = alpha * A * W^T with the table's kernel for (m, n, k, a_type) on `stream` (a
  * CUstream / cudaStream_t as an integer, 0 = legacy default stream). Pointers are device addresses
  * (cast with (uint64_t)(uintptr_t)ptr). Asynchronous; `a_sf` may be 0 for FP4TUNE_A_BF16.
+ * Scratch: the dispatcher's own workspace, for one stream (e.g. the default stream): launches of
+ * split-K or dequantize-then-cuBLAS entries through fp4tune_gemm must not overlap on the GPU; a
+ * launch that needs more than it holds grows it (waits for the device; refused during capture).
+ * Callers on several streams use fp4tune_gemm_ws.
  * Alignment (checked; a misaligned pointer returns FP4TUNE_ERR_INVALID_ARGUMENT before any launch,
  * as it would fault the kernel): `a` and `w` 16-byte aligned (16-byte cp.async loads); `w_sf`,
  * `a_sf` (FP4TUNE_A_NVFP4) and `y` 4-byte aligned. cudaMalloc'd buffers (256-byte aligned) qualify;
@@ -98,9 +108,38 @@ FP4TUNE_API int fp4tune_gemm(const fp4tune_dispatcher* d, uint64_t a, uint64_t a
                              uint64_t w_sf, uint64_t y, int32_t m, int32_t n, int32_t k,
                              int a_type, float alpha, uint64_t stream);
 
+/* Scratch memory of one stream's GEMM launches: split-K partial sums and counters, the bf16
+ * expansion and the cuBLAS workspace of dequantize-then-cuBLAS entries, in one device buffer
+ * sized at creation for every route of the table with M up to max_m (0: the max_m of
+ * fp4tune_open_ex). Create it before capturing (it allocates and waits for the allocation); use it
+ * from one stream at a time; destroy it after its launches completed (before or after closing
+ * the dispatcher). On failure *out is NULL. */
+typedef struct Fp4tuneGemmWorkspace fp4tune_gemm_workspace;
+
+FP4TUNE_API int fp4tune_gemm_workspace_create(const fp4tune_dispatcher* d, uint32_t max_m,
+                                              fp4tune_gemm_workspace** out);
+
+/* Free a GEMM workspace after its launches completed. NULL is ignored. */
+FP4TUNE_API void fp4tune_gemm_workspace_destroy(fp4tune_gemm_workspace* ws);
+
+/* Device bytes the workspace occupies (0 for NULL). */
+FP4TUNE_API size_t fp4tune_gemm_workspace_bytes(const fp4tune_gemm_workspace* ws);
+
+/* fp4tune_gemm with `ws` (a workspace of `d`) as the scratch: no allocation, no synchronization,
+ * no lock (capturable). A launch that needs more than ws holds (M above its max_m on a split-K or
+ * dequantize-then-cuBLAS route, or a shape outside the table whose fallback uses split-K), or a
+ * workspace of another dispatcher, returns FP4TUNE_ERR_INVALID_ARGUMENT before anything is
+ * enqueued. Same operands, alignment and sizes as fp4tune_gemm. */
+FP4TUNE_API int fp4tune_gemm_ws(const fp4tune_dispatcher* d, fp4tune_gemm_workspace* ws,
+                                uint64_t a, uint64_t a_sf, uint64_t w, uint64_t w_sf, uint64_t y,
+                                int32_t m, int32_t n, int32_t k, int a_type, float alpha,
+                                uint64_t stream);
+
 /* Write the configuration this shape would launch and why (exact, nearest bucket, common,
  * default) into buf (NUL-terminated, truncated to len): a kernel name, or dequant_cublas_bf16 for
- * entries that chose the dequantize-then-cuBLAS path. */
+ * entries that chose the dequantize-then-cuBLAS path, e.g.
+ * "sm90_w4a16_m16n64k128_w1x4x1_s4_sk1_swap (nearest bucket M=16)". Grouped MoE choices:
+ * fp4tune_moe_route. */
 FP4TUNE_API int fp4tune_route(const fp4tune_dispatcher* d, int32_t m, int32_t n, int32_t k,
                               int a_type, char* buf, size_t len);
 
@@ -169,8 +208,14 @@ FP4TUNE_API int fp4tune_moe_gate_up(const fp4tune_dispatcher* d, fp4tune_moe_wor
 FP4TUNE_API int fp4tune_moe_down(const fp4tune_dispatcher* d, fp4tune_moe_workspace* ws,
                                  const fp4tune_moe_args* args, uint64_t stream);
 
-/* Write the grouped kernels the layer launches for `tokens` ("gate_up <config>; down <config>")
- * into buf (NUL-terminated, truncated to len). */
+/* Write the grouped kernels the layer launches for `tokens` and why into buf (NUL-terminated,
+ * truncated to len), per activation type the table has grouped entries for, separated by " | ":
+ *   w4a16: gate_up <config> (<why>); down <config> (<why>)
+ * why: "exact" (a tuned bucket B), "nearest bucket B=8: 20 lies between B=8 and B=64, nearer in
+ * log scale", or the nearest bucket below the smallest / above the largest tuned B; entries
+ * tuned with other grouped templates say so. A layer without grouped routes (not in the table, no
+ * table, or a device that cannot run them) returns FP4TUNE_ERR_INVALID_ARGUMENT and
+ * fp4tune_last_error() says why. */
 FP4TUNE_API int fp4tune_moe_route(const fp4tune_dispatcher* d, int32_t hidden, int32_t inter,
                                   int32_t experts, int32_t top_k, int32_t tokens, char* buf,
                                   size_t len);

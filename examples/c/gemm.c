@@ -1,4 +1,5 @@
-/* C example: one W4A16 GEMM (a GLM-5 TP8 gate_up expert, N=512, K=6144) through libfp4tune.
+/* C example: one W4A16 GEMM (a GLM-5 TP8 gate_up expert, N=512, K=6144) through libfp4tune, on two
+ * streams at once (two micro-batches), each stream with its own workspace.
  *
  * Build (from the repository root, after `cargo build --release`; needs only the CUDA driver):
  *   cc examples/c/gemm.c -I include -L target/release -lfp4tune -l:libcuda.so.1 -Wl,-rpath,$PWD/target/release -o target/gemm_c && target/gemm_c [results/h200.ron]
@@ -6,8 +7,8 @@
  * The data is chosen so the exact answer is known without a quantizer: every weight of row j is
  * v_j in {0.5, 1, 1.5, 2} (E2M1 codes 1..4) with block scales 1.0, every activation of row i is
  * i+1, so Y[i][j] = alpha * (i+1) * v_j * K exactly (all values are exact in bf16).
- * Device memory comes from the CUDA driver API, declared here so no toolkit headers are needed;
- * fp4tune_open makes the device's primary context current, which these calls then use.
+ * Device memory and streams come from the CUDA driver API, declared here so no toolkit headers are
+ * needed; fp4tune_open makes the device's primary context current, which these calls then use.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +18,9 @@
 #include "fp4tune.h"
 
 typedef unsigned long long CUdeviceptr;
+typedef struct CUstream_st* CUstream;
+extern int cuStreamCreate(CUstream* stream, unsigned int flags);
+extern int cuStreamDestroy_v2(CUstream stream);
 extern int cuMemAlloc_v2(CUdeviceptr* p, size_t bytes);
 extern int cuMemFree_v2(CUdeviceptr p);
 extern int cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes);
@@ -49,7 +53,7 @@ static float bf16_to_float(uint16_t b) {
 int main(int argc, char** argv) {
     const char* table = argc > 1 ? argv[1] : NULL; /* NULL: no table, family defaults */
     const int M = 4, N = 512, K = 6144;
-    const float alpha = 0.5f;
+    const float alphas[2] = {0.5f, 0.25f}; /* one GEMM per stream, into its own output */
 
     fp4tune_dispatcher* d = NULL;
     CHECK_FP4(fp4tune_open(table, 0, &d));
@@ -64,7 +68,7 @@ int main(int argc, char** argv) {
     uint8_t* w = malloc(w_bytes);
     uint8_t* w_sf = malloc(sf_bytes);
     uint16_t* a = malloc((size_t)M * K * 2);
-    uint16_t* y = malloc((size_t)M * N * 2);
+    uint16_t* y = malloc((size_t)M * N * 2 * 2);
     for (int j = 0; j < N; ++j) {
         uint8_t code = (uint8_t)(1 + j % 4); /* 0.5, 1, 1.5, 2 */
         memset(w + (size_t)j * K / 2, code | (code << 4), K / 2);
@@ -81,25 +85,46 @@ int main(int argc, char** argv) {
     CHECK_CU(cuMemAlloc_v2(&dw, w_bytes));
     CHECK_CU(cuMemAlloc_v2(&dsf, sf_bytes));
     CHECK_CU(cuMemAlloc_v2(&da, (size_t)M * K * 2));
-    CHECK_CU(cuMemAlloc_v2(&dy, (size_t)M * N * 2));
+    CHECK_CU(cuMemAlloc_v2(&dy, (size_t)M * N * 2 * 2));
     CHECK_CU(cuMemcpyHtoD_v2(dw, w, w_bytes));
     CHECK_CU(cuMemcpyHtoD_v2(dsf, w_sf, sf_bytes));
     CHECK_CU(cuMemcpyHtoD_v2(da, a, (size_t)M * K * 2));
 
     CHECK_FP4(fp4tune_route(d, M, N, K, FP4TUNE_A_BF16, text, sizeof text));
     printf("M=%d N=%d K=%d w4a16 -> %s\n", M, N, K, text);
-    CHECK_FP4(fp4tune_gemm(d, da, 0, dw, dsf, dy, M, N, K, FP4TUNE_A_BF16, alpha, 0));
-    CHECK_FP4(fp4tune_synchronize(d, 0));
-    CHECK_CU(cuMemcpyDtoH_v2(y, dy, (size_t)M * N * 2));
+
+    /* Two streams, a workspace each (sized for M up to 64 here; 0 would take the dispatcher's
+     * max_m): the launches may run at the same time without sharing scratch memory. */
+    CUstream streams[2];
+    fp4tune_gemm_workspace* ws[2];
+    for (int s = 0; s < 2; ++s) {
+        CHECK_CU(cuStreamCreate(&streams[s], 0));
+        CHECK_FP4(fp4tune_gemm_workspace_create(d, 64, &ws[s]));
+    }
+    printf("workspace per stream: %zu bytes\n", fp4tune_gemm_workspace_bytes(ws[0]));
+    for (int s = 0; s < 2; ++s) {
+        CUdeviceptr ys = dy + (CUdeviceptr)s * M * N * 2;
+        CHECK_FP4(fp4tune_gemm_ws(d, ws[s], da, 0, dw, dsf, ys, M, N, K, FP4TUNE_A_BF16, alphas[s],
+                                  (uint64_t)(uintptr_t)streams[s]));
+    }
+    for (int s = 0; s < 2; ++s) CHECK_FP4(fp4tune_synchronize(d, (uint64_t)(uintptr_t)streams[s]));
+    CHECK_CU(cuMemcpyDtoH_v2(y, dy, (size_t)M * N * 2 * 2));
 
     int bad = 0;
-    for (int i = 0; i < M; ++i)
-        for (int j = 0; j < N; ++j) {
-            float want = alpha * (float)(i + 1) * 0.5f * (float)(1 + j % 4) * (float)K;
-            float got = bf16_to_float(y[(size_t)i * N + j]);
-            if (got != want && bad++ < 5) printf("y[%d][%d] = %g, expected %g\n", i, j, got, want);
-        }
-    printf("%s: %d of %d outputs wrong\n", bad ? "FAIL" : "PASS", bad, M * N);
+    for (int s = 0; s < 2; ++s)
+        for (int i = 0; i < M; ++i)
+            for (int j = 0; j < N; ++j) {
+                float want = alphas[s] * (float)(i + 1) * 0.5f * (float)(1 + j % 4) * (float)K;
+                float got = bf16_to_float(y[((size_t)s * M + i) * N + j]);
+                if (got != want && bad++ < 5)
+                    printf("stream %d: y[%d][%d] = %g, expected %g\n", s, i, j, got, want);
+            }
+    printf("%s: %d of %d outputs wrong\n", bad ? "FAIL" : "PASS", bad, 2 * M * N);
+
+    for (int s = 0; s < 2; ++s) {
+        fp4tune_gemm_workspace_destroy(ws[s]); /* after its launches completed (synchronized) */
+        cuStreamDestroy_v2(streams[s]);
+    }
 
     cuMemFree_v2(dw);
     cuMemFree_v2(dsf);

@@ -1,6 +1,7 @@
 //! Rust example: open a dispatch table and run one W4A16 GEMM (a GLM-5 TP8 gate_up expert,
 //! Y[M, 512] = X[M, 6144] * W[512, 6144]^T) through the runtime dispatcher, checked against the
-//! CPU reference.
+//! CPU reference. The launch passes a workspace of its stream's own (`gemm_in`): a serving
+//! engine creates one per stream, so launches on several streams never share scratch memory.
 //!
 //!     cargo run --release --example gemm -- [results/h200.ron] [M]
 //!
@@ -53,9 +54,13 @@ fn main() -> anyhow::Result<()> {
         a_type: AType::Bf16,
         alpha: w.global_scale,
     };
+    // Scratch for this stream's launches (split-K, dequantize-then-cuBLAS), sized for M <= 1024.
+    let workspace = dispatcher.gemm_workspace(1024.max(m as u32))?;
+    println!("workspace: {} bytes for M <= {}", workspace.bytes(), workspace.max_m());
     // SAFETY: every buffer above is a live device allocation of the sizes the layout needs for
-    // (m, n, k) and outlives the synchronization below; stream 0 is the legacy default stream.
-    let route = unsafe { dispatcher.gemm(&gemm, 0) }?;
+    // (m, n, k) and outlives the synchronization below; stream 0 is the legacy default stream,
+    // the only one that uses `workspace`.
+    let route = unsafe { dispatcher.gemm_in(&gemm, &workspace, 0) }?;
     // SAFETY: as above.
     unsafe { dispatcher.synchronize(0) }?;
     println!("M={m} N={n} K={k} w4a16: {} ({:?})", route.config, route.kind);

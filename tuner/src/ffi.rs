@@ -7,7 +7,7 @@
 //! once, after every other call on it returned.
 
 use crate::problem::AType;
-use crate::runtime::{Dispatcher, GemmArgs, Options, RouteKind, RuntimeError};
+use crate::runtime::{Dispatcher, GemmArgs, Options, RuntimeError};
 use crate::table::MismatchPolicy;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
@@ -59,6 +59,10 @@ pub const EXPORTS: &[(&str, usize)] = &[
     ("fp4tune_open", 3),
     ("fp4tune_open_ex", 6),
     ("fp4tune_gemm", 12),
+    ("fp4tune_gemm_workspace_create", 3),
+    ("fp4tune_gemm_workspace_destroy", 1),
+    ("fp4tune_gemm_workspace_bytes", 1),
+    ("fp4tune_gemm_ws", 13),
     ("fp4tune_route", 7),
     ("fp4tune_report", 3),
     ("fp4tune_synchronize", 2),
@@ -122,6 +126,9 @@ fn status_of(e: &RuntimeError, launching: bool) -> Status {
         RuntimeError::Composite(_) => Status::Launch,
         RuntimeError::InvalidArgument(_) => Status::InvalidArgument,
         RuntimeError::WorkspaceDuringCapture { .. } => Status::Launch,
+        RuntimeError::WorkspaceTooSmall { .. } | RuntimeError::ForeignWorkspace => {
+            Status::InvalidArgument
+        }
     }
 }
 
@@ -272,11 +279,14 @@ pub unsafe extern "C" fn fp4tune_open_ex(
 /// Y[M, N] (bf16) = alpha * A[M, K] * W[N, K]^T with the table's kernel, launched on `stream`
 /// (a `CUstream`/`cudaStream_t` as an integer; 0 = the legacy default stream). Pointers are
 /// device addresses in the device's primary context (what `cudaMalloc` and PyTorch give).
-/// `a_sf` may be 0 for `FP4TUNE_A_BF16`. Asynchronous like any kernel launch.
+/// `a_sf` may be 0 for `FP4TUNE_A_BF16`. Asynchronous like any kernel launch. Split-K kernels and
+/// dequantize-then-cuBLAS entries use the dispatcher's own workspace: call this from one stream;
+/// streams whose launches may overlap use [`fp4tune_gemm_ws`] with a workspace each.
 ///
 /// # Safety
 /// `d` must be a live handle; the buffers must hold the data layout's sizes for (m, n, k) and stay
-/// alive until the launch completes; `stream` must be 0 or a live stream of that context.
+/// alive until the launch completes; `stream` must be 0 or a live stream of that context; launches
+/// through this function that use the workspace do not overlap on the GPU.
 #[no_mangle]
 pub unsafe extern "C" fn fp4tune_gemm(
     d: *const Fp4tuneDispatcher,
@@ -302,6 +312,102 @@ pub unsafe extern "C" fn fp4tune_gemm(
     })
 }
 
+/// The opaque per-stream scratch of GEMM launches (`fp4tune_gemm_workspace` in C).
+#[derive(Debug)]
+pub struct Fp4tuneGemmWorkspace {
+    inner: crate::runtime::GemmWorkspace,
+}
+
+/// Create a workspace for one stream's GEMM launches through [`fp4tune_gemm_ws`], sized for
+/// every route of the table up to `max_m` (0: the dispatcher's `max_m`). Create one per stream
+/// whose launches may run at the same time as others'; allocates and waits for the allocation,
+/// so create it before any capture.
+///
+/// # Safety
+/// `d` must be a live handle; `out` valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn fp4tune_gemm_workspace_create(
+    d: *const Fp4tuneDispatcher,
+    max_m: u32,
+    out: *mut *mut Fp4tuneGemmWorkspace,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("`out` is NULL"));
+        }
+        // SAFETY: `out` is valid for one write per the contract.
+        unsafe { *out = std::ptr::null_mut() };
+        // SAFETY: live handle per the contract.
+        let d = unsafe { handle(d)? };
+        let max_m = if max_m == 0 { d.report().max_m } else { max_m };
+        let ws = d.gemm_workspace(max_m).map_err(|e| fail(e, false))?;
+        // SAFETY: as above.
+        unsafe { *out = Box::into_raw(Box::new(Fp4tuneGemmWorkspace { inner: ws })) };
+        Ok(())
+    })
+}
+
+/// Free a GEMM workspace after the launches that use it completed. NULL is ignored.
+///
+/// # Safety
+/// `ws` must be NULL or a live workspace, destroyed at most once.
+#[no_mangle]
+pub unsafe extern "C" fn fp4tune_gemm_workspace_destroy(ws: *mut Fp4tuneGemmWorkspace) {
+    let _ = guard(|| {
+        if !ws.is_null() {
+            // SAFETY: `ws` came from Box::into_raw in fp4tune_gemm_workspace_create.
+            drop(unsafe { Box::from_raw(ws) });
+        }
+        Ok(())
+    });
+}
+
+/// Device bytes a GEMM workspace occupies (0 for NULL).
+///
+/// # Safety
+/// `ws` must be NULL or a live workspace.
+#[no_mangle]
+pub unsafe extern "C" fn fp4tune_gemm_workspace_bytes(ws: *const Fp4tuneGemmWorkspace) -> usize {
+    // SAFETY: NULL or a live workspace per the contract.
+    unsafe { ws.as_ref() }.map_or(0, |w| w.inner.bytes())
+}
+
+/// [`fp4tune_gemm`] with `ws` as the scratch of split-K kernels and dequantize-then-cuBLAS
+/// entries: launches on different streams, each with its own workspace, never share scratch.
+/// No allocation, no synchronization (capturable). A launch that needs more than `ws` holds
+/// returns `FP4TUNE_ERR_INVALID_ARGUMENT` before anything is enqueued.
+///
+/// # Safety
+/// As [`fp4tune_gemm`]; `ws` a live workspace of `d`, used by no other stream until this launch
+/// completes.
+#[no_mangle]
+pub unsafe extern "C" fn fp4tune_gemm_ws(
+    d: *const Fp4tuneDispatcher,
+    ws: *mut Fp4tuneGemmWorkspace,
+    a: u64,
+    a_sf: u64,
+    w: u64,
+    w_sf: u64,
+    y: u64,
+    m: i32,
+    n: i32,
+    k: i32,
+    a_type_: c_int,
+    alpha: f32,
+    stream: u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: live handle per the contract.
+        let d = unsafe { handle(d)? };
+        // SAFETY: NULL or a live workspace per the contract (read only).
+        let ws = unsafe { ws.as_ref() }.ok_or_else(|| invalid("workspace is NULL"))?;
+        let (m, n, k) = dims(m, n, k)?;
+        let args = GemmArgs { a, a_sf, w, w_sf, y, m, n, k, a_type: a_type(a_type_)?, alpha };
+        // SAFETY: buffer, workspace and stream contract forwarded from the caller.
+        unsafe { d.gemm_in(&args, &ws.inner, stream) }.map(|_| ()).map_err(|e| fail(e, true))
+    })
+}
+
 /// Write the configuration a GEMM of this shape would launch, and why, into `buf` (e.g.
 /// `sm90_w4a16_m16n64k128_w1x4x1_s4_sk1_swap (nearest bucket M=16)`, or
 /// `dequant_cublas_bf16 (exact)` for an entry that chose the composite path), truncated to `len`.
@@ -323,14 +429,8 @@ pub unsafe extern "C" fn fp4tune_route(
         let d = unsafe { handle(d)? };
         let (m, n, k) = dims(m, n, k)?;
         let r = d.route(m, n, k, a_type(a_type_)?).map_err(|e| fail(e, false))?;
-        let kind = match r.kind {
-            RouteKind::Exact => "exact".to_string(),
-            RouteKind::NearestBucket { bucket } => format!("nearest bucket M={bucket}"),
-            RouteKind::Common => "not in the table: common configuration".into(),
-            RouteKind::Default => "not in the table: family default".into(),
-        };
         // SAFETY: forwarded buffer contract.
-        unsafe { write_str(&format!("{} ({kind})", r.name()), buf, len) }
+        unsafe { write_str(&r.to_string(), buf, len) }
     })
 }
 
@@ -580,8 +680,12 @@ pub unsafe extern "C" fn fp4tune_moe_down(
     unsafe { moe_call(d, ws, args, stream, MoeCall::Down) }
 }
 
-/// Write the grouped kernels the layer launches for `tokens` into `buf` ("gate_up <config>;
-/// down <config>"), truncated to `len`.
+/// Write the grouped kernels the layer launches for `tokens`, per activation type the table has
+/// grouped entries for, and why (`Dispatcher::moe_route`): "w4a16: gate_up <config> (<why>);
+/// down <config> (<why>)", where why is `exact`, the nearest bucket between two tuned ones, or
+/// the nearest bucket outside the tuned range, and whether the entries were tuned with other
+/// grouped templates; several activation types are separated by " | ". Truncated to `len`. A
+/// layer without grouped routes is an error whose message says why.
 ///
 /// # Safety
 /// `d` must be a live handle; `buf` valid for `len` bytes of writes.
@@ -603,10 +707,23 @@ pub unsafe extern "C" fn fp4tune_moe_route(
         if tokens <= 0 {
             return Err(invalid(format!("tokens {tokens} must be positive")));
         }
-        let (gu, dn) =
-            d.moe().and_then(|m| m.route(&shape, tokens as u32)).map_err(|e| fail(e, false))?;
+        let mut routes = Vec::new();
+        let mut first_error = None;
+        for a in [crate::problem::AType::Bf16, crate::problem::AType::Nvfp4] {
+            match d.moe_route(&shape, a, tokens as u32) {
+                Ok(r) => routes.push(r.to_string()),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if routes.is_empty() {
+            if let Some(e) = first_error {
+                return Err(fail(e, false));
+            }
+        }
         // SAFETY: forwarded buffer contract.
-        unsafe { write_str(&format!("gate_up {gu}; down {dn}"), buf, len) }
+        unsafe { write_str(&routes.join(" | "), buf, len) }
     })
 }
 
@@ -762,6 +879,62 @@ mod tests {
         // SAFETY: NULL is ignored.
         unsafe { fp4tune_close(std::ptr::null_mut()) };
         assert_eq!(fp4tune_abi_version(), ABI_VERSION);
+    }
+
+    #[test]
+    fn gemm_workspace_calls_refuse_null_handles_before_any_use() {
+        let mut ws: *mut Fp4tuneGemmWorkspace = std::ptr::null_mut();
+        // SAFETY: a NULL handle is refused before any use; `ws` is a valid out pointer.
+        let s = unsafe { fp4tune_gemm_workspace_create(std::ptr::null(), 64, &mut ws) };
+        assert_eq!(s, Status::InvalidArgument as c_int);
+        assert!(ws.is_null());
+        assert!(last_error().contains("NULL"), "{}", last_error());
+        // SAFETY: a NULL out pointer is checked, not written.
+        let s =
+            unsafe { fp4tune_gemm_workspace_create(std::ptr::null(), 64, std::ptr::null_mut()) };
+        assert_eq!(s, Status::InvalidArgument as c_int);
+        assert!(last_error().contains("`out`"), "{}", last_error());
+        // SAFETY: NULL handles are refused before anything is dereferenced.
+        let s = unsafe {
+            fp4tune_gemm_ws(
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                16,
+                0,
+                16,
+                4,
+                4,
+                1,
+                512,
+                6144,
+                A_BF16,
+                1.0,
+                0,
+            )
+        };
+        assert_eq!(s, Status::InvalidArgument as c_int);
+        // SAFETY: NULL is accepted by both.
+        assert_eq!(unsafe { fp4tune_gemm_workspace_bytes(std::ptr::null()) }, 0);
+        // SAFETY: as above.
+        unsafe { fp4tune_gemm_workspace_destroy(std::ptr::null_mut()) };
+    }
+
+    /// A launch its workspace cannot hold, or a workspace of another dispatcher, is the
+    /// caller's argument: the invalid-argument status with a message saying what to do.
+    #[test]
+    fn workspace_refusals_are_the_invalid_argument_status() {
+        let (status, message) = fail(RuntimeError::ForeignWorkspace, true);
+        assert_eq!(status, Status::InvalidArgument);
+        assert!(message.contains("another dispatcher"), "{message}");
+        let e = RuntimeError::WorkspaceTooSmall {
+            problem: "M=200 N=512 K=6144 w4a16".into(),
+            needed: "split-K 409600 f32".into(),
+            have: "split-K 32768 f32".into(),
+            max_m: 16,
+        };
+        let (status, message) = fail(e, true);
+        assert_eq!(status, Status::InvalidArgument);
+        assert!(message.contains("larger max_m"), "{message}");
     }
 
     #[test]

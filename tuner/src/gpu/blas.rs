@@ -49,6 +49,20 @@ impl CublasBf16 {
             .map_err(blas_err("cublasSetStream"))
     }
 
+    /// Use `bytes` of device memory at `ptr` as cuBLAS's workspace for the following GEMMs on
+    /// the current stream (until the next [`CublasBf16::set_stream`], which restores cuBLAS's
+    /// default workspace).
+    ///
+    /// # Safety
+    /// `ptr` must be a 256-byte aligned device buffer of the primary context of `bytes` bytes,
+    /// alive and used by nothing else until the GEMMs issued with it have completed.
+    pub unsafe fn set_workspace(&self, ptr: u64, bytes: usize) -> Result<(), GpuError> {
+        // SAFETY: the handle is live; the buffer per the contract above.
+        unsafe { bsys::cublasSetWorkspace_v2(*self.blas.handle(), ptr as *mut c_void, bytes) }
+            .result()
+            .map_err(blas_err("cublasSetWorkspace"))
+    }
+
     /// Y = alpha * A * W^T with A bf16 [m, k], W bf16 [n, k], Y bf16 [m, n], all row-major.
     ///
     /// # Safety

@@ -99,7 +99,7 @@ impl DequantGemm {
     }
 
     /// Y = alpha * deq(A) * deq(W)^T for `p`: W expanded into `workspace`, A too when it is NVFP4
-    /// (after W), then cuBLAS BF16; everything on `stream`.
+    /// (after W), then cuBLAS BF16 with cuBLAS's default workspace; everything on `stream`.
     ///
     /// # Safety
     /// The operands must be device buffers of `gpu`'s primary context in the data layout for `p`,
@@ -112,6 +112,27 @@ impl DequantGemm {
         p: &GemmProblem,
         ops: &Operands,
         workspace: u64,
+        stream: RawStream,
+    ) -> Result<(), CompositeError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_with(gpu, p, ops, workspace, None, stream) }
+    }
+
+    /// [`DequantGemm::launch`] with `blas_workspace` (device address, bytes) as cuBLAS's
+    /// workspace instead of its default one: scratch of a stream's own (the runtime's
+    /// per-stream workspaces), and no allocation by cuBLAS while the stream is captured.
+    ///
+    /// # Safety
+    /// As [`DequantGemm::launch`]; `blas_workspace`, when given, must be a 256-byte aligned device
+    /// buffer of that many bytes, alive until the work on `stream` completes and used by nothing
+    /// else until then.
+    pub unsafe fn launch_with(
+        &self,
+        gpu: &Gpu,
+        p: &GemmProblem,
+        ops: &Operands,
+        workspace: u64,
+        blas_workspace: Option<(u64, usize)>,
         stream: RawStream,
     ) -> Result<(), CompositeError> {
         if p.k % 16 != 0 {
@@ -131,10 +152,14 @@ impl DequantGemm {
             AType::Bf16 => ops.a,
         };
         let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: stream per the contract; the lock keeps set_stream + gemm together; the bf16
-        // operands hold m*k, n*k and Y m*n elements per the contract.
+        // SAFETY: stream per the contract; the lock keeps set_stream, set_workspace (set_stream
+        // restores cuBLAS's default workspace) and gemm together; the bf16 operands hold m*k, n*k
+        // and Y m*n elements and the cuBLAS workspace its bytes, per the contract.
         unsafe {
             blas.set_stream(stream)?;
+            if let Some((ptr, bytes)) = blas_workspace {
+                blas.set_workspace(ptr, bytes)?;
+            }
             blas.gemm(p.m as i32, p.n as i32, p.k as i32, ops.alpha, a, w16, ops.y)?;
         }
         Ok(())

@@ -1,20 +1,27 @@
 //! The dispatcher: kernels loaded at open, routes by shape, launches on the caller's stream.
 
-use super::composite::{workspace_elems, DequantGemm, Operands};
+use super::composite::{DequantGemm, Operands};
 use super::error::RuntimeError;
 use super::plan::{origins, Plan};
+use super::route::{moe_unavailable, MoeLayerRoute, MoeRouteTable, Route, RouteKind};
+use super::workspace::{check_capacity, GemmWorkspace, ScratchSizes};
 use crate::compile::cache::DiskCache;
 use crate::compile::Compiler;
 use crate::gpu::raw::RawStream;
-use crate::gpu::{DeviceBuf, DeviceInfo, GemmParams, Gpu, Kernel};
+use crate::gpu::{DeviceInfo, GemmParams, Gpu, Kernel};
+use crate::moe::MoeShape;
 use crate::problem::{AType, GemmProblem};
 use crate::table::{Fallback, Method, MismatchPolicy, Table, OP_GEMM};
 use crate::template::{Family, GemmConfig};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
+
+/// Source of [`Dispatcher`] identities (a workspace names the dispatcher that sized it).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// How to open a dispatcher.
 #[derive(Debug, Clone)]
@@ -26,46 +33,15 @@ pub struct Options {
     pub cache_dir: Option<PathBuf>,
     /// What a table made on another device or with other template sources does.
     pub policy: MismatchPolicy,
-    /// Largest M the split-K workspace is sized for at open (larger M grows it on first use).
+    /// Largest M the dispatcher's own workspace is sized for at open (larger M grows it on first
+    /// use through [`Dispatcher::gemm`]); also the size [`Dispatcher::gemm_workspace`] takes for
+    /// its `max_m` in the C ABI when given 0.
     pub max_m: u32,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Self { device: 0, cache_dir: None, policy: MismatchPolicy::Warn, max_m: 8192 }
-    }
-}
-
-/// How a launch's configuration was chosen (cheap to copy; the hot path returns it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteKind {
-    Exact,
-    NearestBucket {
-        bucket: u32,
-    },
-    /// The table's common configuration (shape not in the table).
-    Common,
-    /// The family default (shape not in the table, or the table's family disabled).
-    Default,
-}
-
-/// The configuration a launch uses and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Route {
-    /// The fused kernel (for `Method::DequantCublasBf16`, the entry's fallback kernel).
-    pub config: GemmConfig,
-    /// What the launch runs: the fused kernel, or the dequantize-then-cuBLAS path.
-    pub method: Method,
-    pub kind: RouteKind,
-}
-
-impl Route {
-    /// The kernel configuration's name, or the composite method's label.
-    pub fn name(&self) -> String {
-        match self.method {
-            Method::Fused => self.config.name(),
-            m => m.label().to_string(),
-        }
     }
 }
 
@@ -104,9 +80,15 @@ pub struct StartupReport {
     pub compile_s: f64,
     pub load_s: f64,
     pub total_s: f64,
+    /// The M the workspaces are sized for ([`Options::max_m`]).
+    pub max_m: u32,
+    /// Bytes of one workspace for M <= `max_m` (the dispatcher's own, or one stream's).
     pub workspace_bytes: usize,
-    /// Bytes of the composite path's bf16 workspace (0 when no entry uses it).
+    /// Of those, the bytes of the dequantize-then-cuBLAS method (bf16 expansion and cuBLAS
+    /// workspace; 0 when no entry uses it).
     pub composite_bytes: usize,
+    /// One line per grouped MoE layer of the table: its buckets per op and kernels.
+    pub moe_layers: Vec<String>,
     pub warnings: Vec<String>,
 }
 
@@ -131,15 +113,18 @@ impl fmt::Display for StartupReport {
         )?;
         write!(
             f,
-            "  start-up {:.3} s (compile {:.3} s, load {:.3} s), split-K workspace {} bytes",
-            self.total_s, self.compile_s, self.load_s, self.workspace_bytes
+            "  start-up {:.3} s (compile {:.3} s, load {:.3} s), workspace {} bytes per stream for M <= {}",
+            self.total_s, self.compile_s, self.load_s, self.workspace_bytes, self.max_m
         )?;
         if self.composite_bytes > 0 {
             write!(
                 f,
-                "\n  dequantize-then-cuBLAS entries: cuBLAS loaded, bf16 workspace {} bytes",
+                "\n  dequantize-then-cuBLAS entries: cuBLAS loaded, {} bytes of the workspace",
                 self.composite_bytes
             )?;
+        }
+        for l in &self.moe_layers {
+            write!(f, "\n  {l}")?;
         }
         for w in &self.warnings {
             write!(f, "\n  warning: {w}")?;
@@ -157,37 +142,28 @@ struct Loaded {
     kernel: Kernel,
 }
 
-#[derive(Debug)]
-struct Workspace {
-    floats: DeviceBuf<f32>,
-    counters: DeviceBuf<u32>,
-}
-
-impl Workspace {
-    fn bytes(&self) -> usize {
-        self.floats.bytes() + self.counters.bytes()
-    }
-}
-
 /// An open device with every kernel of a dispatch table loaded. `Send + Sync`: share one per
 /// device across serving threads.
 #[derive(Debug)]
 pub struct Dispatcher {
+    /// Unique in the process: the owner recorded in the workspaces it creates.
+    id: u64,
     gpu: Gpu,
     plan: Plan,
     kernels: Vec<Loaded>,
     by_config: HashMap<GemmConfig, usize>,
     /// Per (N, K, A type): (bucket, kernel index, method), buckets ascending.
     routes: HashMap<Shape, Vec<(u32, usize, Method)>>,
-    workspace: Mutex<Workspace>,
+    /// The workspace of [`Dispatcher::gemm`] (launches without a workspace of their own).
+    workspace: Mutex<GemmWorkspace>,
     /// The composite path, loaded when an entry chose it (else its entries run their fallback).
     composite: Option<DequantGemm>,
-    /// Its bf16 workspace (W, then NVFP4 A), shared like the split-K workspace.
-    composite_ws: Mutex<DeviceBuf<u16>>,
     /// First warning of each shape that fell back, and how many launches took it.
     fallbacks: Mutex<BTreeMap<Shape, (String, u64)>>,
-    /// The table's grouped MoE layers (`Table::moe`), when it has any.
+    /// The table's grouped MoE layers (`Table::moe`), when it has any this device runs.
     moe: Option<super::moe::MoeRuntime>,
+    /// Their routes (GPU-free) when loaded, else why there are none.
+    moe_routes: Result<MoeRouteTable, String>,
     report: StartupReport,
 }
 
@@ -233,7 +209,7 @@ impl Dispatcher {
         }
         // The composite path only when an entry chose it; without cuBLAS those entries run their
         // fallback kernel, said once in the start-up report.
-        let composite = if plan.composite_elems > 0 {
+        let composite = if plan.scratch.composite_elems > 0 {
             match DequantGemm::new(&gpu, &compiler) {
                 Ok(d) => Some(d),
                 Err(e) => {
@@ -257,15 +233,16 @@ impl Dispatcher {
             }
             routes.insert(*shape, r);
         }
-        let composite_elems = if composite.is_some() { plan.composite_elems } else { 0 };
-        let composite_ws = gpu.alloc_zeros::<u16>(composite_elems.max(1))?;
-        let workspace = Workspace {
-            floats: gpu.alloc_zeros::<f32>(plan.workspace_floats)?,
-            counters: gpu.alloc_zeros::<u32>(plan.counter_words)?,
-        };
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let scratch = scratch_with(&plan, options.max_m, composite.is_some());
+        let workspace = GemmWorkspace::new(&gpu, id, options.max_m, scratch)?;
         let moe = match table {
             Some((t, _)) => super::moe::MoeRuntime::load(&gpu, &compiler, t, &mut plan.warnings)?,
             None => None,
+        };
+        let moe_routes = match (&moe, table) {
+            (Some(_), Some((t, _))) => Ok(MoeRouteTable::new(t)),
+            _ => Err(moe_unavailable(table.map(|(t, _)| t), gpu.info())),
         };
         gpu.synchronize()?;
         let load_s = t_load.elapsed().as_secs_f64();
@@ -284,11 +261,15 @@ impl Dispatcher {
             compile_s,
             load_s,
             total_s: t0.elapsed().as_secs_f64(),
+            max_m: options.max_m,
             workspace_bytes: workspace.bytes(),
-            composite_bytes: composite_elems * 2,
+            composite_bytes: scratch.bytes()
+                - ScratchSizes { composite_elems: 0, blas_bytes: 0, ..scratch }.bytes(),
+            moe_layers: moe_routes.as_ref().map_or(Vec::new(), |r| r.summary()),
             warnings: plan.warnings.clone(),
         };
         Ok(Self {
+            id,
             gpu,
             plan,
             kernels,
@@ -296,22 +277,44 @@ impl Dispatcher {
             routes,
             workspace: Mutex::new(workspace),
             composite,
-            composite_ws: Mutex::new(composite_ws),
             fallbacks: Mutex::new(BTreeMap::new()),
             moe,
+            moe_routes,
             report,
         })
     }
 
-    /// The grouped MoE operations of the table's layers; an error when the table has none.
+    /// The grouped MoE operations of the table's layers; an error saying why when there are
+    /// none (no table, no grouped entries, or entries this device cannot run).
     pub fn moe(&self) -> Result<super::moe::MoeOps<'_>, RuntimeError> {
-        match &self.moe {
-            Some(runtime) => Ok(super::moe::MoeOps { gpu: &self.gpu, runtime }),
-            None => Err(RuntimeError::InvalidArgument(
+        match (&self.moe, &self.moe_routes) {
+            (Some(runtime), _) => Ok(super::moe::MoeOps { gpu: &self.gpu, runtime }),
+            (None, Err(why)) => Err(RuntimeError::InvalidArgument(why.clone())),
+            (None, Ok(_)) => Err(RuntimeError::InvalidArgument(
                 "the dispatch table has no grouped MoE entries (tune them with `fp4tune tune`)"
                     .into(),
             )),
         }
+    }
+
+    /// The grouped kernels the layer `shape` with activations `a_type` launches for `tokens`
+    /// (gate_up and down), the token bucket each fell into and why, no launch. An error saying
+    /// why when the layer has no grouped route (the grouped launches are refused then too).
+    pub fn moe_route(
+        &self,
+        shape: &MoeShape,
+        a_type: AType,
+        tokens: u32,
+    ) -> Result<MoeLayerRoute, RuntimeError> {
+        match &self.moe_routes {
+            Ok(routes) => routes.route(shape, a_type, tokens),
+            Err(why) => Err(RuntimeError::InvalidArgument(format!("no grouped route: {why}"))),
+        }
+    }
+
+    /// Every (layer shape, activation type) with grouped routes.
+    pub fn moe_layers(&self) -> Vec<(MoeShape, AType)> {
+        self.moe_routes.as_ref().map_or(Vec::new(), |r| r.layers())
     }
 
     pub fn report(&self) -> &StartupReport {
@@ -322,9 +325,27 @@ impl Dispatcher {
         self.gpu.info()
     }
 
-    /// Current size of the split-K workspace and counters, in bytes.
+    /// Current size of the dispatcher's own workspace (the one [`Dispatcher::gemm`] uses), in
+    /// bytes.
     pub fn workspace_bytes(&self) -> usize {
         self.workspace.lock().unwrap_or_else(|p| p.into_inner()).bytes()
+    }
+
+    /// The scratch every route of the table needs for M <= `max_m` on this device (the
+    /// dequantize-then-cuBLAS parts only when cuBLAS was loaded).
+    pub fn scratch_sizes(&self, max_m: u32) -> ScratchSizes {
+        scratch_with(&self.plan, max_m, self.composite.is_some())
+    }
+
+    /// A workspace for one stream's launches through [`Dispatcher::gemm_in`], sized for every
+    /// route of the table up to `max_m` ([`Dispatcher::scratch_sizes`]): create one per stream
+    /// that launches at the same time as others (two micro-batches on two streams), before any
+    /// capture. Allocates and waits for the allocation; the launches then allocate nothing.
+    pub fn gemm_workspace(&self, max_m: u32) -> Result<GemmWorkspace, RuntimeError> {
+        if max_m == 0 {
+            return Err(RuntimeError::InvalidArgument("a GEMM workspace needs max_m >= 1".into()));
+        }
+        GemmWorkspace::new(&self.gpu, self.id, max_m, self.scratch_sizes(max_m))
     }
 
     pub fn family(&self) -> Family {
@@ -385,29 +406,90 @@ impl Dispatcher {
         Ok((idx, kind, method))
     }
 
-    /// Launch Y = alpha * A * W^T with the table's kernel for this shape on `stream`.
+    /// Launch Y = alpha * A * W^T with the table's kernel for this shape on `stream`, with the
+    /// dispatcher's own workspace for split-K kernels and dequantize-then-cuBLAS entries.
+    ///
+    /// That workspace serves one stream: use this on a single stream (the default stream, say).
+    /// Streams whose launches may run at the same time each pass a workspace of their own to
+    /// [`Dispatcher::gemm_in`]. A launch that needs more than the workspace holds (M above
+    /// `Options::max_m` on such a route) grows it outside the hot path: it waits for the whole
+    /// device, so it is refused while `stream` is being captured into a CUDA graph.
     ///
     /// # Safety
     /// The pointers must be device addresses in this device's primary context of buffers holding
     /// at least the data layout's sizes for (m, n, k) (W codes `n*k/2` bytes, W scales the
     /// swizzled size with rows padded to 128, A `m*k*2` bytes (W4A16) or `m*k/2` + swizzled scales
     /// (W4A4), Y `m*n*2` bytes), alive until the launch completes; `stream` must be 0 or a live
-    /// stream of that context. Launches that use the dispatcher's workspaces (split-K kernels,
-    /// dequantize-then-cuBLAS entries) on *different* streams must not overlap on the GPU: the
-    /// caller orders them (launches on one stream are ordered by the stream).
+    /// stream of that context. Launches through this function that use the workspace (split-K
+    /// kernels, dequantize-then-cuBLAS entries) must not overlap on the GPU: they come from one
+    /// stream, or the caller orders them.
     pub unsafe fn gemm(&self, args: &GemmArgs, stream: RawStream) -> Result<Route, RuntimeError> {
         validate(args)?;
         let p = GemmProblem::new(args.m, args.n, args.k, args.a_type);
         let (idx, kind, method) = self.route_index(&p)?;
+        let need = ScratchSizes::of_launch(&self.kernels[idx].config, &p, method);
+        if need.is_empty() {
+            // SAFETY: the caller's buffer and stream contract; the launch uses no scratch.
+            return unsafe { self.launch(idx, kind, method, args, &p, None, stream) };
+        }
+        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        if !ws.capacity().covers(&need) {
+            // SAFETY: stream validity is the caller's contract.
+            unsafe { self.grow(&mut ws, &need, p.m, stream)? };
+        }
+        // SAFETY: the caller's buffer and stream contract; the workspace is held under the lock
+        // and used by no other stream's launch (this function's contract).
+        unsafe { self.launch(idx, kind, method, args, &p, Some(&ws), stream) }
+    }
+
+    /// [`Dispatcher::gemm`] with `ws` as the scratch memory: launches on different streams, each
+    /// with its own workspace, never share scratch and may run at the same time. No allocation,
+    /// no synchronization, no lock: capturable into a CUDA graph. A launch that needs more than
+    /// `ws` holds (M above its `max_m` on a split-K or dequantize-then-cuBLAS route, or a shape
+    /// outside the table whose fallback uses split-K) is refused before anything is enqueued
+    /// ([`RuntimeError::WorkspaceTooSmall`]), as is a workspace of another dispatcher.
+    ///
+    /// # Safety
+    /// As [`Dispatcher::gemm`] for the operands and `stream`; `ws` must not be used by launches on
+    /// other streams until this launch completes (launches on one stream are ordered by it).
+    pub unsafe fn gemm_in(
+        &self,
+        args: &GemmArgs,
+        ws: &GemmWorkspace,
+        stream: RawStream,
+    ) -> Result<Route, RuntimeError> {
+        validate(args)?;
+        if ws.owner != self.id {
+            return Err(RuntimeError::ForeignWorkspace);
+        }
+        let p = GemmProblem::new(args.m, args.n, args.k, args.a_type);
+        let (idx, kind, method) = self.route_index(&p)?;
+        // SAFETY: the caller's buffer, stream and workspace contract.
+        unsafe { self.launch(idx, kind, method, args, &p, Some(ws), stream) }
+    }
+
+    /// Enqueue the routed launch on `stream` with `ws` as its scratch (refused, before anything
+    /// is enqueued, when the launch needs more than `ws` holds; `None` holds nothing).
+    ///
+    /// # Safety
+    /// As [`Dispatcher::gemm_in`]; `args` validated, `(idx, method)` from `route_index` for `p`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch(
+        &self,
+        idx: usize,
+        kind: RouteKind,
+        method: Method,
+        args: &GemmArgs,
+        p: &GemmProblem,
+        ws: Option<&GemmWorkspace>,
+        stream: RawStream,
+    ) -> Result<Route, RuntimeError> {
         let loaded = &self.kernels[idx];
         let config = loaded.config;
+        let need = ScratchSizes::of_launch(&config, p, method);
+        let (have, max_m) = ws.map_or((ScratchSizes::default(), 0), |w| (w.capacity(), w.max_m()));
+        check_capacity(&have, max_m, &need, p)?;
         if let (Method::DequantCublasBf16, Some(composite)) = (method, &self.composite) {
-            let elems = workspace_elems(&p);
-            let mut ws = self.composite_ws.lock().unwrap_or_else(|e| e.into_inner());
-            if ws.len() < elems {
-                // SAFETY: stream validity is the caller's contract.
-                unsafe { self.grow_composite(&mut ws, elems, stream)? };
-            }
             let ops = Operands {
                 a: args.a,
                 a_sf: args.a_sf,
@@ -416,113 +498,65 @@ impl Dispatcher {
                 y: args.y,
                 alpha: args.alpha,
             };
-            // SAFETY: caller's buffer/stream contract; the workspace holds what this launch needs
-            // (checked above) and outlives it (freed only after a device synchronization); no
-            // other launch uses it meanwhile: same-stream launches are ordered by the stream,
-            // and the caller orders launches on other streams (this function's contract).
-            unsafe { composite.launch(&self.gpu, &p, &ops, ws.ptr(), stream) }?;
+            // The capacity check above guarantees a workspace here.
+            let (expand, blas) = ws.map_or((0, None), |w| (w.composite(), Some(w.blas())));
+            // SAFETY: caller's buffer/stream contract; the workspace's expansion region and cuBLAS
+            // region hold what this launch needs (checked above), outlive it (a workspace is
+            // dropped only after its launches completed: its contract; the dispatcher's own one
+            // only after a device synchronization) and no other stream's launch uses them
+            // meanwhile (the contract of `gemm` and `gemm_in`).
+            unsafe { composite.launch_with(&self.gpu, p, &ops, expand, blas, stream) }?;
             return Ok(Route { config, method, kind });
         }
-        let mut params = GemmParams {
+        let (workspace, counters) =
+            if config.split_k > 1 { ws.map_or((0, 0), |w| w.split_k()) } else { (0, 0) };
+        let params = GemmParams {
             a: args.a,
             a_sf: args.a_sf,
             w: args.w,
             w_sf: args.w_sf,
             y: args.y,
-            workspace: 0,
-            counters: 0,
+            workspace,
+            counters,
             m: args.m as i32,
             n: args.n as i32,
             k: args.k as i32,
             alpha: args.alpha,
         };
-        let dims = config.launch_dims(&p);
-        if config.split_k > 1 {
-            let floats = config.workspace_floats(&p);
-            let counters = config.counter_words(&p);
-            let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
-            if ws.floats.len() < floats || ws.counters.len() < counters {
-                // SAFETY: stream validity is the caller's contract.
-                unsafe { self.grow(&mut ws, floats, counters, stream)? };
-            }
-            params.workspace = ws.floats.ptr();
-            params.counters = ws.counters.ptr();
-            // SAFETY: caller's buffer/stream contract; the workspace and counters hold at least
-            // what this launch needs (checked above), are zero between launches (the kernel leaves
-            // the counters zeroed) and outlive the launch (freed only after a device
-            // synchronization); launches that share them are ordered by the stream or, across
-            // streams, by the caller (this function's contract).
-            unsafe { self.gpu.launch_on_stream(&loaded.kernel, dims, &params, stream)? };
-        } else {
-            // SAFETY: caller's buffer/stream contract; no workspace is used without split-K.
-            unsafe { self.gpu.launch_on_stream(&loaded.kernel, dims, &params, stream)? };
-        }
+        let dims = config.launch_dims(p);
+        // SAFETY: caller's buffer/stream contract. With split-K, the workspace and counters hold
+        // at least what this launch needs (checked above), the counters are zero between launches
+        // (zeroed at creation, and the kernel leaves them zeroed), they outlive the launch and no
+        // other stream's launch uses them meanwhile (as above); without split-K no scratch is
+        // read or written.
+        unsafe { self.gpu.launch_on_stream(&loaded.kernel, dims, &params, stream)? };
         Ok(Route { config, method: Method::Fused, kind })
     }
 
-    /// Replace a workspace (slow path), for both the split-K and the composite one: refused
-    /// during graph capture; otherwise waits for the whole device (the old buffers may be in use
-    /// on any stream), then allocates the new, zeroed buffers with `alloc`.
+    /// Replace the dispatcher's own workspace by one that holds `need` (each short kind at least
+    /// doubled) and M up to `m` (slow path): refused during graph capture; otherwise waits for the
+    /// whole device (the old buffer may be in use on any stream), then allocates the new one.
     ///
     /// # Safety
     /// `stream` must be 0 or a live stream of the primary context.
     #[cold]
-    unsafe fn regrow<T>(
-        &self,
-        needed_bytes: usize,
-        have_bytes: usize,
-        stream: RawStream,
-        alloc: impl FnOnce(&Gpu) -> Result<T, crate::gpu::GpuError>,
-    ) -> Result<T, RuntimeError> {
-        // SAFETY: forwarded stream contract.
-        if unsafe { self.gpu.stream_is_capturing(stream)? } {
-            return Err(RuntimeError::WorkspaceDuringCapture { needed_bytes, have_bytes });
-        }
-        self.gpu.synchronize_device()?;
-        let new = alloc(&self.gpu)?;
-        self.gpu.synchronize()?;
-        Ok(new)
-    }
-
-    /// Grow the composite workspace to at least `elems` bf16 (at least doubling it).
-    ///
-    /// # Safety
-    /// `stream` must be 0 or a live stream of the primary context.
-    unsafe fn grow_composite(
-        &self,
-        ws: &mut DeviceBuf<u16>,
-        elems: usize,
-        stream: RawStream,
-    ) -> Result<(), RuntimeError> {
-        let len = elems.max(ws.len() * 2);
-        // SAFETY: forwarded stream contract.
-        *ws = unsafe { self.regrow(elems * 2, ws.bytes(), stream, |g| g.alloc_zeros::<u16>(len))? };
-        Ok(())
-    }
-
-    /// Grow the split-K workspace and counters to at least these sizes (at least doubling them).
-    ///
-    /// # Safety
-    /// `stream` must be 0 or a live stream of the primary context.
     unsafe fn grow(
         &self,
-        ws: &mut Workspace,
-        floats: usize,
-        counters: usize,
+        ws: &mut GemmWorkspace,
+        need: &ScratchSizes,
+        m: u32,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        let floats = floats.max(ws.floats.len());
-        let counters = counters.max(ws.counters.len());
-        let (nf, nc) = (floats.max(ws.floats.len() * 2), counters.max(ws.counters.len() * 2));
+        let capacity = ws.capacity().grown_for(need);
         // SAFETY: forwarded stream contract.
-        *ws = unsafe {
-            self.regrow(floats * 4 + counters * 4, ws.bytes(), stream, |g| {
-                Ok(Workspace {
-                    floats: g.alloc_zeros::<f32>(nf)?,
-                    counters: g.alloc_zeros::<u32>(nc)?,
-                })
-            })?
-        };
+        if unsafe { self.gpu.stream_is_capturing(stream)? } {
+            return Err(RuntimeError::WorkspaceDuringCapture {
+                needed_bytes: capacity.bytes(),
+                have_bytes: ws.bytes(),
+            });
+        }
+        self.gpu.synchronize_device()?;
+        *ws = GemmWorkspace::new(&self.gpu, self.id, ws.max_m().max(m), capacity)?;
         Ok(())
     }
 
@@ -541,6 +575,17 @@ impl Drop for Dispatcher {
         // Kernels of ours may still run on the caller's streams: wait before the modules and the
         // workspace go. Errors cannot be reported from a drop and are ignored.
         let _ = self.gpu.synchronize_device();
+    }
+}
+
+/// The plan's scratch for M <= `max_m`, without the dequantize-then-cuBLAS parts when cuBLAS was
+/// not loaded (those entries then run their fused fallback kernel, which the plan counts too).
+fn scratch_with(plan: &Plan, max_m: u32, composite: bool) -> ScratchSizes {
+    let s = plan.scratch(max_m);
+    if composite {
+        s
+    } else {
+        ScratchSizes { composite_elems: 0, blas_bytes: 0, ..s }
     }
 }
 
@@ -695,11 +740,16 @@ mod tests {
             load_s: 0.01,
             composite_bytes: 0,
             total_s: 0.7,
+            max_m: 8192,
             workspace_bytes: 4096,
+            moe_layers: vec!["grouped MoE w4a16 hidden 6144: gate_up at B = 1".into()],
             warnings: vec!["w1".into()],
         };
         let s = r.to_string();
         assert!(s.contains("9 kernels: 2 compiled, 7 from the disk cache"), "{s}");
         assert!(s.contains("warning: w1"), "{s}");
+        assert!(s.contains("workspace 4096 bytes per stream for M <= 8192"), "{s}");
+        assert!(!s.contains("dequantize-then-cuBLAS"), "{s}");
+        assert!(s.contains("\n  grouped MoE w4a16 hidden 6144: gate_up at B = 1\n"), "{s}");
     }
 }

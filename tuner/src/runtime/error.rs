@@ -49,9 +49,19 @@ pub enum RuntimeError {
     Composite(#[from] super::composite::CompositeError),
     #[error(
         "a workspace (split-K or dequantize-then-cuBLAS) must grow to {needed_bytes} bytes (has {have_bytes}) \
-         while the stream is being captured into a CUDA graph; launch this shape once before capturing"
+         while the stream is being captured into a CUDA graph; launch this shape once before capturing, or \
+         launch with a workspace sized at creation (`Dispatcher::gemm_in`, `fp4tune_gemm_ws`)"
     )]
     WorkspaceDuringCapture { needed_bytes: usize, have_bytes: usize },
+    #[error(
+        "{problem} needs {needed}; the workspace holds {have} (sized for max_m {max_m}): \
+         create the stream's workspace with a larger max_m (only the table's shapes are planned)"
+    )]
+    WorkspaceTooSmall { problem: String, needed: String, have: String, max_m: u32 },
+    #[error(
+        "the workspace was created by another dispatcher: create one per dispatcher and stream"
+    )]
+    ForeignWorkspace,
     #[error("internal error: configuration {0} was chosen but not loaded")]
     NotLoaded(String),
 }

@@ -237,3 +237,279 @@ fn untuned_dispatcher_runs_both_activation_types_with_defaults() {
     let e = unsafe { disp.gemm(&args, 0) }.unwrap_err();
     assert!(e.to_string().contains("null device pointer `a`"), "{e}");
 }
+
+/// One GEMM's operands on the device, its output buffer and its CPU reference.
+struct Uploaded {
+    p: GemmProblem,
+    _keep: Vec<DeviceBuf<u8>>,
+    args: GemmArgs,
+    y: DeviceBuf<u16>,
+    reference: Vec<f32>,
+}
+
+fn upload(gpu: &Gpu, p: GemmProblem, seed: u64) -> Uploaded {
+    let o = operands(&p, seed);
+    let reference = match &o.a_fp4 {
+        Some(a) => reference_gemm(GemmA::Nvfp4(a), &o.w).unwrap(),
+        None => reference_gemm(
+            GemmA::Bf16 { data: &o.a_bf16, rows: p.m as usize, cols: p.k as usize },
+            &o.w,
+        )
+        .unwrap(),
+    };
+    let dw = gpu.upload(&o.w.codes).unwrap();
+    let dwsf = gpu.upload(&o.w.scales_swizzled()).unwrap();
+    let (da, dasf) = match &o.a_fp4 {
+        Some(a) => (gpu.upload(&a.codes).unwrap(), Some(gpu.upload(&a.scales_swizzled()).unwrap())),
+        None => {
+            let bytes: Vec<u8> = o.a_bf16.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
+            (gpu.upload(&bytes).unwrap(), None)
+        }
+    };
+    let y = gpu.alloc_zeros::<u16>((p.m * p.n) as usize).unwrap();
+    let args = GemmArgs {
+        a: da.ptr(),
+        a_sf: dasf.as_ref().map_or(0, |b| b.ptr()),
+        w: dw.ptr(),
+        w_sf: dwsf.ptr(),
+        y: y.ptr(),
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        a_type: p.a_type,
+        alpha: reference.alpha,
+    };
+    let mut keep = vec![da, dw, dwsf];
+    keep.extend(dasf);
+    Uploaded { p, _keep: keep, args, y, reference: reference.y_f32 }
+}
+
+impl Uploaded {
+    /// The output, checked against the CPU reference with the bound of `run`.
+    fn checked(&self, gpu: &Gpu, what: &str) -> Vec<u16> {
+        let y = gpu.download(&self.y).unwrap();
+        let max_ref = self.reference.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let max_err = y
+            .iter()
+            .zip(&self.reference)
+            .map(|(g, r)| (bf16::from_bits(*g).to_f32() - r).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            max_err <= max_ref * 2f32.powi(-7),
+            "{} ({what}): max |err| {max_err} vs max |ref| {max_ref}",
+            self.p
+        );
+        y
+    }
+}
+
+/// Split-K launches of one entry on two streams at once, each stream with its own workspace and
+/// its own weights and activations (the two micro-batches of a serving engine): every output
+/// equals, bit for bit, the output of the same launch on one stream alone (split-K sums in a
+/// fixed order), and matches the CPU reference. The second stream's launches are also captured
+/// into a CUDA graph and replayed against direct launches on the first: a workspace sized at
+/// creation allocates and synchronizes nothing. A launch the workspace cannot hold and a
+/// workspace of another dispatcher are refused.
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn split_k_launches_on_two_streams_with_their_own_workspaces_match_one_stream() {
+    let gpu = Gpu::open(0).unwrap();
+    // A second handle: its own stream in the same primary context.
+    let other = Gpu::open(0).unwrap();
+    let streams = [gpu.own_stream(), other.own_stream()];
+    assert_ne!(streams[0], streams[1]);
+    let (table, _, split) = table_for(&gpu);
+    assert!(split.split_k > 1, "the family has a split-K configuration for M = 16: {split}");
+    let cache = tempfile::tempdir().unwrap();
+    let options =
+        Options { cache_dir: Some(cache.path().join("cubin")), max_m: 16, ..Options::default() };
+    let disp = Dispatcher::open_with(Some((&table, Path::new("test.ron"))), &options).unwrap();
+    let p = GemmProblem::new(16, 512, 6144, AType::Bf16);
+    let route = disp.route(16, 512, 6144, AType::Bf16).unwrap();
+    assert_eq!((route.config, route.kind), (split, RouteKind::Exact));
+    let ws = [disp.gemm_workspace(16).unwrap(), disp.gemm_workspace(16).unwrap()];
+    assert!(ws[0].capacity().split_k_floats >= split.workspace_floats(&p), "{:?}", ws[0]);
+    const ROUNDS: usize = 12;
+    // sets[s][r]: stream s, round r; different weights per stream, activations per launch.
+    let mut sets: Vec<Vec<Uploaded>> = (0..2)
+        .map(|s| (0..ROUNDS).map(|r| upload(&gpu, p, 100 + 37 * s as u64 + r as u64)).collect())
+        .collect();
+    gpu.synchronize().unwrap();
+    // One stream alone, one launch at a time.
+    let mut alone: Vec<Vec<Vec<u16>>> = Vec::new();
+    for set in &mut sets {
+        let mut outs = Vec::new();
+        for u in set {
+            // SAFETY: live buffers of the layout's sizes for p, kept until the synchronization;
+            // the Gpu's own stream; ws[0] is used by this stream only.
+            unsafe { disp.gemm_in(&u.args, &ws[0], streams[0]) }.unwrap();
+            // SAFETY: as above.
+            unsafe { disp.synchronize(streams[0]) }.unwrap();
+            outs.push(u.checked(&gpu, "one stream"));
+            gpu.zero(&mut u.y).unwrap();
+        }
+        alone.push(outs);
+    }
+    gpu.synchronize().unwrap();
+    // Every output equals the one-stream output, then is zeroed again (a launch that did not run
+    // cannot pass the next comparison).
+    let compare = |sets: &mut [Vec<Uploaded>], what: &str| {
+        for (s, set) in sets.iter_mut().enumerate() {
+            for (r, u) in set.iter_mut().enumerate() {
+                let y = u.checked(&gpu, what);
+                assert!(y == alone[s][r], "{what}: stream {s} round {r} differs from one stream");
+                gpu.zero(&mut u.y).unwrap();
+            }
+        }
+        gpu.synchronize().unwrap();
+    };
+    // Both streams at once, launches interleaved, no synchronization in between.
+    for (u0, u1) in sets[0].iter().zip(&sets[1]) {
+        for (s, u) in [u0, u1].into_iter().enumerate() {
+            // SAFETY: as above; stream s uses workspace s only.
+            unsafe { disp.gemm_in(&u.args, &ws[s], streams[s]) }.unwrap();
+        }
+    }
+    for s in streams {
+        // SAFETY: live streams of the primary context.
+        unsafe { disp.synchronize(s) }.unwrap();
+    }
+    compare(&mut sets, "two streams");
+    // The second stream's launches captured into a graph, replayed next to direct launches on the
+    // first stream.
+    let graph = other
+        .capture(|| {
+            for u in &sets[1] {
+                // SAFETY: as above; the capturing stream is `other`'s own.
+                unsafe { disp.gemm_in(&u.args, &ws[1], streams[1]) }.map_err(|e| {
+                    crate::gpu::GpuError::Kernel {
+                        kernel: "gemm_in".into(),
+                        message: e.to_string(),
+                    }
+                })?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    graph.launch().unwrap();
+    for u in &sets[0] {
+        // SAFETY: as above.
+        unsafe { disp.gemm_in(&u.args, &ws[0], streams[0]) }.unwrap();
+    }
+    other.synchronize().unwrap();
+    gpu.synchronize().unwrap();
+    compare(&mut sets, "a captured graph on the second stream");
+    // M = 200 takes the split-K bucket 16 and needs more than a workspace for M <= 16 holds.
+    let big = upload(&gpu, GemmProblem::new(200, 512, 6144, AType::Bf16), 9);
+    gpu.synchronize().unwrap();
+    // SAFETY: refused before anything is enqueued.
+    let e = unsafe { disp.gemm_in(&big.args, &ws[0], streams[0]) }.unwrap_err();
+    assert!(matches!(e, RuntimeError::WorkspaceTooSmall { max_m: 16, .. }), "{e}");
+    let ws200 = disp.gemm_workspace(200).unwrap();
+    // SAFETY: as above.
+    unsafe { disp.gemm_in(&big.args, &ws200, streams[0]) }.unwrap();
+    gpu.synchronize().unwrap();
+    big.checked(&gpu, "a workspace for M <= 200");
+    // A workspace of another dispatcher is refused.
+    let disp2 = Dispatcher::open_with(Some((&table, Path::new("test.ron"))), &options).unwrap();
+    let foreign = disp2.gemm_workspace(16).unwrap();
+    // SAFETY: refused before anything is enqueued.
+    let e = unsafe { disp.gemm_in(&sets[0][0].args, &foreign, streams[0]) }.unwrap_err();
+    assert!(matches!(e, RuntimeError::ForeignWorkspace), "{e}");
+}
+
+/// Dequantize-then-cuBLAS entries on two streams at once, each with its own workspace (the bf16
+/// expansion of W and cuBLAS's workspace) and its own weights: every output matches the CPU
+/// reference (a shared expansion would multiply by the other stream's weights).
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn dequantize_then_cublas_on_two_streams_with_their_own_workspaces_is_correct() {
+    let gpu = Gpu::open(0).unwrap();
+    let other = Gpu::open(0).unwrap();
+    let streams = [gpu.own_stream(), other.own_stream()];
+    let (mut table, d, _) = table_for(&gpu);
+    table.entries.push(Entry {
+        key: TableKey::gemm(d.family, AType::Bf16, 1024, 2048, 64),
+        method: Method::DequantCublasBf16,
+        config: default_config(d.family, AType::Bf16),
+        median_us: 9.0,
+        interval_us: (8.9, 9.1),
+        roofline_fraction: 0.2,
+        runners_up: vec![],
+    });
+    table.validate("test").unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let options =
+        Options { cache_dir: Some(cache.path().to_path_buf()), max_m: 64, ..Options::default() };
+    let disp = Dispatcher::open_with(Some((&table, Path::new("test.ron"))), &options).unwrap();
+    let p = GemmProblem::new(64, 1024, 2048, AType::Bf16);
+    assert_eq!(disp.route(64, 1024, 2048, AType::Bf16).unwrap().method, Method::DequantCublasBf16);
+    let ws = [disp.gemm_workspace(64).unwrap(), disp.gemm_workspace(64).unwrap()];
+    assert!(ws[0].capacity().composite_elems >= 1024 * 2048, "{:?}", ws[0].capacity());
+    assert!(ws[0].capacity().blas_bytes > 0);
+    const ROUNDS: usize = 8;
+    let sets: Vec<Vec<Uploaded>> = (0..2)
+        .map(|s| (0..ROUNDS).map(|r| upload(&gpu, p, 500 + 41 * s as u64 + r as u64)).collect())
+        .collect();
+    gpu.synchronize().unwrap();
+    for (u0, u1) in sets[0].iter().zip(&sets[1]) {
+        for (s, u) in [u0, u1].into_iter().enumerate() {
+            // SAFETY: live buffers of the layout's sizes, kept until the synchronization below;
+            // stream s uses workspace s only.
+            unsafe { disp.gemm_in(&u.args, &ws[s], streams[s]) }.unwrap();
+        }
+    }
+    other.synchronize().unwrap();
+    gpu.synchronize().unwrap();
+    for (s, set) in sets.iter().enumerate() {
+        for (r, u) in set.iter().enumerate() {
+            u.checked(&gpu, &format!("stream {s} round {r}"));
+        }
+    }
+}
+
+/// The grouped route a dispatcher reports is the kernel its grouped launches pick, at every
+/// token count (inside, between and beyond the tuned buckets), for the committed H200 table's
+/// grouped entries; a layer without grouped entries has no route and says so.
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
+    let gpu = Gpu::open(0).unwrap();
+    if gpu.info().compute_capability != (9, 0) {
+        eprintln!("skipped: the grouped kernels run on the sm90 family");
+        return;
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/nvidia-h200.ron");
+    let mut table = Table::load(&path).unwrap();
+    table.entries.clear(); // the grouped entries only
+    let cache = tempfile::tempdir().unwrap();
+    let options = Options { cache_dir: Some(cache.path().to_path_buf()), ..Options::default() };
+    let disp = Dispatcher::open_with(Some((&table, path.as_path())), &options).unwrap();
+    let shape = crate::moe::MoeShape::GLM5_TP8;
+    assert_eq!(disp.moe_layers(), vec![(shape, AType::Bf16)]);
+    assert!(!disp.report().moe_layers.is_empty(), "{}", disp.report());
+    for tokens in [1, 2, 3, 5, 8, 20, 23, 100, 700, 1024, 4096, 100_000] {
+        let r = disp.moe_route(&shape, AType::Bf16, tokens).unwrap();
+        let (gate_up, down) = disp.moe().unwrap().route(&shape, tokens).unwrap();
+        assert_eq!((r.gate_up.config, r.down.config), (gate_up, down), "B={tokens}: {r}");
+        let entry = |op, b| table.moe.iter().find(|e| e.key.op == op && e.key.tokens == b).unwrap();
+        assert_eq!(entry(crate::moe::MoeOp::GateUp, r.gate_up.bucket).config, gate_up);
+        assert_eq!(entry(crate::moe::MoeOp::Down, r.down.bucket).config, down);
+    }
+    let e = disp.moe_route(&crate::moe::MoeShape::GLM5_EP8, AType::Bf16, 8).unwrap_err();
+    assert!(e.to_string().contains("no grouped route"), "{e}");
+    // Without grouped entries: no route, and the reason.
+    let (gemm_only, _, _) = table_for(&gpu);
+    let disp = Dispatcher::open_with(Some((&gemm_only, Path::new("t.ron"))), &options).unwrap();
+    let e = disp.moe_route(&shape, AType::Bf16, 8).unwrap_err().to_string();
+    assert!(e.contains("no grouped MoE entries"), "{e}");
+}

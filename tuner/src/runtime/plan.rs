@@ -2,6 +2,7 @@
 //! shape, the split-K workspace size, and compiling them.
 
 use super::error::RuntimeError;
+use super::workspace::ScratchSizes;
 use crate::compile::{CompiledKernel, Compiler, Origin};
 use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
@@ -29,12 +30,9 @@ pub struct Plan {
     pub kernels: Vec<PlannedKernel>,
     /// Per (N, K, A type): (bucket, configuration, method), buckets ascending.
     pub routes: HashMap<(u32, u32, AType), Vec<Bucket>>,
-    /// Split-K workspace (f32 elements) and tile counters (u32) the routes need for M <= max_m.
-    pub workspace_floats: usize,
-    pub counter_words: usize,
-    /// bf16 elements of the composite path's workspace the routes need for M <= max_m (0: no
-    /// entry uses it, and cuBLAS is not loaded).
-    pub composite_elems: usize,
+    /// Scratch the routes need for M <= max_m ([`Plan::scratch`]); `composite_elems` 0: no entry
+    /// uses the dequantize-then-cuBLAS method, and cuBLAS is not loaded.
+    pub scratch: ScratchSizes,
     pub max_m: u32,
     /// Table entries (all ops and families).
     pub entries: usize,
@@ -75,19 +73,10 @@ impl Plan {
         }
         let mut kernels: BTreeMap<GemmConfig, bool> = BTreeMap::new();
         let mut routes = HashMap::new();
-        let (mut ws, mut counters, mut composite) = (0usize, 0usize, 0usize);
         for a_type in [AType::Nvfp4, AType::Bf16] {
             for ((n, k), buckets) in lookup.shapes(OP_GEMM, family, a_type) {
-                for (i, &(bucket, config, method)) in buckets.iter().enumerate() {
+                for &(_, config, _) in buckets {
                     kernels.insert(config, true);
-                    // M routed here: up to this bucket, or up to max_m for the largest bucket.
-                    let m = if i + 1 == buckets.len() { bucket.max(max_m) } else { bucket };
-                    let p = GemmProblem::new(m, n, k, a_type);
-                    ws = ws.max(config.workspace_floats(&p));
-                    counters = counters.max(config.counter_words(&p));
-                    if method == Method::DequantCublasBf16 {
-                        composite = composite.max(super::composite::workspace_elems(&p));
-                    }
                 }
                 routes.insert((n, k, a_type), buckets.to_vec());
             }
@@ -104,19 +93,38 @@ impl Plan {
             .map(|(config, required)| PlannedKernel { config, required })
             .collect();
         kernels.sort_by_key(|k| !k.required);
-        Ok(Plan {
+        let mut plan = Plan {
             family,
             lookup,
             check,
             kernels,
             routes,
-            workspace_floats: ws,
-            counter_words: counters,
-            composite_elems: composite,
+            scratch: ScratchSizes::default(),
             max_m,
             entries: table.map_or(0, |t| t.entries.len()),
             warnings,
-        })
+        };
+        plan.scratch = plan.scratch(max_m);
+        Ok(plan)
+    }
+
+    /// The scratch every route needs for M <= `max_m`: each bucket takes the M up to it, the
+    /// largest bucket of a shape every M up to `max_m`. Entries of the dequantize-then-cuBLAS
+    /// method count both ways (they run their fused fallback kernel when cuBLAS cannot be
+    /// loaded). Shapes outside the table (common and default configurations) are not planned.
+    pub fn scratch(&self, max_m: u32) -> ScratchSizes {
+        let mut s = ScratchSizes::default();
+        for (&(n, k, a_type), buckets) in &self.routes {
+            for (i, &(bucket, config, method)) in buckets.iter().enumerate() {
+                let m = if i + 1 == buckets.len() { bucket.max(max_m) } else { bucket };
+                let p = GemmProblem::new(m, n, k, a_type);
+                s = s.max(ScratchSizes::of_launch(&config, &p, Method::Fused));
+                if method == Method::DequantCublasBf16 {
+                    s = s.max(ScratchSizes::of_launch(&config, &p, method));
+                }
+            }
+        }
+        s
     }
 
     /// Render and compile every planned kernel (in parallel, through `compiler`'s caches). A
@@ -216,15 +224,40 @@ mod tests {
         t.entries[i].runners_up.clear();
         let p = Plan::new(Some(&t), "t", &h200(), MismatchPolicy::Warn, 4096).unwrap();
         // Bucket 16 is not the largest of its shape: M <= 16 is routed to it.
-        assert_eq!(p.workspace_floats, 4 * 16 * 512);
+        assert_eq!(p.scratch.split_k_floats, 4 * 16 * 512);
         assert_eq!(
-            p.counter_words,
+            p.scratch.counter_words,
             (512usize.div_ceil(c.block_n as usize)) * 16usize.div_ceil(c.block_m as usize)
         );
+        assert_eq!(p.scratch(64), p.scratch, "a larger max_m does not change a middle bucket");
         // As the largest bucket it takes every M up to max_m.
         t.entries.retain(|e| e.key.n == 512 && e.key.m == 16);
         let p = Plan::new(Some(&t), "t", &h200(), MismatchPolicy::Warn, 4096).unwrap();
-        assert_eq!(p.workspace_floats, 4 * 4096 * 512);
+        assert_eq!(p.scratch.split_k_floats, 4 * 4096 * 512);
+        assert_eq!(p.scratch(100).split_k_floats, 4 * 100 * 512, "a workspace for M <= 100");
+        assert_eq!(p.scratch(8).split_k_floats, 4 * 16 * 512, "at least the bucket itself");
+        assert_eq!(p.scratch.composite_elems, 0);
+    }
+
+    #[test]
+    fn composite_entries_size_the_expansion_and_cublas_and_their_fallback_kernel() {
+        let mut t = table();
+        let i = t.entries.iter().position(|e| e.key.n == 512 && e.key.m == 256).unwrap();
+        t.entries[i].method = Method::DequantCublasBf16;
+        let fallback = t.entries[i].config;
+        let p = Plan::new(Some(&t), "t", &h200(), MismatchPolicy::Warn, 1024).unwrap();
+        // (512, 6144) W4A16: W expanded to bf16; bucket 256 is the largest, so up to max_m.
+        assert_eq!(p.scratch.composite_elems, 512 * 6144);
+        assert_eq!(p.scratch.blas_bytes, super::super::workspace::BLAS_WORKSPACE_BYTES);
+        let big = GemmProblem::new(1024, 512, 6144, AType::Bf16);
+        assert!(p.scratch.split_k_floats >= fallback.workspace_floats(&big));
+        // Without such entries there is no cuBLAS workspace.
+        let p = Plan::new(Some(&table()), "t", &h200(), MismatchPolicy::Warn, 1024).unwrap();
+        assert_eq!((p.scratch.composite_elems, p.scratch.blas_bytes), (0, 0));
+        assert_eq!(
+            Plan::new(None, "-", &h200(), MismatchPolicy::Warn, 1024).unwrap().scratch.bytes(),
+            0
+        );
     }
 
     #[test]
