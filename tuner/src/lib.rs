@@ -12,6 +12,7 @@ pub mod plot;
 pub mod problem;
 pub mod runtime;
 pub mod search;
+pub mod selftest;
 pub mod shapes;
 pub mod table;
 pub mod template;

@@ -72,6 +72,10 @@ enum Command {
     Check(cli::check::CheckArgs),
     /// Render SVG figures from tables, measurement logs and bench CSVs (no GPU).
     Report(cli::report::ReportArgs),
+    /// Self-test of this GPU: probe the tensor-core instruction of its kernel family, then run a
+    /// table's kernels (or the representative ones) against the CPU reference; PASS/FAIL per
+    /// check, exit 0 all pass, 1 a failure, 2 cannot run (no GPU: compile-only probes).
+    Selftest(cli::selftest::SelftestArgs),
 }
 
 /// Exit status after standard output was closed by its reader (128 + SIGPIPE, as a shell
@@ -160,5 +164,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Shapes(args) => cli::shapes::run(args),
         Command::Check(args) => cli::check::run(args),
         Command::Report(args) => cli::report::run(args),
+        Command::Selftest(args) => cli::selftest::run(args),
     }
 }

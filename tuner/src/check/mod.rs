@@ -18,6 +18,7 @@
 //! Dependencies: `check` sits above `tune` (it uses the measuring worker and the log reader).
 
 pub mod baseline;
+pub mod grouped;
 pub mod report;
 pub mod rule;
 pub mod run;

@@ -8,6 +8,7 @@ pub mod floors;
 pub mod merge;
 pub mod moe;
 pub mod report;
+pub mod selftest;
 pub mod shapes;
 pub mod simulate;
 pub mod table;

@@ -1,0 +1,235 @@
+//! A table's grouped MoE entries on the GPU: each entry's kernel verified against the CPU
+//! reference (`moe::reference`, on sampled routed rows) and timed on the routed step its entry
+//! was tuned on, through the grouped benchmark (`bench::moe`: weights rotated for cold L2, the
+//! GPU schedule checked against the CPU one first). `fp4tune selftest` uses the verification.
+//!
+//! The step of an entry ([`step_of`]): its layer shape and token count B, and the uniform routing
+//! drawn from its recorded seed. A table records the experts of the GPU only (`MoeKey::experts`),
+//! so the draw takes every expert as local (expert_begin 0), which is how the tuner draws a layer
+//! whose experts are all on the GPU. Entries that share a step share its operands; down runs on
+//! the H written by the step's gate_up entry (or, when the table has none, by the first
+//! configuration of the gate_up space).
+//!
+//! The measurement runs in the calling process (the grouped benchmark has no worker protocol):
+//! a kernel that faults is that entry's failure, and entries after it fail with the context error.
+
+use crate::bench::moe::{measure_op, MoeStep, Outcome as MoeOutcome, StepData};
+use crate::bench::TimingPolicy;
+use crate::compile::Compiler;
+use crate::gpu::Gpu;
+use crate::moe::config::search_space;
+use crate::moe::schedule::Routing;
+use crate::moe::{GroupedConfig, MoeOp};
+use crate::problem::AType;
+use crate::runtime::moe::{GroupedKernel, MoeKernels, MoeLauncher};
+use crate::table::{MoeEntry, MoeKey};
+use crate::template::Family;
+use crate::tune::log::Outcome;
+
+/// The routed step `e` was tuned on (module docs).
+pub fn step_of(e: &MoeEntry) -> MoeStep {
+    MoeStep {
+        shape: e.key.shape(),
+        experts_total: e.key.experts,
+        expert_begin: 0,
+        tokens: e.key.tokens,
+        routing: Routing::Uniform,
+        seed: e.routing_seed,
+    }
+}
+
+/// Whether the grouped measurement runs `key`'s kernels (family sm90, W4A16); `Err` says why not.
+pub fn measurable(key: &MoeKey) -> Result<(), String> {
+    if key.family == Family::Sm90 && key.a_type == AType::Bf16 {
+        Ok(())
+    } else {
+        Err(format!(
+            "the grouped measurement runs family sm90 W4A16 kernels only, this entry is {} {}",
+            key.family, key.a_type
+        ))
+    }
+}
+
+/// A grouped benchmark failure as a check outcome: compile and load failures are kernels that
+/// could not be built here, a launch or timing failure or a wrong result is a failed kernel.
+fn outcome_of_failure(why: &str) -> Outcome {
+    if let Some(log) = why.strip_prefix("compile: ") {
+        Outcome::CompileError { log: log.to_string() }
+    } else if let Some(reason) = why.strip_prefix("load: ") {
+        Outcome::ResourceLimit { reason: reason.to_string() }
+    } else if why.starts_with("launch: ") || why.starts_with("timing: ") {
+        Outcome::LaunchError { reason: why.to_string() }
+    } else {
+        Outcome::WrongAnswer { reason: why.to_string() }
+    }
+}
+
+/// The gate_up kernel whose H the down entries of `step` read: the step's gate_up entry, else the
+/// first configuration of the gate_up space.
+fn gate_up_for(moe: &[MoeEntry], step: &MoeStep) -> Option<GroupedConfig> {
+    moe.iter()
+        .find(|e| e.key.op == MoeOp::GateUp && step_of(e) == *step)
+        .map(|e| e.config)
+        .or_else(|| search_space(MoeOp::GateUp, &step.shape).first().copied())
+}
+
+/// Verify and time every entry of `moe` under `policy`; one outcome per entry, in order.
+/// `on_entry(i, outcome)` is called as each entry is done. Entries [`measurable`] refuses get
+/// `Outcome::Illegal` with the reason.
+pub fn measure(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    moe: &[MoeEntry],
+    policy: &TimingPolicy,
+    on_entry: &mut dyn FnMut(usize, &Outcome),
+) -> Vec<Outcome> {
+    let mut out: Vec<Option<Outcome>> = vec![None; moe.len()];
+    let mut done = |i: usize, o: Outcome, out: &mut Vec<Option<Outcome>>| {
+        on_entry(i, &o);
+        out[i] = Some(o);
+    };
+    for (i, e) in moe.iter().enumerate() {
+        if let Err(why) = measurable(&e.key) {
+            done(i, Outcome::Illegal { reason: why }, &mut out);
+        }
+    }
+    let kernels = match MoeKernels::load(gpu, compiler) {
+        Ok(k) => k,
+        Err(e) => {
+            let why = format!("the routing and finalize kernels: {e}");
+            for i in 0..moe.len() {
+                if out[i].is_none() {
+                    done(i, Outcome::LaunchError { reason: why.clone() }, &mut out);
+                }
+            }
+            return out.into_iter().map(|o| o.expect("set above")).collect();
+        }
+    };
+    let launcher = MoeLauncher { gpu, kernels: &kernels };
+    // Steps in table order, each once.
+    let mut steps: Vec<MoeStep> = Vec::new();
+    for (i, e) in moe.iter().enumerate() {
+        if out[i].is_none() && !steps.contains(&step_of(e)) {
+            steps.push(step_of(e));
+        }
+    }
+    for step in steps {
+        let members: Vec<usize> =
+            (0..moe.len()).filter(|&i| out[i].is_none() && step_of(&moe[i]) == step).collect();
+        let results = measure_step(gpu, compiler, &launcher, moe, &step, &members, policy);
+        for (i, o) in members.into_iter().zip(results) {
+            done(i, o, &mut out);
+        }
+    }
+    out.into_iter().map(|o| o.expect("every entry measured")).collect()
+}
+
+/// The entries `members` (indices into `moe`) of one step: gate_up ones first, then down ones on
+/// the H of the step's gate_up kernel.
+fn measure_step(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    launcher: &MoeLauncher<'_>,
+    moe: &[MoeEntry],
+    step: &MoeStep,
+    members: &[usize],
+    policy: &TimingPolicy,
+) -> Vec<Outcome> {
+    let whole = |why: String| vec![Outcome::LaunchError { reason: why }; members.len()];
+    let d = match StepData::new(gpu, *step, policy) {
+        Ok(d) => d,
+        Err(e) => return whole(format!("setting up the routed step: {e}")),
+    };
+    if d.schedule.rows() == 0 {
+        return vec![
+            Outcome::Illegal { reason: "the recorded routing gives no rows".into() };
+            members.len()
+        ];
+    }
+    if let Err(e) = d.check_schedule(gpu, launcher) {
+        return whole(e.to_string());
+    }
+    let mut gate_up: Option<Result<GroupedKernel, String>> = None;
+    let mut results = vec![None; members.len()];
+    for op in MoeOp::ALL {
+        for (slot, &i) in members.iter().enumerate() {
+            let e = &moe[i];
+            if e.key.op != op {
+                continue;
+            }
+            let input = if op == MoeOp::Down {
+                let k = gate_up.get_or_insert_with(|| {
+                    let config = gate_up_for(moe, step)
+                        .ok_or_else(|| "no gate_up configuration for this shape".to_string())?;
+                    GroupedKernel::load(gpu, compiler, config).map_err(|e| {
+                        format!("the gate_up kernel {} that writes H: {e}", config.name())
+                    })
+                });
+                match k {
+                    Ok(k) => Some(&*k),
+                    Err(why) => {
+                        results[slot] = Some(Outcome::LaunchError { reason: why.clone() });
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let measured = measure_op(gpu, compiler, policy, launcher, &d, op, &[e.config], input);
+            results[slot] = Some(match measured.map(|mut m| m.pop()) {
+                Ok(Some(m)) => match m.outcome {
+                    MoeOutcome::Timed(time) => Outcome::Timed { time, samples: Vec::new() },
+                    MoeOutcome::Failed(why) => outcome_of_failure(&why),
+                },
+                Ok(None) => Outcome::LaunchError { reason: "not measured".into() },
+                Err(e) => Outcome::LaunchError { reason: e.to_string() },
+            });
+        }
+    }
+    results.into_iter().map(|o| o.expect("every member is gate_up or down")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn committed() -> crate::table::Table {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+        crate::table::Table::load(&root.join("nvidia-h200.ron")).unwrap()
+    }
+
+    #[test]
+    fn an_entrys_step_is_its_shape_tokens_and_seed() {
+        let t = committed();
+        let e = t.moe.iter().find(|e| e.key.op == MoeOp::GateUp).unwrap();
+        let s = step_of(e);
+        assert_eq!(s.shape, e.key.shape());
+        assert_eq!((s.tokens, s.seed, s.routing), (e.key.tokens, e.routing_seed, Routing::Uniform));
+        assert_eq!((s.experts_total, s.expert_begin), (e.key.experts, 0));
+        assert!(measurable(&e.key).is_ok());
+        let other = MoeKey { family: Family::Sm120, a_type: AType::Nvfp4, ..e.key };
+        assert!(measurable(&other).unwrap_err().contains("sm120"));
+        // Down reads the H of its step's gate_up entry; without one, of the gate_up space's first
+        // kernel.
+        let down =
+            t.moe.iter().find(|d| d.key.op == MoeOp::Down && d.key.tokens == e.key.tokens).unwrap();
+        assert_eq!(step_of(down), s, "the committed table tunes both ops of a B on one routing");
+        assert_eq!(gate_up_for(&t.moe, &s), Some(e.config));
+        assert_eq!(
+            gate_up_for(std::slice::from_ref(down), &s),
+            search_space(MoeOp::GateUp, &s.shape).first().copied()
+        );
+    }
+
+    #[test]
+    fn grouped_failures_map_to_check_outcomes() {
+        assert!(matches!(outcome_of_failure("compile: ptxas"), Outcome::CompileError { .. }));
+        assert!(matches!(outcome_of_failure("load: spills"), Outcome::ResourceLimit { .. }));
+        assert!(matches!(outcome_of_failure("launch: x"), Outcome::LaunchError { .. }));
+        assert!(matches!(outcome_of_failure("timing: x"), Outcome::LaunchError { .. }));
+        assert!(matches!(
+            outcome_of_failure("wrong result: sorted row 3"),
+            Outcome::WrongAnswer { .. }
+        ));
+    }
+}
