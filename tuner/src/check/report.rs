@@ -292,16 +292,16 @@ impl CheckReport {
     pub fn write_json(&self, path: &Path) -> Result<(), CheckFileError> {
         let text = serde_json::to_string_pretty(self).map_err(|e| CheckFileError::Io {
             path: path.to_path_buf(),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         })?;
         crate::compile::cache::write_atomic(path, text.as_bytes())
-            .map_err(|source| CheckFileError::Io { path: path.to_path_buf(), source })
+            .map_err(|error| CheckFileError::Io { path: path.to_path_buf(), error })
     }
 
     /// Read a saved check result (for `--baseline`); refuses other schema versions.
     pub fn read_json(path: &Path) -> Result<CheckReport, CheckFileError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|source| CheckFileError::Io { path: path.to_path_buf(), source })?;
+            .map_err(|error| CheckFileError::Io { path: path.to_path_buf(), error })?;
         #[derive(Deserialize)]
         struct Probe {
             schema_version: u32,
@@ -330,8 +330,10 @@ fn one_line(s: &str) -> String {
 /// Reading or writing a check result file.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckFileError {
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    /// The OS error is in the message and deliberately not a `source` (a report of the whole
+    /// chain would print it twice).
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{}: not a check result: {message}", path.display())]
     Parse { path: PathBuf, message: String },
 }
@@ -482,5 +484,10 @@ pub(crate) mod tests {
         std::fs::write(&p, text).unwrap();
         let e = CheckReport::read_json(&p).unwrap_err().to_string();
         assert!(e.contains("schema version 7"), "{e}");
+        // An OS error is printed once, also in a report of the whole chain (`{:#}`).
+        let e = anyhow::Error::from(CheckReport::read_json(dir.path()).unwrap_err());
+        let text = format!("{e:#}");
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        assert!(text.starts_with(&dir.path().display().to_string()), "{text}");
     }
 }

@@ -206,7 +206,7 @@ impl Table {
     ) -> Result<(Table, TableCheck), TableError> {
         let origin = path.display().to_string();
         let text = std::fs::read_to_string(path)
-            .map_err(|source| TableError::Read { path: path.to_path_buf(), source })?;
+            .map_err(|error| TableError::Read { path: path.to_path_buf(), error })?;
         let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
         let table = Table::from_ron_str(text, &origin)?;
         if let Some(family) = duplicate_template_family(text) {

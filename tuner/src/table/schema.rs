@@ -221,18 +221,13 @@ pub struct Table {
 /// Everything that can go wrong reading, checking or writing a table. `origin` names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    #[error("{}: cannot read the dispatch table: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{}: cannot write the dispatch table: {source}", path.display())]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The OS error is in the message and deliberately not a `source`: a report of the whole
+    /// chain (`{:#}`) would print it twice.
+    #[error("{}: cannot read the dispatch table: {error}", path.display())]
+    Read { path: PathBuf, error: std::io::Error },
+    /// As `Read`: the OS error is in the message, not a `source`.
+    #[error("{}: cannot write the dispatch table: {error}", path.display())]
+    Write { path: PathBuf, error: std::io::Error },
     #[error("{origin}:{line}:{column}: malformed dispatch table (RON): {message}")]
     Syntax { origin: String, line: usize, column: usize, message: String },
     #[error(
@@ -274,8 +269,10 @@ impl Table {
     /// Read, parse and validate the table at `path` (see [`Table::validate`]).
     pub fn load(path: &Path) -> Result<Table, TableError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|source| TableError::Read { path: path.to_path_buf(), source })?;
-        Table::from_ron_str(&text, &path.display().to_string())
+            .map_err(|error| TableError::Read { path: path.to_path_buf(), error })?;
+        // A byte-order mark (editors on Windows write one) is not part of the RON text.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        Table::from_ron_str(text, &path.display().to_string())
     }
 
     /// Parse and validate a table; `origin` (a path or a label) names it in errors.
@@ -608,7 +605,7 @@ impl Table {
     /// Validate, then write atomically (temporary file + rename), creating the folder.
     pub fn save(&self, path: &Path) -> Result<(), TableError> {
         self.validate(&path.display().to_string())?;
-        let io = |source| TableError::Write { path: path.to_path_buf(), source };
+        let io = |error| TableError::Write { path: path.to_path_buf(), error };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
@@ -680,6 +677,51 @@ pub(crate) mod tests {
         assert!(!old.contains("pipeline"), "{old}");
         let back = Table::from_ron_str(&old, "old").unwrap();
         assert!(back.entries.iter().all(|e| e.config.pipeline == Pipeline::CpAsync));
+    }
+
+    /// Issue 14: the OS error of a failed read or write is printed once, also when the CLI
+    /// prints the whole error chain (`{:#}`), and the message names the file.
+    #[test]
+    fn os_errors_are_printed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let read = Table::load(dir.path()).unwrap_err();
+        let text = format!("{:#}", anyhow::Error::from(read));
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        assert!(
+            text.starts_with(&format!(
+                "{}: cannot read the dispatch table: ",
+                dir.path().display()
+            )),
+            "{text}"
+        );
+        let missing = Table::check_file(&dir.path().join("none.ron"), Default::default());
+        let text = format!("{:#}", anyhow::Error::from(missing.unwrap_err()));
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        // Writing under a regular file: the folder cannot be created.
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        let out = file.join("t.ron");
+        let text = format!("{:#}", anyhow::Error::from(sample().save(&out).unwrap_err()));
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        assert!(
+            text.starts_with(&format!("{}: cannot write the dispatch table: ", out.display())),
+            "{text}"
+        );
+    }
+
+    /// A UTF-8 byte-order mark before the table is read as `Table::check_file` reads it.
+    #[test]
+    fn load_accepts_a_utf8_byte_order_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bom.ron");
+        let t = sample();
+        std::fs::write(&p, format!("\u{feff}{}", t.to_ron_string())).unwrap();
+        let plain = Table::from_ron_str(&t.to_ron_string(), "mem").unwrap();
+        assert_eq!(Table::load(&p).unwrap(), plain);
+        // Only a leading mark: one inside the text is still a syntax error naming the file.
+        std::fs::write(&p, format!("\u{feff}\u{feff}{}", t.to_ron_string())).unwrap();
+        let e = Table::load(&p).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:1:", p.display())), "{e}");
     }
 
     #[test]
