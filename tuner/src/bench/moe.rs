@@ -485,6 +485,9 @@ pub struct MoeBenchPlan {
     pub policy: TimingPolicy,
     /// At most this many candidates per op and step (0: the whole space), taken evenly.
     pub max_candidates: usize,
+    /// The dispatcher whose GEMM routes the per-expert loop peer `fp4tune_loop` launches
+    /// ([`moe_loop`]); `None`: no loop peer.
+    pub expert_loop: Option<std::sync::Arc<crate::runtime::Dispatcher>>,
 }
 
 /// One row of the report (columns of `bench-moe.csv`).
@@ -645,10 +648,18 @@ pub fn run_moe_bench(
                     failed: 0,
                 });
             }
+            if let Some(dispatcher) = &plan.expert_loop {
+                let peer =
+                    moe_loop::rows(gpu, dispatcher, &plan.policy, &d, label, read_gbps, &floors);
+                rows.extend(peer?);
+            }
         }
     }
     Ok((rows, logs))
 }
+
+#[path = "moe_loop.rs"]
+pub mod moe_loop;
 
 #[cfg(test)]
 #[path = "moe_gpu_tests.rs"]

@@ -80,6 +80,10 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
 /// x read floor, and each peer's time and fp4tune's speed-up over it.
 pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]) -> String {
     let mut md = format!("# {title}\n\n{provenance}\n");
+    // fp4tune's per-expert loop, measured in the same run, is a peer column too.
+    let is_loop = |r: &&MoeRow| r.implementation == super::moe::moe_loop::IMPL;
+    let peers: Vec<MoeRow> = peers.iter().chain(rows.iter().filter(is_loop)).cloned().collect();
+    let peers = &peers[..];
     let mut groups: BTreeMap<(String, String), Vec<&MoeRow>> = BTreeMap::new();
     for r in rows
         .iter()
@@ -205,6 +209,14 @@ mod tests {
         assert_eq!(back[0].median_us, 8.5);
         let err = parse_csv("h\nmoe_gate_up,1,2\n", "p.csv").unwrap_err();
         assert!(err.starts_with("p.csv:2:"), "{err}");
+    }
+
+    #[test]
+    fn the_per_expert_loop_rows_are_a_peer_column() {
+        let rows = [row("fp4tune_grouped", 1, 8.25), row("fp4tune_loop", 1, 33.0)];
+        let md = markdown("t", "p", &rows, &[]);
+        assert!(md.contains(" fp4tune_loop us (fp4tune x faster) |"), "{md}");
+        assert!(md.contains("| 1 | 8 | 8.25 (8.17-8.33) | 2.50 | 1.38 | 33.0 (4.00x) |"), "{md}");
     }
 
     #[test]

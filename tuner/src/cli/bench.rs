@@ -88,6 +88,12 @@ pub struct BenchArgs {
     /// With --moe: a CSV of peers measured in the same session (scripts/moe_peers.py).
     #[arg(long)]
     pub peers: Option<PathBuf>,
+    /// With --moe: dispatch tables whose GEMM entries the per-expert loop peer (`fp4tune_loop`,
+    /// one GEMM per active expert) launches, comma separated and merged (e.g.
+    /// results/nvidia-h200.ron,results/nvidia-h200-ep8.ron); without one it runs the family
+    /// defaults.
+    #[arg(long = "table", value_delimiter = ',')]
+    pub tables: Vec<PathBuf>,
 }
 
 /// Distinct (label, N, K) weight shapes of the chosen sets.
@@ -126,6 +132,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if a.peers.is_some() {
         bail!("--peers is for --moe runs");
+    }
+    if !a.tables.is_empty() {
+        bail!("--table is for --moe runs (the per-expert loop peer)");
     }
     let a_type = a.a_type.single("bench")?;
     let file = match &a.shapes {

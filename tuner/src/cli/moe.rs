@@ -54,12 +54,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
     let compiler = crate::default_compiler()?;
+    // The per-expert loop peer launches through the runtime dispatcher of the given tables.
+    let dispatcher = fp4tune::bench::moe::moe_loop::open_dispatcher(&a.tables, a.device)?;
+    let line = format!("per-expert loop peer: {}\n", dispatcher.report());
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     let plan = MoeBenchPlan {
         sets,
         experts_total,
         tokens: if a.m.is_empty() { DEFAULT_TOKENS.to_vec() } else { a.m.clone() },
         policy: if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() },
         max_candidates: a.max_candidates,
+        expert_loop: Some(std::sync::Arc::new(dispatcher)),
     };
     let started = std::time::Instant::now();
     // Progress on standard error, best effort: a closed stream must not stop the benchmark.
@@ -86,7 +91,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
          weights and scales, activation rows in, bf16 rows out) over the read bandwidth measured in this run; \
          read floor: a cold read of the same byte count measured in this run. Every candidate was verified \
          against the CPU reference before it was timed; the layer row is align + gate_up + down + finalize \
-         (its roofline is the two projections' sum).\n",
+         (its roofline is the two projections' sum). fp4tune_loop is fp4tune's per-expert loop: one \
+         GEMM per active expert through the runtime dispatcher ({}), all experts in one CUDA graph, \
+         weights rotated like the grouped candidates, activations already gathered per expert (no \
+         gather, SiLU or weighted sum), verified against the same CPU reference first.\n",
         std::env::args().collect::<Vec<_>>().join(" "),
         info.name,
         info.compute_capability.0,
@@ -99,6 +107,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         plan.policy.describe(),
         fp4tune::moe::config::template_hash(),
         report::utc_now(),
+        if a.tables.is_empty() {
+            "no table: the family defaults".to_string()
+        } else {
+            a.tables.iter().map(|t| t.display().to_string()).collect::<Vec<_>>().join(" + ")
+        },
     );
     let md = moe_report::markdown(
         "fp4tune grouped MoE benchmark (sm90, W4A16)",
