@@ -11,10 +11,16 @@
 //! Baselines are matched to the checked table by key only: a re-tuned entry (another kernel, or
 //! the dequantize-then-cuBLAS method) is compared with what served the key before, which is what
 //! a CI gate on serving time wants.
+//!
+//! Grouped MoE entries have baselines of their own, by grouped key: from a table (its `moe`
+//! entries' medians and intervals, `n` from the same timing-policy line: the table records no
+//! other, so a grouped phase timed with more samples is compared as if it had fewer, which only
+//! widens the interval) or a saved check (their samples). A measurement log holds GEMM records
+//! only: with a log, the grouped entries are compared with the checked table's own times.
 
 use super::report::CheckReport;
 use super::rule::{Baseline, SummaryBaseline};
-use crate::table::{Table, TableKey};
+use crate::table::{MoeKey, Table, TableKey};
 use crate::tune::log::{Outcome, Record};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,6 +35,8 @@ pub struct Baselines {
     /// What the baseline is, in words (for the report).
     pub description: String,
     pub by_key: BTreeMap<TableKey, Baseline>,
+    /// The grouped MoE entries' baselines.
+    pub by_moe_key: BTreeMap<MoeKey, Baseline>,
     /// The GPU model the baseline was measured on, when the source says so.
     pub device: Option<String>,
     /// Assumptions made while reading it.
@@ -38,6 +46,10 @@ pub struct Baselines {
 impl Baselines {
     pub fn get(&self, key: &TableKey) -> Option<&Baseline> {
         self.by_key.get(key)
+    }
+
+    pub fn get_moe(&self, key: &MoeKey) -> Option<&Baseline> {
+        self.by_moe_key.get(key)
     }
 }
 
@@ -74,18 +86,34 @@ pub fn from_table(table: &Table, origin: &str) -> Baselines {
              (expanded into {n} pseudo-samples)"
         ),
         by_key,
+        by_moe_key: moe_from_table(table, n),
         device: Some(table.device.name.clone()),
         notes,
     }
+}
+
+/// The grouped entries of `table` as summary baselines of `n` samples.
+fn moe_from_table(table: &Table, n: usize) -> BTreeMap<MoeKey, Baseline> {
+    table
+        .moe
+        .iter()
+        .map(|e| {
+            let (lo, hi) = e.interval_us;
+            (e.key, Baseline::Summary(SummaryBaseline { median: e.median_us, lo, hi, n }))
+        })
+        .collect()
 }
 
 /// A saved check result's samples.
 pub fn from_check(report: &CheckReport, origin: &str) -> Baselines {
     let by_key =
         report.entries.iter().filter_map(|e| e.as_baseline().map(|b| (e.key.clone(), b))).collect();
+    let by_moe_key =
+        report.grouped.iter().filter_map(|g| g.as_baseline().map(|b| (g.key, b))).collect();
     Baselines {
         description: format!("`{origin}`: the samples of a saved check ({})", report.date),
         by_key,
+        by_moe_key,
         device: report.device.as_ref().map(|d| d.name.clone()),
         notes: Vec::new(),
     }
@@ -111,11 +139,24 @@ pub fn from_log(records: &[Record], table: &Table, origin: &str) -> Baselines {
             by_key.insert(e.key.clone(), Baseline::Samples(samples.clone()));
         }
     }
+    let mut notes = Vec::new();
+    let mut by_moe_key = BTreeMap::new();
+    if !table.moe.is_empty() {
+        let own = from_table(table, "the table");
+        notes.push(format!(
+            "{origin} holds no grouped MoE samples: the {} grouped entries are compared with the \
+             checked table's own times",
+            table.moe.len()
+        ));
+        notes.extend(own.notes);
+        by_moe_key = own.by_moe_key;
+    }
     Baselines {
         description: format!("`{origin}`: the recorded samples of each entry's kernel"),
         by_key,
+        by_moe_key,
         device,
-        notes: Vec::new(),
+        notes,
     }
 }
 
@@ -180,6 +221,36 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn grouped_entries_have_their_own_baselines() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+        let table = Table::load(&root.join("nvidia-h200.ron")).unwrap();
+        let b = from_table(&table, "t.ron");
+        assert_eq!(b.by_moe_key.len(), table.moe.len());
+        let e = &table.moe[3];
+        assert_eq!(
+            b.get_moe(&e.key),
+            Some(&Baseline::Summary(SummaryBaseline {
+                median: e.median_us,
+                lo: e.interval_us.0,
+                hi: e.interval_us.1,
+                n: 11
+            }))
+        );
+        // A log has no grouped samples: the table's own grouped times, said in a note.
+        let log = load(&root.join("h200/nvidia-h200-w4a16.jsonl.gz"), &table).unwrap();
+        assert_eq!(log.by_moe_key, b.by_moe_key);
+        assert!(log.notes.iter().any(|n| n.contains("no grouped MoE samples")), "{:?}", log.notes);
+        // A saved check: the samples of its grouped entries.
+        let mut r = crate::check::report::tests::report(vec![], vec![]);
+        r.grouped = vec![crate::check::report::tests::grouped(8, 39.0, 39.2)];
+        let c = from_check(&r, "c.json");
+        assert_eq!(
+            c.get_moe(&r.grouped[0].key),
+            Some(&Baseline::Samples(r.grouped[0].samples.clone()))
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! A table's grouped MoE entries on the GPU: each entry's kernel verified against the CPU
 //! reference (`moe::reference`, on sampled routed rows) and timed on the routed step its entry
 //! was tuned on, through the grouped benchmark (`bench::moe`: weights rotated for cold L2, the
-//! GPU schedule checked against the CPU one first). `fp4tune selftest` uses the verification.
+//! GPU schedule checked against the CPU one first), then timed alone under the check's timing
+//! policy on rotated weight copies (every sample kept): `fp4tune check` compares the samples with
+//! the entry's recorded time by the rule, `fp4tune selftest` uses the verification only.
 //!
 //! The step of an entry ([`step_of`]): its layer shape and token count B, and the uniform routing
 //! drawn from its recorded seed. A table records the experts of the GPU only (`MoeKey::experts`),
@@ -14,14 +16,16 @@
 //! a kernel that faults is that entry's failure, and entries after it fail with the context error.
 
 use crate::bench::moe::{measure_op, MoeStep, Outcome as MoeOutcome, StepData};
-use crate::bench::TimingPolicy;
+use crate::bench::timer::{measure as time_launches, LaunchFn};
+use crate::bench::{Summary, TimingPolicy};
 use crate::compile::Compiler;
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, GpuError};
 use crate::moe::config::search_space;
 use crate::moe::schedule::Routing;
 use crate::moe::{GroupedConfig, MoeOp};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeKernels, MoeLauncher};
+use crate::runtime::RuntimeError;
 use crate::table::{MoeEntry, MoeKey};
 use crate::template::Family;
 use crate::tune::log::Outcome;
@@ -73,14 +77,28 @@ fn gate_up_for(moe: &[MoeEntry], step: &MoeStep) -> Option<GroupedConfig> {
         .or_else(|| search_space(MoeOp::GateUp, &step.shape).first().copied())
 }
 
-/// Verify and time every entry of `moe` under `policy`; one outcome per entry, in order.
-/// `on_entry(i, outcome)` is called as each entry is done. Entries [`measurable`] refuses get
-/// `Outcome::Illegal` with the reason.
+/// The policy of the verification run (what `bench::moe::measure_op` times after verifying):
+/// one short sample, no rotation beyond two copies; its time is not what a check compares.
+pub fn verify_policy() -> TimingPolicy {
+    TimingPolicy {
+        samples: 1,
+        min_sample_us: 1.0,
+        max_launches: 8,
+        warmup_replays: 0,
+        l2_multiple: 0.0,
+        interleaved: true,
+    }
+}
+
+/// Verify every entry of `moe`, then, with `timing`, time the verified ones under it; one outcome
+/// per entry, in order: `Timed` with every sample (without `timing`: the verification run's
+/// time and no samples), or why not. `on_entry(i, outcome)` is called as each entry is done.
+/// Entries [`measurable`] refuses get `Outcome::Illegal` with the reason.
 pub fn measure(
     gpu: &Gpu,
     compiler: &Compiler,
     moe: &[MoeEntry],
-    policy: &TimingPolicy,
+    timing: Option<&TimingPolicy>,
     on_entry: &mut dyn FnMut(usize, &Outcome),
 ) -> Vec<Outcome> {
     let mut out: Vec<Option<Outcome>> = vec![None; moe.len()];
@@ -116,7 +134,7 @@ pub fn measure(
     for step in steps {
         let members: Vec<usize> =
             (0..moe.len()).filter(|&i| out[i].is_none() && step_of(&moe[i]) == step).collect();
-        let results = measure_step(gpu, compiler, &launcher, moe, &step, &members, policy);
+        let results = measure_step(gpu, compiler, &launcher, moe, &step, &members, timing);
         for (i, o) in members.into_iter().zip(results) {
             done(i, o, &mut out);
         }
@@ -133,10 +151,12 @@ fn measure_step(
     moe: &[MoeEntry],
     step: &MoeStep,
     members: &[usize],
-    policy: &TimingPolicy,
+    timing: Option<&TimingPolicy>,
 ) -> Vec<Outcome> {
     let whole = |why: String| vec![Outcome::LaunchError { reason: why }; members.len()];
-    let d = match StepData::new(gpu, *step, policy) {
+    let verification = verify_policy();
+    // Weight copies for the timing policy's cold L2 (two for verification alone).
+    let d = match StepData::new(gpu, *step, timing.unwrap_or(&verification)) {
         Ok(d) => d,
         Err(e) => return whole(format!("setting up the routed step: {e}")),
     };
@@ -175,11 +195,22 @@ fn measure_step(
             } else {
                 None
             };
-            let measured = measure_op(gpu, compiler, policy, launcher, &d, op, &[e.config], input);
+            let measured =
+                measure_op(gpu, compiler, &verification, launcher, &d, op, &[e.config], input);
             results[slot] = Some(match measured.map(|mut m| m.pop()) {
-                Ok(Some(m)) => match m.outcome {
-                    MoeOutcome::Timed(time) => Outcome::Timed { time, samples: Vec::new() },
-                    MoeOutcome::Failed(why) => outcome_of_failure(&why),
+                Ok(Some(m)) => match (m.outcome, timing) {
+                    (MoeOutcome::Timed(time), None) => Outcome::Timed { time, samples: Vec::new() },
+                    // Verified: H (for down) is the gate_up kernel's, as when it was verified.
+                    (MoeOutcome::Timed(_), Some(policy)) => {
+                        match time_entry(gpu, compiler, launcher, &d, op, e.config, policy) {
+                            Ok(samples) => match Summary::of(&samples) {
+                                Some(time) => Outcome::Timed { time, samples },
+                                None => Outcome::LaunchError { reason: "no samples".into() },
+                            },
+                            Err(why) => Outcome::LaunchError { reason: why },
+                        }
+                    }
+                    (MoeOutcome::Failed(why), _) => outcome_of_failure(&why),
                 },
                 Ok(None) => Outcome::LaunchError { reason: "not measured".into() },
                 Err(e) => Outcome::LaunchError { reason: e.to_string() },
@@ -187,6 +218,40 @@ fn measure_step(
         }
     }
     results.into_iter().map(|o| o.expect("every member is gate_up or down")).collect()
+}
+
+/// Time `config`'s kernel alone on step `d` under `policy`, each launch on the next weight copy
+/// (as `bench::moe` times candidates); the per-launch microseconds.
+#[allow(clippy::too_many_arguments)]
+fn time_entry(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    launcher: &MoeLauncher<'_>,
+    d: &StepData,
+    op: MoeOp,
+    config: GroupedConfig,
+    policy: &TimingPolicy,
+) -> Result<Vec<f64>, String> {
+    let kernel = GroupedKernel::load(gpu, compiler, config).map_err(|e| e.to_string())?;
+    let copies = match op {
+        MoeOp::GateUp => d.copies13,
+        MoeOp::Down => d.copies2,
+    };
+    let stream = gpu.own_stream();
+    let kernel = &kernel;
+    let launch: LaunchFn<'_> = Box::new(move |i: usize| {
+        let args = d.args(i % copies, i % copies);
+        // SAFETY: the step's buffers and workspace are this device's, sized for its tokens and
+        // shape, and outlive the measurement; copy i % copies lies inside the weight buffers;
+        // the Gpu's own stream, which `measure` synchronizes.
+        unsafe { launcher.grouped(kernel, &args, &d.ws, stream) }.map_err(|e| match e {
+            RuntimeError::Gpu(g) => g,
+            other => GpuError::Kernel { kernel: kernel.config.name(), message: other.to_string() },
+        })
+    });
+    let mut timed = time_launches(gpu, policy, vec![launch]);
+    let samples = timed.pop().expect("one kernel timed").map_err(|e| format!("timing: {e}"))?;
+    Ok(samples.us)
 }
 
 #[cfg(test)]
@@ -231,5 +296,45 @@ mod tests {
             outcome_of_failure("wrong result: sorted row 3"),
             Outcome::WrongAnswer { .. }
         ));
+    }
+
+    /// On a family sm90 GPU: the committed table's grouped entries at B = 1 and 8 verify on their
+    /// recorded routings and are timed with every sample, and a routing the kernel was not
+    /// given (a down entry without its step's gate_up) still runs on the gate_up space's first
+    /// kernel's H.
+    #[test]
+    #[cfg_attr(
+        not(feature = "gpu"),
+        ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+    )]
+    fn committed_grouped_entries_verify_and_time_on_the_gpu() {
+        let gpu = Gpu::open(0).unwrap_or_else(|e| panic!("the gpu feature is on but: {e}"));
+        if gpu.info().compute_capability != (9, 0) {
+            eprintln!("SKIPPED: the grouped kernels run on family sm90 (compute capability 9.0)");
+            return;
+        }
+        let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
+        let t = committed();
+        let mut moe: Vec<MoeEntry> =
+            t.moe.iter().filter(|e| [1, 8].contains(&e.key.tokens)).cloned().collect();
+        assert_eq!(moe.len(), 4);
+        // A down entry alone in its step (another seed): H from the gate_up space's first kernel.
+        let mut lone = moe.iter().find(|e| e.key.op == MoeOp::Down).unwrap().clone();
+        lone.routing_seed += 1000;
+        moe.push(lone);
+        let policy = TimingPolicy::quick();
+        let mut seen = Vec::new();
+        let out = measure(&gpu, &compiler, &moe, Some(&policy), &mut |i, _| seen.push(i));
+        seen.sort();
+        assert_eq!(seen, (0..moe.len()).collect::<Vec<_>>());
+        for (e, o) in moe.iter().zip(&out) {
+            match o {
+                Outcome::Timed { samples, .. } => assert_eq!(samples.len(), policy.samples),
+                other => panic!("{}: {other:?}", e.key),
+            }
+        }
+        // Verification alone: the verification run's time, no samples.
+        let out = measure(&gpu, &compiler, &moe[..1], None, &mut |_, _| {});
+        assert!(matches!(&out[0], Outcome::Timed { samples, .. } if samples.is_empty()), "{out:?}");
     }
 }

@@ -9,15 +9,20 @@
 //! interval lies above `1 + threshold`). Baselines ([`baseline`]) come from the table itself
 //! (median, interval and sample count), a saved check result or a measurement log.
 //!
+//! Grouped MoE entries ([`grouped`]) are verified and timed alone on the routed step each entry
+//! records, in the checking process (the grouped benchmark has no worker protocol), after the
+//! GEMM entries, and compared with their baselines by the same rule.
+//!
 //! The pieces without a GPU are pure and tested on the CPU: [`preflight`] (why a check cannot
-//! run at all), [`assess`] (one entry's outcome from its measurement), [`report::exit_status`]
-//! (0 no regression, 1 regression or failed kernel, 2 cannot check) and the report's markdown
-//! and JSON. [`run`] drives the worker on a GPU. Grouped MoE entries are listed as not checked
-//! yet.
+//! run at all), [`assess`] and [`assess_grouped`] (one entry's outcome from its measurement),
+//! [`report::exit_status`] (0 no regression, 1 regression or failed kernel, 2 cannot check) and
+//! the report's markdown and JSON. [`run`] drives the worker on a GPU; [`delay`] builds the
+//! deliberately slowed kernel of `--inject-delay` and measures it.
 //!
 //! Dependencies: `check` sits above `tune` (it uses the measuring worker and the log reader).
 
 pub mod baseline;
+pub mod delay;
 pub mod grouped;
 pub mod report;
 pub mod rule;
@@ -27,12 +32,12 @@ pub mod run;
 mod evidence_tests;
 
 pub use baseline::Baselines;
-pub use report::{exit_status, Blocker, CheckReport, EntryCheck, EntryStatus, Exit};
+pub use report::{exit_status, Blocker, CheckReport, EntryCheck, EntryStatus, Exit, GroupedCheck};
 pub use rule::{compare, Baseline, Comparison, RuleConfig, SummaryBaseline, Verdict};
 
 use crate::bench::Summary;
 use crate::gpu::DeviceInfo;
-use crate::table::{Entry, Mismatch, Table};
+use crate::table::{Entry, Mismatch, MoeEntry, Table};
 use crate::template::{Arch, Family};
 use crate::tune::log::Outcome;
 
@@ -50,8 +55,9 @@ pub struct Measurement {
 
 /// Why the check of `table` cannot run at all, in the order they are reported: no GPU (`device`
 /// is the driver's reason), another GPU model than the table's or the baseline's, no kernel
-/// family for the GPU, stale template hashes (this build's sources differ from the table's).
-/// Template hashes are compared even without a GPU.
+/// family for the GPU, stale template hashes of a kernel family (this build's sources differ
+/// from the table's). Template hashes are compared even without a GPU. A stale grouped MoE hash
+/// is not a blocker: it makes only the grouped entries not checked ([`grouped_split`]).
 pub fn preflight(
     table: &Table,
     device: Result<&DeviceInfo, &str>,
@@ -96,6 +102,7 @@ pub fn preflight(
     let stale: Vec<String> = table
         .template_mismatches()
         .iter()
+        .filter(|m| !matches!(m, Mismatch::MoeTemplateHash { .. }))
         .map(|m| match m {
             Mismatch::TemplateHash { family, table, current } => format!(
                 "{family} table {}, current {}",
@@ -138,46 +145,45 @@ fn timed(o: &Option<Outcome>) -> Option<Summary> {
     }
 }
 
-/// One entry's check from its measurement and baseline (pure): a failed kernel (the entry's or
-/// its fallback's) is [`EntryStatus::Failed`], one that could not be built or loaded or a key
-/// without baseline is [`EntryStatus::Missing`], otherwise the rule's verdict.
-pub fn assess(
-    entry: &Entry,
+/// What the rule and the outcomes make of one entry's measurement.
+struct Judged {
+    old_median_us: Option<f64>,
+    new: Option<Summary>,
+    samples: Vec<f64>,
+    comparison: Option<Comparison>,
+    status: EntryStatus,
+}
+
+/// A failed kernel (the entry's or its fallback's) is [`EntryStatus::Failed`], one that could not
+/// be built or loaded or a key without baseline is [`EntryStatus::Missing`], otherwise the rule's
+/// verdict.
+fn judge(
+    outcome: &Outcome,
+    fallback: Option<&Outcome>,
     baseline: Option<&Baseline>,
-    m: &Measurement,
     rule: &RuleConfig,
-) -> EntryCheck {
+) -> Judged {
     let old_median_us = baseline.and_then(|b| b.median().ok());
-    let (new, samples) = match &m.outcome {
+    let (new, samples) = match outcome {
         Outcome::Timed { time, samples } => (Some(*time), samples.clone()),
         _ => (None, Vec::new()),
     };
-    let mut check = EntryCheck {
-        key: entry.key.clone(),
-        method: entry.method,
-        config: entry.config,
-        old_median_us,
-        new,
-        samples,
-        default: timed(&m.default),
-        comparison: None,
-        status: EntryStatus::Missing(String::new()),
-    };
-    let fallback_failure = m.fallback.as_ref().and_then(failure_of).map(|s| match s {
+    let mut comparison = None;
+    let fallback_failure = fallback.and_then(failure_of).map(|s| match s {
         EntryStatus::Failed(why) => EntryStatus::Failed(format!("fallback kernel: {why}")),
         EntryStatus::Missing(why) => EntryStatus::Missing(format!("fallback kernel: {why}")),
         other => other,
     });
-    check.status = if let Some(s) = failure_of(&m.outcome) {
+    let status = if let Some(s) = failure_of(outcome) {
         s
     } else if let Some(s @ EntryStatus::Failed(_)) = fallback_failure {
         s
     } else {
         match baseline {
             None => EntryStatus::Missing("the baseline has no time for this key".into()),
-            Some(b) => match compare(b, &check.samples, rule) {
+            Some(b) => match compare(b, &samples, rule) {
                 Ok(c) => {
-                    check.comparison = Some(c);
+                    comparison = Some(c);
                     match fallback_failure {
                         Some(s) => s,
                         None => EntryStatus::Compared(c.verdict),
@@ -187,7 +193,78 @@ pub fn assess(
             },
         }
     };
-    check
+    Judged { old_median_us, new, samples, comparison, status }
+}
+
+/// One entry's check from its measurement and baseline (pure): a failed kernel (the entry's or
+/// its fallback's) is [`EntryStatus::Failed`], one that could not be built or loaded or a key
+/// without baseline is [`EntryStatus::Missing`], otherwise the rule's verdict.
+pub fn assess(
+    entry: &Entry,
+    baseline: Option<&Baseline>,
+    m: &Measurement,
+    rule: &RuleConfig,
+) -> EntryCheck {
+    let j = judge(&m.outcome, m.fallback.as_ref(), baseline, rule);
+    EntryCheck {
+        key: entry.key.clone(),
+        method: entry.method,
+        config: entry.config,
+        old_median_us: j.old_median_us,
+        new: j.new,
+        samples: j.samples,
+        default: timed(&m.default),
+        comparison: j.comparison,
+        status: j.status,
+    }
+}
+
+/// One grouped entry's check from its outcome (`grouped::measure`) and baseline, as [`assess`].
+pub fn assess_grouped(
+    entry: &MoeEntry,
+    baseline: Option<&Baseline>,
+    outcome: &Outcome,
+    rule: &RuleConfig,
+) -> GroupedCheck {
+    let j = judge(outcome, None, baseline, rule);
+    GroupedCheck {
+        key: entry.key,
+        config: entry.config,
+        routing_seed: entry.routing_seed,
+        old_median_us: j.old_median_us,
+        new: j.new,
+        samples: j.samples,
+        comparison: j.comparison,
+        status: j.status,
+    }
+}
+
+/// The grouped entries of `table` this version measures, and the rest with why not (the
+/// report's `not_checked`): none when the grouped kernels' template hash differs from the
+/// table's (the runtime does not use those entries; they are re-tuned, not checked).
+pub fn grouped_split(table: &Table) -> (Vec<MoeEntry>, Vec<String>) {
+    let mut measured = Vec::new();
+    let mut not = Vec::new();
+    let stale = table.template_mismatches().into_iter().find_map(|m| match m {
+        Mismatch::MoeTemplateHash { table, current } => Some(format!(
+            "the grouped kernels' templates differ from the table's (moe_template_hash {}, \
+             current {}): re-tune the grouped entries",
+            table.as_deref().map_or("none", |t| &t[..t.len().min(12)]),
+            &current[..current.len().min(12)]
+        )),
+        _ => None,
+    });
+    for e in &table.moe {
+        if let Some(why) = &stale {
+            not.push(format!("{}: {why}", e.key));
+            continue;
+        }
+        match grouped::measurable(&e.key) {
+            Ok(()) => measured.push(e.clone()),
+            Err(why) => not.push(format!("{}: {why}", e.key)),
+        }
+    }
+    (measured, not)
 }
 
 /// The report's frame: everything but the entries and blockers.
@@ -200,12 +277,13 @@ pub struct Setup<'a> {
     pub timing_policy: String,
 }
 
-/// Assemble the report (grouped MoE entries listed as not checked yet).
+/// Assemble the report; grouped entries this version cannot measure are listed as not checked.
 pub fn report(
     setup: &Setup<'_>,
     device: Option<DeviceInfo>,
     blockers: Vec<Blocker>,
     entries: Vec<EntryCheck>,
+    grouped: Vec<GroupedCheck>,
 ) -> CheckReport {
     let families = [Family::Sm90, Family::Sm120];
     CheckReport {
@@ -223,7 +301,8 @@ pub fn report(
         rule: setup.rule,
         blockers,
         entries,
-        not_checked: setup.table.moe.iter().map(|e| e.key.to_string()).collect(),
+        grouped,
+        not_checked: grouped_split(setup.table).1,
         notes: setup.baselines.notes.clone(),
         date: crate::bench::report::utc_now(),
     }
@@ -299,7 +378,7 @@ mod tests {
     }
 
     #[test]
-    fn report_lists_grouped_entries_as_not_checked() {
+    fn report_frames_the_check() {
         let t = sample();
         let b = baseline::from_table(&t, "t.ron");
         let setup = Setup {
@@ -309,10 +388,68 @@ mod tests {
             rule: RuleConfig::default(),
             timing_policy: "p".into(),
         };
-        let r = report(&setup, None, vec![Blocker::NoGpu("none".into())], vec![]);
+        let r = report(&setup, None, vec![Blocker::NoGpu("none".into())], vec![], vec![]);
         assert_eq!(exit_status(&r).code, 2);
         assert!(r.not_checked.is_empty());
         assert_eq!(r.template_hashes.len(), 1);
         assert_eq!(r.notes.len(), 1);
+    }
+
+    /// The committed table's grouped entries are all measured (none listed as not checked); one
+    /// of a family the grouped measurement does not run is listed with why. A grouped entry is
+    /// judged like a GEMM entry: slower beyond the threshold is a regression, a wrong result a
+    /// failure, a kernel that does not build here missing.
+    #[test]
+    fn grouped_entries_are_measured_and_judged_by_the_rule() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+        let mut t = crate::table::Table::load(&root.join("nvidia-h200.ron")).unwrap();
+        // The grouped templates as this build has them (whether the committed table is current
+        // is the table tests' business).
+        t.moe_template_hash = Some(crate::moe::config::template_hash());
+        let (measured, not) = grouped_split(&t);
+        assert_eq!((measured.len(), not.len()), (t.moe.len(), 0));
+        // Stale grouped templates: no grouped entry is measured, the GEMM entries still are.
+        let mut stale = t.clone();
+        stale.moe_template_hash = Some("0123456789abcdef".into());
+        let (measured, not) = grouped_split(&stale);
+        assert!(measured.is_empty() && not.len() == t.moe.len());
+        assert!(not[0].contains("moe_template_hash 0123456789ab"), "{}", not[0]);
+        let h200 = crate::table::tests_support::device("NVIDIA H200", (9, 0), 132);
+        assert!(preflight(&stale, Ok(&h200), None).is_empty());
+        let mut other = t.moe[0].clone();
+        other.key.family = Family::Sm120;
+        other.key.a_type = crate::problem::AType::Nvfp4;
+        t.moe.push(other);
+        let (measured, not) = grouped_split(&t);
+        assert_eq!(measured.len(), t.moe.len() - 1);
+        assert!(
+            matches!(&not[..], [w] if w.contains("sm120") && w.contains("sm90 W4A16")),
+            "{not:?}"
+        );
+        let b = baseline::from_table(&t, "t.ron");
+        let rule = RuleConfig::default();
+        let e = &t.moe[5];
+        let same = |f: f64| timed(&[e.median_us * f; 11]);
+        let ok = assess_grouped(e, b.get_moe(&e.key), &same(1.0), &rule);
+        assert_eq!(ok.status, EntryStatus::Compared(Verdict::Within));
+        assert_eq!((ok.key, ok.config, ok.routing_seed), (e.key, e.config, e.routing_seed));
+        assert_eq!(ok.samples.len(), 11);
+        let slow = assess_grouped(e, b.get_moe(&e.key), &same(1.2), &rule);
+        assert_eq!(slow.status, EntryStatus::Compared(Verdict::Regression));
+        let wrong = Outcome::WrongAnswer { reason: "wrong result: sorted row 3".into() };
+        let w = assess_grouped(e, b.get_moe(&e.key), &wrong, &rule);
+        assert!(matches!(w.status, EntryStatus::Failed(ref r) if r.contains("sorted row 3")));
+        let missing = Outcome::CompileError { log: "ptxas".into() };
+        let m = assess_grouped(e, b.get_moe(&e.key), &missing, &rule);
+        assert!(matches!(m.status, EntryStatus::Missing(ref r) if r.contains("compile")));
+        let none = assess_grouped(e, None, &same(1.0), &rule);
+        assert!(matches!(none.status, EntryStatus::Missing(ref r) if r.contains("baseline")));
+        let setup =
+            Setup { table: &t, origin: "t.ron", baselines: &b, rule, timing_policy: "p".into() };
+        let r = report(&setup, None, vec![], vec![], vec![ok, slow]);
+        let exit = exit_status(&r);
+        assert_eq!(exit.code, 1, "{exit:?}");
+        assert!(exit.reason.starts_with("1 of 2 entries regressed"), "{exit:?}");
+        assert_eq!(r.not_checked.len(), 1);
     }
 }

@@ -3,19 +3,24 @@
 //!
 //! The JSON ([`CheckReport`], schema [`CHECK_SCHEMA_VERSION`]) keeps every new sample, so a saved
 //! result serves as the baseline of a later check (`fp4tune check --baseline check.json`).
+//! Version 2 added the grouped MoE entries ([`CheckReport::grouped`]); version 1 results (GEMM
+//! entries only) are still read.
 
 use super::rule::{Baseline, Comparison, RuleConfig, Verdict};
 use crate::bench::Summary;
 use crate::gpu::DeviceInfo;
-use crate::table::{DeviceIdentity, Method, TableKey};
+use crate::moe::GroupedConfig;
+use crate::table::{DeviceIdentity, Method, MoeKey, TableKey};
 use crate::template::{Family, GemmConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// Version of the check result format this fp4tune writes and reads.
-pub const CHECK_SCHEMA_VERSION: u32 = 1;
+/// Version of the check result format this fp4tune writes.
+pub const CHECK_SCHEMA_VERSION: u32 = 2;
+/// Versions this fp4tune reads.
+pub const CHECK_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2];
 
 /// Why a whole check cannot run (exit 2). The first one found is the one-line reason.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +97,32 @@ impl EntryCheck {
     }
 }
 
+/// One grouped MoE entry's check: its kernel verified and timed on the routed step the entry
+/// records (`check::grouped`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupedCheck {
+    pub key: MoeKey,
+    pub config: GroupedConfig,
+    /// The seed of the entry's routing, which the new times were measured on.
+    pub routing_seed: u64,
+    /// The baseline's median (when there is a baseline for the entry).
+    pub old_median_us: Option<f64>,
+    /// The new time (summary of `samples`).
+    pub new: Option<Summary>,
+    /// Every new sample (microseconds per launch).
+    #[serde(default)]
+    pub samples: Vec<f64>,
+    pub comparison: Option<Comparison>,
+    pub status: EntryStatus,
+}
+
+impl GroupedCheck {
+    /// This entry's new samples as the baseline of a later check.
+    pub fn as_baseline(&self) -> Option<Baseline> {
+        (!self.samples.is_empty()).then(|| Baseline::Samples(self.samples.clone()))
+    }
+}
+
 /// The whole check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckReport {
@@ -112,7 +143,11 @@ pub struct CheckReport {
     /// Why the check could not run (empty when it ran).
     pub blockers: Vec<Blocker>,
     pub entries: Vec<EntryCheck>,
-    /// Table entries this version does not check yet (grouped MoE), by key.
+    /// The grouped MoE entries.
+    #[serde(default)]
+    pub grouped: Vec<GroupedCheck>,
+    /// Table entries this version cannot measure, with why (grouped entries of a family or
+    /// activation type the grouped measurement does not run).
     pub not_checked: Vec<String>,
     /// Anything else a reader should know (e.g. an assumed sample count).
     pub notes: Vec<String>,
@@ -130,8 +165,8 @@ pub struct Exit {
 /// The exit status of a check, by precedence:
 /// 1. a [`Blocker`] (no GPU, another GPU model, no family, stale template hashes, unusable
 ///    baseline): 2, with the first blocker as the reason;
-/// 2. any entry with [`Verdict::Regression`] or [`EntryStatus::Failed`]: 1, naming them (a
-///    definite finding is reported even if other entries could not be checked);
+/// 2. any entry (GEMM or grouped) with [`Verdict::Regression`] or [`EntryStatus::Failed`]: 1,
+///    naming them (a definite finding is reported even if other entries could not be checked);
 /// 3. any entry [`EntryStatus::Missing`] (kernel not built or loaded here, no baseline time), or
 ///    no entry checked at all: 2;
 /// 4. otherwise 0.
@@ -145,17 +180,23 @@ pub fn exit_status(report: &CheckReport) -> Exit {
     }
     let mut findings = Vec::new();
     let mut missing = Vec::new();
-    for e in &report.entries {
-        match (&e.status, &e.comparison) {
+    let statuses = report
+        .entries
+        .iter()
+        .map(|e| (e.key.to_string(), &e.status, &e.comparison))
+        .chain(report.grouped.iter().map(|g| (g.key.to_string(), &g.status, &g.comparison)));
+    let total = report.entries.len() + report.grouped.len();
+    for (key, status, comparison) in statuses {
+        match (status, comparison) {
             (EntryStatus::Compared(Verdict::Regression), Some(c)) => findings.push(format!(
-                "{} {:.2} -> {:.2} us (x{:.3} [{:.3}, {:.3}])",
-                e.key, c.old_median, c.new_median, c.ratio, c.lo, c.hi
+                "{key} {:.2} -> {:.2} us (x{:.3} [{:.3}, {:.3}])",
+                c.old_median, c.new_median, c.ratio, c.lo, c.hi
             )),
             (EntryStatus::Compared(Verdict::Regression), None) => {
-                findings.push(format!("{} regressed", e.key))
+                findings.push(format!("{key} regressed"))
             }
-            (EntryStatus::Failed(why), _) => findings.push(format!("{} failed: {why}", e.key)),
-            (EntryStatus::Missing(why), _) => missing.push(format!("{}: {why}", e.key)),
+            (EntryStatus::Failed(why), _) => findings.push(format!("{key} failed: {why}")),
+            (EntryStatus::Missing(why), _) => missing.push(format!("{key}: {why}")),
             _ => {}
         }
     }
@@ -163,9 +204,8 @@ pub fn exit_status(report: &CheckReport) -> Exit {
         return Exit {
             code: 1,
             reason: format!(
-                "{} of {} entries regressed or failed: {}",
+                "{} of {total} entries regressed or failed: {}",
                 findings.len(),
-                report.entries.len(),
                 findings.join("; ")
             ),
         };
@@ -174,24 +214,19 @@ pub fn exit_status(report: &CheckReport) -> Exit {
         return Exit {
             code: 2,
             reason: format!(
-                "cannot check {} of {} entries: {}",
+                "cannot check {} of {total} entries: {}",
                 missing.len(),
-                report.entries.len(),
                 missing.join("; ")
             ),
         };
     }
-    if report.entries.is_empty() {
-        return Exit {
-            code: 2,
-            reason: "cannot check: the table has no GEMM entry to check".into(),
-        };
+    if total == 0 {
+        return Exit { code: 2, reason: "cannot check: the table has no entry to check".into() };
     }
     Exit {
         code: 0,
         reason: format!(
-            "no regression: {} entries within {:.1}% at {:.0}% confidence",
-            report.entries.len(),
+            "no regression: {total} entries within {:.1}% at {:.0}% confidence",
             report.rule.threshold * 100.0,
             report.rule.confidence * 100.0
         ),
@@ -253,20 +288,9 @@ impl CheckReport {
                 self.rule.confidence * 100.0
             );
             for e in &self.entries {
-                let old = e.old_median_us.map_or("-".into(), |v| format!("{v:.3}"));
-                let new = e
-                    .new
-                    .map_or("-".into(), |s| format!("{:.3} [{:.3}, {:.3}]", s.median, s.lo, s.hi));
-                let ratio = e
-                    .comparison
-                    .map_or("-".into(), |c| format!("{:.3} [{:.3}, {:.3}]", c.ratio, c.lo, c.hi));
+                let (old, new, ratio, result) =
+                    cells(e.old_median_us, e.new, e.comparison, &e.status);
                 let default = e.default.map_or("-".into(), |s| format!("{:.3}", s.median));
-                let result = match &e.status {
-                    EntryStatus::Compared(Verdict::Regression) => "**REGRESSION**".to_string(),
-                    EntryStatus::Compared(v) => v.label().to_string(),
-                    EntryStatus::Failed(why) => format!("**FAILED**: {}", one_line(why)),
-                    EntryStatus::Missing(why) => format!("not checked: {}", one_line(why)),
-                };
                 let _ = writeln!(
                     md,
                     "| {} | `{}` | {old} | {new} | {ratio} | {default} | {result} |",
@@ -275,10 +299,28 @@ impl CheckReport {
                 );
             }
         }
+        if !self.grouped.is_empty() {
+            let _ = writeln!(
+                md,
+                "\n## Grouped MoE entries\n\nEach kernel verified and timed alone on the routing its entry records.\n\n| key | kernel | routing seed | old us | new us [95% CI] | ratio new/old [{:.0}% CI] | result |\n|---|---|---|---|---|---|---|",
+                self.rule.confidence * 100.0
+            );
+            for g in &self.grouped {
+                let (old, new, ratio, result) =
+                    cells(g.old_median_us, g.new, g.comparison, &g.status);
+                let _ = writeln!(
+                    md,
+                    "| {} | `{}` | {} | {old} | {new} | {ratio} | {result} |",
+                    g.key,
+                    g.config.name(),
+                    g.routing_seed
+                );
+            }
+        }
         if !self.not_checked.is_empty() {
             let _ = writeln!(
                 md,
-                "\n## Not checked yet\n\nGrouped MoE entries are not checked by this version ({}):\n",
+                "\n## Not checked\n\nEntries this version cannot measure ({}):\n",
                 self.not_checked.len()
             );
             for k in &self.not_checked {
@@ -308,14 +350,39 @@ impl CheckReport {
         }
         let bad = |message: String| CheckFileError::Parse { path: path.to_path_buf(), message };
         let probe: Probe = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        if probe.schema_version != CHECK_SCHEMA_VERSION {
+        if !CHECK_SCHEMA_VERSIONS_READ.contains(&probe.schema_version) {
             return Err(bad(format!(
-                "check result schema version {}, this fp4tune reads {CHECK_SCHEMA_VERSION}",
-                probe.schema_version
+                "check result schema version {}, this fp4tune reads {}",
+                probe.schema_version,
+                CHECK_SCHEMA_VERSIONS_READ
+                    .iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
             )));
         }
         serde_json::from_str(&text).map_err(|e| bad(e.to_string()))
     }
+}
+
+/// The old, new, ratio and result cells of an entry's row.
+fn cells(
+    old: Option<f64>,
+    new: Option<Summary>,
+    comparison: Option<Comparison>,
+    status: &EntryStatus,
+) -> (String, String, String, String) {
+    let old = old.map_or("-".into(), |v| format!("{v:.3}"));
+    let new = new.map_or("-".into(), |s| format!("{:.3} [{:.3}, {:.3}]", s.median, s.lo, s.hi));
+    let ratio =
+        comparison.map_or("-".into(), |c| format!("{:.3} [{:.3}, {:.3}]", c.ratio, c.lo, c.hi));
+    let result = match status {
+        EntryStatus::Compared(Verdict::Regression) => "**REGRESSION**".to_string(),
+        EntryStatus::Compared(v) => v.label().to_string(),
+        EntryStatus::Failed(why) => format!("**FAILED**: {}", one_line(why)),
+        EntryStatus::Missing(why) => format!("not checked: {}", one_line(why)),
+    };
+    (old, new, ratio, result)
 }
 
 fn one_line(s: &str) -> String {
@@ -360,6 +427,7 @@ pub(crate) mod tests {
             rule: RuleConfig::default(),
             blockers,
             entries,
+            grouped: vec![],
             not_checked: vec![],
             notes: vec![],
             date: "d".into(),
@@ -466,21 +534,98 @@ pub(crate) mod tests {
         assert_eq!(exit_status(&report(vec![], vec![])).code, 2);
     }
 
+    /// A grouped entry of the committed table's shape (gate_up, B = `tokens`) compared as
+    /// `entry` compares a GEMM one.
+    pub(crate) fn grouped(tokens: u32, old: f64, new: f64) -> GroupedCheck {
+        let e = entry(tokens, old, new);
+        let shape = crate::moe::MoeShape::GLM5_TP8;
+        let op = crate::moe::MoeOp::GateUp;
+        let (n, k) = shape.nk(op);
+        GroupedCheck {
+            key: MoeKey {
+                op,
+                family: Family::Sm90,
+                a_type: AType::Bf16,
+                n,
+                k,
+                experts: shape.experts,
+                top_k: shape.top_k,
+                tokens,
+            },
+            config: crate::moe::config::search_space(op, &shape)[0],
+            routing_seed: 0x5EED_0000 + tokens as u64,
+            old_median_us: e.old_median_us,
+            new: e.new,
+            samples: e.samples,
+            comparison: e.comparison,
+            status: e.status,
+        }
+    }
+
+    #[test]
+    fn grouped_entries_count_like_gemm_entries() {
+        let mut r = report(vec![entry(1, 3.5, 3.52)], vec![]);
+        r.grouped = vec![grouped(1, 9.0, 9.0), grouped(8, 39.0, 39.1)];
+        let e = exit_status(&r);
+        assert_eq!(e.code, 0, "{e:?}");
+        assert!(e.reason.starts_with("no regression: 3 entries"), "{e:?}");
+        r.grouped.push(grouped(64, 144.0, 170.0));
+        let e = exit_status(&r);
+        assert_eq!(e.code, 1, "{e:?}");
+        assert!(e.reason.starts_with("1 of 4 entries regressed"), "{e:?}");
+        assert!(
+            e.reason
+                .contains("gate_up sm90 w4a16 N=512 K=6144 E=256 top_k=8 B=64 144.00 -> 170.00 us"),
+            "{e:?}"
+        );
+        let mut wrong = grouped(2, 13.0, 13.0);
+        wrong.status = EntryStatus::Failed("wrong result: sorted row 3".into());
+        r.grouped = vec![wrong];
+        let e = exit_status(&r);
+        assert!(e.code == 1 && e.reason.contains("B=2 failed: wrong result"), "{e:?}");
+        let mut missing = grouped(2, 13.0, 13.0);
+        missing.status = EntryStatus::Missing("compile error".into());
+        r.grouped = vec![missing];
+        let e = exit_status(&r);
+        assert!(e.code == 2 && e.reason.contains("cannot check 1 of 2 entries"), "{e:?}");
+        // Only grouped entries: checked all the same.
+        let mut only = report(vec![], vec![]);
+        only.grouped = vec![grouped(1, 9.0, 9.0)];
+        assert_eq!(exit_status(&only).code, 0);
+    }
+
     #[test]
     fn markdown_and_json_round_trip() {
         let mut r = report(vec![entry(1, 3.5, 3.52), entry(4, 3.5, 3.9)], vec![]);
-        r.not_checked.push("moe_gate_up sm90 w4a16 B=1".into());
+        r.grouped = vec![grouped(1, 3.5, 3.52), grouped(16, 3.5, 3.9)];
+        r.not_checked.push("gate_up sm120 w4a4 B=1: not measured".into());
         let md = r.to_markdown();
         assert!(md.starts_with("# fp4tune check: FAIL (exit 1)"), "{md}");
         assert!(md.contains("**REGRESSION**") && md.contains("within threshold"), "{md}");
-        assert!(md.contains("## Not checked yet"), "{md}");
+        assert!(md.contains("## Grouped MoE entries"), "{md}");
+        let row =
+            md.lines().find(|l| l.starts_with("| moe_gate_up") && l.contains("B=16")).unwrap();
+        assert!(
+            row.contains("| 1592590352 | 3.500 |") && row.ends_with("| **REGRESSION** |"),
+            "{row}"
+        );
+        assert!(md.contains("## Not checked") && md.contains("sm120 w4a4 B=1"), "{md}");
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("check.json");
         r.write_json(&p).unwrap();
         assert_eq!(CheckReport::read_json(&p).unwrap(), r);
-        let text = std::fs::read_to_string(&p)
-            .unwrap()
-            .replace("\"schema_version\": 1", "\"schema_version\": 7");
+        // A version 1 result (no grouped entries) is still read.
+        let mut v1 = r.clone();
+        v1.grouped.clear();
+        v1.write_json(&p).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let text = text
+            .replace("\"schema_version\": 2", "\"schema_version\": 1")
+            .replace("\"grouped\": [],", "");
+        assert!(!text.contains("grouped"), "{text}");
+        std::fs::write(&p, &text).unwrap();
+        assert_eq!(CheckReport::read_json(&p).unwrap(), CheckReport { schema_version: 1, ..v1 });
+        let text = text.replace("\"schema_version\": 1", "\"schema_version\": 7");
         std::fs::write(&p, text).unwrap();
         let e = CheckReport::read_json(&p).unwrap_err().to_string();
         assert!(e.contains("schema version 7"), "{e}");

@@ -53,7 +53,7 @@ fn start(
 
 /// The operands of an entry's problem (any fixed seed: the check times, the values only have
 /// to be verifiable).
-fn operand_seed(p: &GemmProblem) -> u64 {
+pub(crate) fn operand_seed(p: &GemmProblem) -> u64 {
     0xC4EC ^ ((p.m as u64) << 40) ^ ((p.n as u64) << 20) ^ p.k as u64
 }
 
@@ -283,8 +283,13 @@ for line in sys.stdin:
                 (e.key.clone(), Baseline::Samples(samples(old)))
             })
             .collect();
-        let baselines =
-            Baselines { description: "fake".into(), by_key, device: None, notes: vec![] };
+        let baselines = Baselines {
+            description: "fake".into(),
+            by_key,
+            by_moe_key: Default::default(),
+            device: None,
+            notes: vec![],
+        };
         let rule = RuleConfig::default();
         let policy = TimingPolicy::quick();
         let entries: Vec<_> = table
@@ -314,7 +319,7 @@ for line in sys.stdin:
         };
         let blockers = check::preflight(&table, Ok(session.info()), None);
         assert!(blockers.is_empty(), "{blockers:?}");
-        let report = check::report(&setup, Some(session.info().clone()), blockers, entries);
+        let report = check::report(&setup, Some(session.info().clone()), blockers, entries, vec![]);
         let exit = exit_status(&report);
         assert_eq!(exit.code, 1, "{exit:?}");
         assert!(exit.reason.contains("M=16 0.97 -> 1.16 us (x1.200"), "{exit:?}");

@@ -1,12 +1,20 @@
-//! `fp4tune check`: the CI gate on kernel timings. Re-verifies and re-times every GEMM entry of a
-//! table on this GPU, compares with a baseline by the noise-aware rule (`fp4tune::check`), writes
-//! `check.md` and `check.json`, and exits 0 (no regression), 1 (regression or failed kernel) or 2
-//! (cannot check), with a one-line reason on stderr. It exits itself, whatever happens: any error
-//! (an unreadable table included) is exit 2.
+//! `fp4tune check`: the CI gate on kernel timings. Re-verifies and re-times every entry of a
+//! table on this GPU (GEMM entries through the measuring worker, then the grouped MoE entries),
+//! compares with a baseline by the noise-aware rule (`fp4tune::check`), writes `check.md` and
+//! `check.json`, and exits 0 (no regression), 1 (regression or failed kernel) or 2 (cannot
+//! check), with a one-line reason on stderr. It exits itself, whatever happens: any error (an
+//! unreadable table included) is exit 2.
+//!
+//! `--inject-delay <entry>=<us>` (hidden; the evidence that a slower kernel is caught and named)
+//! measures that entry's kernel slowed by a delay prologue (`check::delay`) instead of the table's
+//! kernel, and says so in the report's notes.
 
 use anyhow::{Context, Result};
 use fp4tune::bench::TimingPolicy;
+use fp4tune::check::delay::InjectDelay;
 use fp4tune::check::{self, baseline, Blocker, CheckReport, EntryStatus, RuleConfig};
+use fp4tune::compile::Compiler;
+use fp4tune::gpu::Gpu;
 use fp4tune::table::Table;
 use std::io::Write;
 use std::path::PathBuf;
@@ -43,6 +51,10 @@ pub struct CheckArgs {
     /// hung.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
+    /// Test of the check itself: measure entry <entry> (its position, e.g. 3, or its key
+    /// <N>x<K>:<M>[:w4a4|:w4a16]) with its kernel slowed by <us> microseconds per thread.
+    #[arg(long, hide = true, value_name = "ENTRY=US", value_parser = InjectDelay::parse)]
+    pub inject_delay: Option<InjectDelay>,
 }
 
 /// "5%" -> 0.05, "0.05" -> 0.05.
@@ -105,9 +117,48 @@ fn one_line(e: &anyhow::Error) -> String {
     line
 }
 
+/// The checking process's own GPU and compiler (the slowed kernel and the grouped entries run
+/// here), opened on first use.
+#[derive(Default)]
+struct Local {
+    opened: Option<std::result::Result<(Gpu, Compiler), String>>,
+}
+
+impl Local {
+    fn get(&mut self, device: usize) -> std::result::Result<(&Gpu, &Compiler), String> {
+        let opened = self.opened.get_or_insert_with(|| {
+            let gpu = Gpu::open(device).map_err(|e| e.to_string())?;
+            let compiler = crate::default_compiler().map_err(|e| format!("{e:#}"))?;
+            Ok((gpu, compiler))
+        });
+        match opened {
+            Ok((g, c)) => Ok((g, c)),
+            Err(e) => Err(e.clone()),
+        }
+    }
+}
+
+/// A check line for the progress output.
+fn progress(status: &EntryStatus, comparison: Option<&check::Comparison>) -> String {
+    match (status, comparison) {
+        (EntryStatus::Compared(v), Some(c)) => {
+            format!("{} (x{:.3} [{:.3}, {:.3}])", v.label(), c.ratio, c.lo, c.hi)
+        }
+        (EntryStatus::Failed(w), _) => format!("FAILED: {}", w.lines().next().unwrap_or("")),
+        (EntryStatus::Missing(w), _) => {
+            format!("not checked: {}", w.lines().next().unwrap_or(""))
+        }
+        (s, _) => format!("{s:?}"),
+    }
+}
+
 fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
     let origin = a.table.display().to_string();
     let table = Table::load(&a.table)?;
+    let delayed = match &a.inject_delay {
+        Some(d) => Some((d.select(&table).map_err(anyhow::Error::msg)?, d.us)),
+        None => None,
+    };
     let rule = RuleConfig {
         threshold: a.threshold,
         confidence: a.confidence,
@@ -125,6 +176,7 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
             baseline::Baselines {
                 description: format!("`{}` (unusable)", p.display()),
                 by_key: Default::default(),
+                by_moe_key: Default::default(),
                 device: None,
                 notes: Vec::new(),
             }
@@ -136,10 +188,28 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
     let device = session.as_ref().map(|s| s.info()).map_err(|e| e.as_str());
     blockers.extend(check::preflight(&table, device, baselines.device.as_deref()));
     let mut entries = Vec::new();
+    let mut grouped = Vec::new();
+    let mut notes = Vec::new();
     if let (Ok(mut session), true) = (session, blockers.is_empty()) {
-        let total = table.entries.len();
+        let (moe, _) = check::grouped_split(&table);
+        let total = table.entries.len() + moe.len();
+        let mut local = Local::default();
         for (i, e) in table.entries.iter().enumerate() {
-            let checked = match session.measure(e, &policy) {
+            let measured = match delayed {
+                Some((j, us)) if j == i => {
+                    notes.push(format!(
+                        "{}: measured with its kernel slowed by {us} us per thread (--inject-delay, \
+                         kernel {}): a test of the check, not the table's kernel",
+                        e.key,
+                        check::delay::delayed_kernel_name(&e.config, us)
+                    ));
+                    local.get(a.device).and_then(|(gpu, compiler)| {
+                        check::delay::measure_in_process(gpu, compiler, e, us, &policy)
+                    })
+                }
+                _ => session.measure(e, &policy),
+            };
+            let checked = match measured {
                 Ok(m) => check::assess(e, baselines.get(&e.key), &m, &rule),
                 Err(why) => {
                     let mut c = check::assess(
@@ -154,24 +224,46 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
                         },
                         &rule,
                     );
-                    c.status = EntryStatus::Missing(format!("measuring worker: {why}"));
+                    c.status = EntryStatus::Missing(format!("not measured: {why}"));
                     c
                 }
             };
-            let what = match (&checked.status, &checked.comparison) {
-                (EntryStatus::Compared(v), Some(c)) => {
-                    format!("{} (x{:.3} [{:.3}, {:.3}])", v.label(), c.ratio, c.lo, c.hi)
-                }
-                (EntryStatus::Failed(w), _) => {
-                    format!("FAILED: {}", w.lines().next().unwrap_or(""))
-                }
-                (EntryStatus::Missing(w), _) => {
-                    format!("not checked: {}", w.lines().next().unwrap_or(""))
-                }
-                (s, _) => format!("{s:?}"),
-            };
+            let what = progress(&checked.status, checked.comparison.as_ref());
             let _ = writeln!(std::io::stderr().lock(), "[{}/{total}] {}: {what}", i + 1, e.key);
             entries.push(checked);
+        }
+        // The grouped entries run in this process: the worker gives the GPU back first.
+        drop(session);
+        if !moe.is_empty() {
+            match local.get(a.device) {
+                Ok((gpu, compiler)) => {
+                    let done = entries.len();
+                    check::grouped::measure(gpu, compiler, &moe, Some(&policy), &mut |i, o| {
+                        let e = &moe[i];
+                        let g = check::assess_grouped(e, baselines.get_moe(&e.key), o, &rule);
+                        let what = progress(&g.status, g.comparison.as_ref());
+                        let _ = writeln!(
+                            std::io::stderr().lock(),
+                            "[{}/{total}] {}: {what}",
+                            done + i + 1,
+                            e.key
+                        );
+                        grouped.push(g);
+                    });
+                }
+                Err(why) => {
+                    for e in &moe {
+                        let mut g = check::assess_grouped(
+                            e,
+                            None,
+                            &fp4tune::tune::log::Outcome::LaunchError { reason: why.clone() },
+                            &rule,
+                        );
+                        g.status = EntryStatus::Missing(format!("opening the GPU: {why}"));
+                        grouped.push(g);
+                    }
+                }
+            }
         }
     }
     let setup = check::Setup {
@@ -181,7 +273,9 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
         rule,
         timing_policy: policy.describe(),
     };
-    let report = check::report(&setup, device_info, blockers, entries);
+    grouped.sort_by_key(|g| g.key);
+    let mut report = check::report(&setup, device_info, blockers, entries, grouped);
+    report.notes.extend(notes);
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let md = a.out.join("check.md");
     let json = a.out.join("check.json");

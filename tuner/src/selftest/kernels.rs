@@ -114,17 +114,10 @@ fn operand_seed(p: &GemmProblem) -> u64 {
     0x5E1F_7E57 ^ ((p.m as u64) << 40) ^ ((p.n as u64) << 20) ^ p.k as u64
 }
 
-/// The timing policy of the self-test's measurements: one copy rotation, a single short sample
-/// (the grouped verification times what it verifies; nothing here is reported as a time).
+/// The timing policy of the self-test's measurements (`check::grouped::verify_policy`: nothing
+/// here is timed for a report, but the operand upload takes its rotation).
 pub fn verify_policy() -> TimingPolicy {
-    TimingPolicy {
-        samples: 1,
-        min_sample_us: 1.0,
-        max_launches: 8,
-        warmup_replays: 0,
-        l2_multiple: 0.0,
-        interleaved: true,
-    }
+    crate::check::grouped::verify_policy()
 }
 
 /// Run one GEMM or composite check: `Ok(Ok(detail))` passed, `Ok(Err(why))` failed, `Err` a CUDA
