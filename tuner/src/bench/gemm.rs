@@ -16,6 +16,7 @@ use crate::format::{
 use crate::gpu::{DeviceBuf, GemmParams, Gpu, GpuError, Kernel};
 use crate::problem::{AType, GemmProblem};
 use crate::template::GemmConfig;
+use crate::template::LaunchDims;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
@@ -70,34 +71,67 @@ impl HostProblem {
             None => norms(&a_bf16.iter().map(|x| x.to_f32()).collect::<Vec<_>>(), m),
         };
         let sum_err = 1.01 * 2.0 * k as f64 * 2f64.powi(-24) * reference.alpha as f64;
-        let tolerance = (0..m * n)
-            .map(|i| {
-                let (r, c) = (i / n, i % n);
-                (2f64.powi(-8) * reference.y_f32[i].abs() as f64 + sum_err * an[r] * wn[c] + 1e-30)
-                    as f32
-            })
-            .collect();
+        let tolerance = {
+            use rayon::prelude::*;
+            let y = &reference.y_f32;
+            (0..m * n)
+                .into_par_iter()
+                .map(|i| {
+                    let (r, c) = (i / n, i % n);
+                    (2f64.powi(-8) * y[i].abs() as f64 + sum_err * an[r] * wn[c] + 1e-30) as f32
+                })
+                .collect()
+        };
         Ok(Self { problem, w, a_bf16, a_fp4, reference, tolerance })
     }
 
     /// Compare a GPU result (bf16 bits, `[M, N]`) with the reference; `Err` names the worst element.
     pub fn check(&self, y: &[u16]) -> Result<(), String> {
+        use rayon::prelude::*;
         let n = self.problem.n as usize;
-        let mut worst: Option<(usize, f32, f32)> = None;
-        let mut bad = 0usize;
-        for (i, (&bits, (&r, &tol))) in
-            y.iter().zip(self.reference.y_f32.iter().zip(&self.tolerance)).enumerate()
-        {
-            let v = bf16::from_bits(bits).to_f32();
-            let err = (v - r).abs();
-            // NaN errors count as failures.
-            if err.is_nan() || err > tol {
-                bad += 1;
-                if worst.is_none_or(|(_, e, t)| err / tol > e / t || err.is_nan()) {
-                    worst = Some((i, err, tol));
-                }
-            }
+        if y.len() != self.reference.y_f32.len() {
+            return Err(format!(
+                "wrong output size: {} elements, expected {}",
+                y.len(),
+                self.reference.y_f32.len()
+            ));
         }
+        // Per chunk: elements outside the bound and the worst one (largest err / tol, NaN first).
+        // The worse of two failures: a NaN before a number, then the larger err / tol, then the
+        // first element (deterministic whatever the chunking).
+        let worse = |a: Option<(usize, f32, f32)>, b: Option<(usize, f32, f32)>| match (a, b) {
+            (Some(x), Some(y)) => {
+                let key = |(i, e, t): (usize, f32, f32)| {
+                    (e.is_nan(), if e.is_nan() { 0.0 } else { e / t }, usize::MAX - i)
+                };
+                let (kx, ky) = (key(x), key(y));
+                let x_first = kx.0.cmp(&ky.0).then(kx.1.total_cmp(&ky.1)).then(kx.2.cmp(&ky.2));
+                Some(if x_first.is_ge() { x } else { y })
+            }
+            (x, None) => x,
+            (None, y) => y,
+        };
+        const CHUNK: usize = 1 << 16;
+        let (bad, worst) = y
+            .par_chunks(CHUNK)
+            .enumerate()
+            .map(|(ci, ys)| {
+                let base = ci * CHUNK;
+                let mut bad = 0usize;
+                let mut worst: Option<(usize, f32, f32)> = None;
+                for (j, &bits) in ys.iter().enumerate() {
+                    let i = base + j;
+                    let (r, tol) = (self.reference.y_f32[i], self.tolerance[i]);
+                    let err = (bf16::from_bits(bits).to_f32() - r).abs();
+                    // NaN errors count as failures.
+                    if err.is_nan() || err > tol {
+                        bad += 1;
+                        worst = worse(worst, Some((i, err, tol)));
+                    }
+                }
+                (bad, worst)
+            })
+            .reduce(|| (0, None), |a, b| (a.0 + b.0, worse(a.1, b.1)));
         match worst {
             None => Ok(()),
             Some((i, err, tol)) => Err(format!(
@@ -119,6 +153,8 @@ pub struct DeviceProblem {
     pub problem: GemmProblem,
     pub alpha: f32,
     pub copies: usize,
+    /// The rotation requirement the copies were made for (`TimingPolicy::l2_multiple`).
+    pub l2_multiple: f64,
     w: DeviceBuf<u8>,
     w_sf: DeviceBuf<u8>,
     a: DeviceBuf<u8>,
@@ -127,6 +163,74 @@ pub struct DeviceProblem {
     pub y: DeviceBuf<u16>,
     workspace: DeviceBuf<f32>,
     counters: DeviceBuf<u32>,
+    /// Verification on the GPU (see [`OutputCheck`]); `None`: the output is copied back and
+    /// checked on the CPU.
+    check: Option<OutputCheck>,
+}
+
+/// The reference and bounds of one problem on the GPU, and the kernel that checks an output
+/// against them (`templates/bench/check.cuh`): verification without copying large outputs back.
+/// A failure is then re-checked on the CPU for its message.
+#[derive(Debug)]
+pub struct OutputCheck {
+    kernel: Kernel,
+    reference: DeviceBuf<f32>,
+    tolerance: DeviceBuf<f32>,
+    y2: DeviceBuf<u16>,
+    stats: DeviceBuf<u64>,
+}
+
+impl OutputCheck {
+    fn new(
+        gpu: &Gpu,
+        compiler: &crate::compile::Compiler,
+        host: &HostProblem,
+    ) -> Result<Self, String> {
+        let (ma, mi) = gpu.info().compute_capability;
+        let arch = crate::template::Arch::for_compute_capability(ma, mi)
+            .unwrap_or(crate::template::Arch::Sm90a);
+        let name = "fp4tune_check_output";
+        let src = crate::template::KernelSource::from_unit(
+            name.into(),
+            arch,
+            "#include \"bench/check.cuh\"\n",
+        )?;
+        let k = compiler.compile(&src).map_err(|e| e.to_string())?;
+        let g = |e: GpuError| e.to_string();
+        Ok(Self {
+            kernel: gpu.load(&k, 0).map_err(g)?,
+            reference: gpu.upload(&host.reference.y_f32).map_err(g)?,
+            tolerance: gpu.upload(&host.tolerance).map_err(g)?,
+            y2: gpu.alloc_zeros::<u16>(host.tolerance.len()).map_err(g)?,
+            stats: gpu.alloc_zeros::<u64>(4).map_err(g)?,
+        })
+    }
+
+    /// (elements outside the bound, elements differing from the previous run) of `y`.
+    fn run(&mut self, gpu: &Gpu, y: &DeviceBuf<u16>) -> Result<(u64, u64), GpuError> {
+        gpu.zero(&mut self.stats)?;
+        let n = self.reference.len() as u64;
+        let blocks = (gpu.info().sm_count * 8).max(1);
+        let dims = LaunchDims { grid: (blocks, 1, 1), block: (256, 1, 1), smem_bytes: 0 };
+        // SAFETY: y, y2, reference and tolerance all hold n elements (one problem's output);
+        // stats holds 4 words; every buffer outlives the synchronize below.
+        unsafe {
+            gpu.launch_u64s(
+                &self.kernel,
+                dims,
+                &[
+                    y.ptr(),
+                    self.y2.ptr(),
+                    self.reference.ptr(),
+                    self.tolerance.ptr(),
+                    n,
+                    self.stats.ptr(),
+                ],
+            )?;
+        }
+        let s = gpu.download(&self.stats)?;
+        Ok((s[0], s[1]))
+    }
 }
 
 impl DeviceProblem {
@@ -150,23 +254,15 @@ impl DeviceProblem {
         };
         let per_copy = (w_codes.len() + w_sf.len() + a_bytes.len() + a_sf.len()) as u64;
         let copies = rotation_copies(per_copy, gpu.info().l2_bytes, policy.l2_multiple);
-        let rep = |v: &[u8]| -> Vec<u8> {
-            let mut out = Vec::with_capacity(v.len() * copies);
-            for _ in 0..copies {
-                out.extend_from_slice(v);
-            }
-            out
-        };
-        let ws = configs.iter().map(|c| c.workspace_floats(&p)).max().unwrap_or(0);
-        let ctr = configs.iter().map(|c| c.counter_words(&p)).max().unwrap_or(0);
-        Ok(Self {
+        let mut dp = Self {
             problem: p,
             alpha: host.reference.alpha,
             copies,
-            w: gpu.upload(&rep(w_codes))?,
-            w_sf: gpu.upload(&rep(&w_sf))?,
-            a: gpu.upload(&rep(&a_bytes))?,
-            a_sf: gpu.upload(&rep(&a_sf))?,
+            l2_multiple: policy.l2_multiple,
+            w: gpu.upload_repeated(w_codes, copies)?,
+            w_sf: gpu.upload_repeated(&w_sf, copies)?,
+            a: gpu.upload_repeated(&a_bytes, copies)?,
+            a_sf: gpu.upload_repeated(&a_sf, copies)?,
             strides: [
                 w_codes.len() as u64,
                 w_sf.len() as u64,
@@ -174,9 +270,40 @@ impl DeviceProblem {
                 a_sf.len() as u64,
             ],
             y: gpu.alloc_zeros::<u16>((p.m * p.n) as usize)?,
-            workspace: gpu.alloc_zeros::<f32>(ws.max(1))?,
-            counters: gpu.alloc_zeros::<u32>(ctr.max(1))?,
-        })
+            workspace: gpu.alloc_zeros::<f32>(1)?,
+            counters: gpu.alloc_zeros::<u32>(1)?,
+            check: None,
+        };
+        dp.ensure_scratch(gpu, configs)?;
+        Ok(dp)
+    }
+
+    /// Verify candidates on the GPU from now on (the reference and bounds uploaded once). An
+    /// error (the check kernel not compiling or loading, no memory for the reference) leaves
+    /// verification on the CPU and is returned for the caller to report.
+    pub fn check_on_gpu(
+        &mut self,
+        gpu: &Gpu,
+        compiler: &crate::compile::Compiler,
+        host: &HostProblem,
+    ) -> Result<(), String> {
+        self.check = Some(OutputCheck::new(gpu, compiler, host)?);
+        Ok(())
+    }
+
+    /// Grow the split-K workspace and counters to what `configs` need on this problem (kept
+    /// otherwise, so one upload serves every batch of a key).
+    pub fn ensure_scratch(&mut self, gpu: &Gpu, configs: &[GemmConfig]) -> Result<(), GpuError> {
+        let p = self.problem;
+        let ws = configs.iter().map(|c| c.workspace_floats(&p)).max().unwrap_or(0).max(1);
+        let ctr = configs.iter().map(|c| c.counter_words(&p)).max().unwrap_or(0).max(1);
+        if ws > self.workspace.len() {
+            self.workspace = gpu.alloc_zeros::<f32>(ws)?;
+        }
+        if ctr > self.counters.len() {
+            self.counters = gpu.alloc_zeros::<u32>(ctr)?;
+        }
+        Ok(())
     }
 
     /// The parameter block for operand copy `c`.
@@ -235,9 +362,33 @@ pub fn verify(
     if let Err(e) = cand.config.check_problem(&dp.problem) {
         return Ok(Err(e.to_string()));
     }
+    if dp.check.is_some() {
+        // Run, keep the output, run again on a poisoned buffer, compare both and the bounds on
+        // the GPU; only a failure copies the output back (for the CPU's message).
+        gpu.fill_bytes(&mut dp.y, 0xFF)?;
+        cand.launch(gpu, dp, 0)?;
+        let check = dp.check.as_mut().expect("checked above");
+        gpu.copy(&dp.y, &mut check.y2)?;
+        gpu.fill_bytes(&mut dp.y, 0xFF)?;
+        cand.launch(gpu, dp, 0)?;
+        let check = dp.check.as_mut().expect("checked above");
+        let (bad, diff) = check.run(gpu, &dp.y)?;
+        if bad == 0 && diff == 0 {
+            return Ok(Ok(()));
+        }
+        let y = gpu.download(&dp.y)?;
+        return Ok(match host.check(&y) {
+            Err(why) => Err(why),
+            Ok(()) if diff > 0 => Err(format!(
+                "non-deterministic: two runs on the same operands differ in {diff} elements"
+            )),
+            Ok(()) => {
+                Err(format!("wrong answer: {bad} elements outside the bound on the GPU check"))
+            }
+        });
+    }
     // 0xFFFF is a bf16 NaN: any output the kernel fails to write is caught.
-    let poison = vec![0xFFFFu16; dp.y.len()];
-    dp.y = gpu.upload(&poison)?;
+    gpu.fill_bytes(&mut dp.y, 0xFF)?;
     cand.launch(gpu, dp, 0)?;
     gpu.synchronize()?;
     let y = gpu.download(&dp.y)?;

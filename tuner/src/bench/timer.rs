@@ -48,20 +48,31 @@ pub fn measure(
         .collect()
 }
 
-/// Capture a probe graph, estimate one launch's time, capture the real graph, warm it up.
+/// Estimate one launch's time, capture the real graph, warm it up. A single launch is timed
+/// first: a kernel that alone fills a large part of a sample needs no multi-launch probe (and a
+/// real graph of few launches); shorter ones are timed again over `PROBE` back-to-back launches,
+/// which hides the graph launch's own cost.
 fn build_graph(
     gpu: &Gpu,
     policy: &TimingPolicy,
     f: &mut LaunchFn<'_>,
 ) -> Result<(Graph, usize), GpuError> {
     const PROBE: usize = 8;
-    let probe = gpu.capture(|| (0..PROBE).try_for_each(&mut *f))?;
-    probe.launch()?;
-    let ms = gpu.time_ms(|| probe.launch())?;
-    let per_launch_us = (ms as f64 * 1e3 / PROBE as f64).max(0.5);
-    let n =
-        ((policy.min_sample_us / per_launch_us).ceil() as usize).clamp(PROBE, policy.max_launches);
-    drop(probe);
+    /// Fewest launches per sample of a long kernel (operand copies still alternate).
+    const MIN_LONG: usize = 2;
+    let one = gpu.capture(|| f(0))?;
+    one.launch()?;
+    let single_us = gpu.time_ms(|| one.launch())? as f64 * 1e3;
+    drop(one);
+    let n = if single_us * 2.0 >= policy.min_sample_us {
+        ((policy.min_sample_us / single_us).ceil() as usize).clamp(MIN_LONG, policy.max_launches)
+    } else {
+        let probe = gpu.capture(|| (0..PROBE).try_for_each(&mut *f))?;
+        probe.launch()?;
+        let ms = gpu.time_ms(|| probe.launch())?;
+        let per_launch_us = (ms as f64 * 1e3 / PROBE as f64).max(0.5);
+        ((policy.min_sample_us / per_launch_us).ceil() as usize).clamp(PROBE, policy.max_launches)
+    };
     let graph = gpu.capture(|| (0..n).try_for_each(&mut *f))?;
     for _ in 0..policy.warmup_replays {
         graph.launch()?;

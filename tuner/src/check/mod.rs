@@ -124,7 +124,7 @@ pub fn preflight(
 
 fn failure_of(outcome: &Outcome) -> Option<EntryStatus> {
     match outcome {
-        Outcome::Timed { .. } => None,
+        Outcome::Timed { .. } | Outcome::Screened { .. } => None,
         Outcome::WrongAnswer { reason } => Some(EntryStatus::Failed(reason.clone())),
         Outcome::LaunchError { reason } => Some(EntryStatus::Failed(reason.clone())),
         Outcome::Timeout { seconds } => {

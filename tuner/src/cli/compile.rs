@@ -15,6 +15,10 @@ pub enum CompileSet {
     Space,
     Seeds,
     Representative,
+    /// The first racing pools `fp4tune tune` screens for the shapes (the file's sets, or the
+    /// embedded GLM-5 TP8 set): compile them on a machine without a GPU to start a tuning
+    /// campaign with a warm cubin cache.
+    Pools,
 }
 
 #[derive(clap::Args, Debug)]
@@ -32,7 +36,7 @@ pub struct CompileArgs {
     #[arg(long)]
     pub cache: Option<PathBuf>,
     /// Which configurations: the whole search space, the family's seeds (default + measured
-    /// seeds) or its representative configurations.
+    /// seeds), its representative configurations, or the racing pools of a tune of the shapes.
     #[arg(long, value_enum, default_value = "space")]
     pub configs: CompileSet,
     /// Only the configurations with these names or kernel names (comma separated, e.g.
@@ -82,6 +86,37 @@ pub fn run(args: CompileArgs) -> Result<()> {
             }
             CompileSet::Representative => {
                 configs.extend(template::representative_configs(family, t))
+            }
+            CompileSet::Pools => {
+                let sets = match &file {
+                    Some(f) => f.sets.clone(),
+                    None => vec![ShapeFile::glm5()?
+                        .into_set(fp4tune::shapes::DEFAULT_SET, "<embedded GLM-5>")?],
+                };
+                let device = match family {
+                    Family::Sm90 => "NVIDIA H200",
+                    Family::Sm120 => "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+                };
+                let model = fp4tune::tune::race_replay::race_model(device);
+                let opts = fp4tune::tune::race::RaceOptions::default();
+                let space = template::search_space(family, t);
+                for set in &sets {
+                    for (_, p) in set.problems(t) {
+                        let legal: Vec<GemmConfig> =
+                            space.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
+                        let key = fp4tune::table::TableKey::gemm(family, t, p.n, p.k, p.m);
+                        let anchors = fp4tune::tune::race_replay::anchors(&key);
+                        configs.extend(fp4tune::tune::race::pool(
+                            &legal,
+                            &p,
+                            &model,
+                            &anchors,
+                            &[],
+                            None,
+                            &opts,
+                        ));
+                    }
+                }
             }
         }
     }

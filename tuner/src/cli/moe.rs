@@ -170,8 +170,8 @@ pub fn tune_phase(
         expert_begin: 0,
         buckets: if buckets.is_empty() { DEFAULT_BUCKETS.to_vec() } else { buckets.to_vec() },
         screen: DEFAULT_SCREEN,
-        screen_policy: TimingPolicy::quick(),
-        policy: TimingPolicy::default(),
+        screen_policy: TimingPolicy::screen(),
+        policy: TimingPolicy::quick(),
     };
     let started = std::time::Instant::now();
     let read_gbps = Floors::new(&gpu, &compiler)?.read_bandwidth(&spec.policy, 2 << 30)?;

@@ -19,6 +19,9 @@ pub struct TuneArgs {
     /// Largest token bucket to tune (buckets come from the shape set).
     #[arg(long, default_value_t = 8192)]
     pub max_m: u32,
+    /// Tune only these token buckets (comma separated) instead of the shape set's.
+    #[arg(long, value_delimiter = ',')]
+    pub buckets: Vec<u32>,
     /// Activation type (default: w4a16 on SM90, w4a4 on SM120, whose family is W4A4 only).
     #[arg(long, value_enum)]
     pub a_type: Option<ATypeArg>,
@@ -28,13 +31,20 @@ pub struct TuneArgs {
     /// Folder for the measurement log and the dispatch table.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
-    /// Search strategy per key: exhaustive, random or model (analytic model pre-ranks, then
-    /// the best and their neighbours are measured).
-    #[arg(long, default_value = "model")]
+    /// Search strategy per key: race (default: a pool from the previous bucket's fastest, the
+    /// seeds and the cost model's ranking, screened with a short timing policy, refined around
+    /// the fastest, the finalists timed under the full policy), exhaustive, random or model
+    /// (model-guided, every candidate under the full policy).
+    #[arg(long, default_value = "race")]
     pub strategy: String,
-    /// Evaluations per key as a fraction of its legal configurations (model/random).
-    #[arg(long, default_value_t = 0.1)]
-    pub budget: f64,
+    /// Evaluations per key as a fraction of its legal configurations (race: the pool; model and
+    /// random: every evaluation; default 0.08 for race, 0.1 otherwise).
+    #[arg(long)]
+    pub budget: Option<f64>,
+    /// Wall-time budget of the GEMM keys (race only), e.g. 90s, 3m: decode buckets go first and
+    /// keys that would overrun their share get smaller pools (the table names them).
+    #[arg(long, value_parser = parse_duration)]
+    pub time_budget: Option<std::time::Duration>,
     /// A candidate that runs longer than this many seconds is recorded as a hang.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
@@ -59,16 +69,19 @@ pub struct TuneArgs {
 }
 
 pub fn run(args: TuneArgs) -> Result<()> {
+    let started = std::time::Instant::now();
     let TuneArgs {
         shapes,
         set,
         only,
         max_m,
+        buckets: only_buckets,
         a_type,
         shard,
         out,
         strategy,
         budget,
+        time_budget,
         timeout,
         device,
         composite_min_m,
@@ -77,7 +90,29 @@ pub fn run(args: TuneArgs) -> Result<()> {
         moe_buckets,
     } = args;
     let a_type = a_type.map(|a| a.single("tune")).transpose()?;
-    let strategy = fp4tune::search::StrategyKind::parse(&strategy)?;
+    let racing = strategy == "race";
+    let strategy_name = strategy.clone();
+    let strategy = if racing {
+        fp4tune::search::StrategyKind::parse("model")?
+    } else {
+        fp4tune::search::StrategyKind::parse(&strategy)?
+    };
+    if let Some(b) = budget {
+        if !(b > 0.0 && b <= 1.0) {
+            bail!("--budget {b}: expected a fraction of the legal configurations in (0, 1]");
+        }
+    }
+    if time_budget.is_some() && !racing {
+        bail!("--time-budget needs --strategy race");
+    }
+    let race = racing.then(|| {
+        let mut r = fp4tune::tune::run::RaceSpec::default();
+        if let Some(b) = budget {
+            r.options.pool_fraction = b;
+        }
+        r
+    });
+    let budget = budget.unwrap_or(0.1);
     let composite_min_m = (composite_min_m > 0).then_some(composite_min_m);
     use fp4tune::bench::TimingPolicy;
     use fp4tune::tune::policy;
@@ -108,7 +143,13 @@ pub fn run(args: TuneArgs) -> Result<()> {
         };
         return super::moe::tune_phase(shape, total, &moe_buckets, device, &out, None);
     }
-    let buckets: Vec<u32> = set.token_buckets.iter().copied().filter(|m| *m <= max_m).collect();
+    if only_buckets.contains(&0) {
+        bail!("--buckets: a token bucket must be at least 1");
+    }
+    let from = if only_buckets.is_empty() { &set.token_buckets } else { &only_buckets };
+    let mut buckets: Vec<u32> = from.iter().copied().filter(|m| *m <= max_m).collect();
+    buckets.sort_unstable();
+    buckets.dedup();
     if buckets.is_empty() {
         bail!("no token bucket of set `{}` is <= --max-m {max_m}", set.name);
     }
@@ -128,9 +169,24 @@ pub fn run(args: TuneArgs) -> Result<()> {
         batch: policy::WORKER_BATCH,
         precompile: exhaustive,
         composite_min_m,
+        race,
+        time_budget,
     };
     let compiler = crate::default_compiler()?;
-    let mp = indicatif::MultiProgress::new();
+    // Bars on a terminal; otherwise (CI logs, nohup, batch jobs) one plain line per finished key.
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mp = if tty {
+        indicatif::MultiProgress::new()
+    } else {
+        indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden())
+    };
+    let say = |line: String| {
+        if tty {
+            let _ = mp.println(line);
+        } else {
+            progress_line(format_args!("{line}"));
+        }
+    };
     let keys_bar = mp.add(indicatif::ProgressBar::new(0));
     keys_bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -140,50 +196,85 @@ pub fn run(args: TuneArgs) -> Result<()> {
     );
     let cand_bar = mp.add(indicatif::ProgressBar::new(0));
     cand_bar.set_style(
-        indicatif::ProgressStyle::with_template("candidates [{bar:30}] {pos}/{len} {msg}")
+        indicatif::ProgressStyle::with_template("candidates {pos} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let counts = std::cell::RefCell::new(std::collections::BTreeMap::<&'static str, usize>::new());
     let output = run::run(&spec, &compiler, &|e| match e {
-        Event::Device(d) => keys_bar.println(format!(
+        Event::Device(d) => say(format!(
             "device: {} (cc {}.{}, {} SMs)",
             d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
         )),
         Event::Compiling(n) => keys_bar.set_message(format!("compiling {n} kernels")),
-        Event::Key { index, total, key, candidates, done_before } => {
+        Event::Key { index, total, key, candidates: _, done_before } => {
             keys_bar.set_length(total as u64);
             keys_bar.set_position(index as u64);
             keys_bar.set_message(format!("N={} K={} M={}", key.n, key.k, key.m));
-            cand_bar.set_length(candidates as u64);
             cand_bar.set_position(done_before as u64);
+            counts.borrow_mut().clear();
         }
         Event::Result { outcome, .. } => {
             cand_bar.inc(1);
             *counts.borrow_mut().entry(outcome).or_default() += 1;
             cand_bar.set_message(format!("{:?}", counts.borrow()));
         }
+        Event::KeyDone { index, total, key, screened, timed, best, elapsed, short } => {
+            keys_bar.set_position(index as u64 + 1);
+            let done = (index + 1) as f64;
+            let eta = elapsed.as_secs_f64() / done * (total as f64 - done);
+            let best = best.map_or("no verified kernel".to_string(), |(c, us)| {
+                format!("{} {us:.2} us", c.name())
+            });
+            say(format!(
+                "[{}/{total}] N={} K={} M={}: {screened} screened, {timed} timed, best {best}{}, {:.1} s elapsed, eta {eta:.0} s",
+                index + 1,
+                key.n,
+                key.k,
+                key.m,
+                if short { " (pool cut by --time-budget)" } else { "" },
+                elapsed.as_secs_f64()
+            ));
+        }
+        Event::Precompiled(p) => say(format!(
+            "cubin cache: {} kernels found, {} compiled in the background",
+            p.cached, p.compiled
+        )),
         Event::Composite { key, outcome, median_us } => {
             keys_bar.set_message(format!("N={} K={} M={}: dequant + cuBLAS", key.n, key.k, key.m));
             if let Some(t) = median_us {
-                keys_bar.println(format!(
-                    "N={} K={} M={}: dequant_cublas_bf16 {t:.2} us",
-                    key.n, key.k, key.m
-                ));
+                say(format!("N={} K={} M={}: dequant_cublas_bf16 {t:.2} us", key.n, key.k, key.m));
             } else {
-                keys_bar.println(format!(
-                    "N={} K={} M={}: dequant_cublas_bf16 {outcome}",
-                    key.n, key.k, key.m
-                ));
+                say(format!("N={} K={} M={}: dequant_cublas_bf16 {outcome}", key.n, key.k, key.m));
             }
         }
-        Event::WorkerRestart(why) => keys_bar
-            .println(format!("worker restarted: {}", why.chars().take(200).collect::<String>())),
+        Event::WorkerRestart(why) => {
+            say(format!("worker restarted: {}", why.chars().take(200).collect::<String>()))
+        }
         Event::TornTail(torn) => keys_bar.suspend(|| warnln!("{torn}")),
     })?;
     keys_bar.finish_and_clear();
     cand_bar.finish_and_clear();
-    let (table, sel) =
+    let (mut table, sel) =
         fp4tune::tune::emit::dispatch_table(&output.records, &SelectRules::default())?;
+    let stats = &output.stats;
+    table.campaign = Some(fp4tune::table::Campaign {
+        wall_s: started.elapsed().as_secs_f64(),
+        gemm_wall_s: output.wall.as_secs_f64(),
+        moe_wall_s: None,
+        cache: fp4tune::table::Campaign::cache_label(stats.cache.cached, stats.cache.compiled)
+            .into(),
+        kernels_cached: stats.cache.cached,
+        kernels_compiled: stats.cache.compiled,
+        screened: stats.screened,
+        timed: stats.timed,
+        strategy: strategy_name,
+        budget: match &spec.race {
+            Some(r) => r.options.describe(),
+            None => format!("{:.0}% of each key's legal configurations", 100.0 * budget),
+        },
+        time_budget_s: time_budget.map(|d| d.as_secs_f64()),
+        short_keys: stats.short_keys.clone(),
+    });
     // The table is saved before anything is printed (a closed standard output must not lose it).
     let path = out.join(format!("{}.ron", run::sku_slug(&output.device.name)));
     table.save(&path)?;
@@ -192,11 +283,51 @@ pub fn run(args: TuneArgs) -> Result<()> {
     // is returned once that phase has saved its entries too.
     let moe = match moe_layer {
         Some((shape, total)) if !no_moe && output.family == fp4tune::template::Family::Sm90 => {
-            super::moe::tune_phase(shape, total, &moe_buckets, device, &out, Some(table))
+            let t = std::time::Instant::now();
+            super::moe::tune_phase(shape, total, &moe_buckets, device, &out, Some(table)).and_then(
+                |()| {
+                    // The campaign block gets the grouped phase's time and the whole wall time.
+                    let mut t2 = fp4tune::table::Table::load(&path)?;
+                    if let Some(c) = t2.campaign.as_mut() {
+                        c.moe_wall_s = Some(t.elapsed().as_secs_f64());
+                        c.wall_s = started.elapsed().as_secs_f64();
+                    }
+                    t2.save(&path)?;
+                    Ok(())
+                },
+            )
         }
         _ => Ok(()),
     };
+    let total = started.elapsed().as_secs_f64();
+    let _ = progress_line(format_args!("fp4tune tune: {total:.1} s wall in all"));
     moe.and(printed)
+}
+
+/// A progress line on standard error (a closed one is ignored: progress must not stop the run).
+fn progress_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
+}
+
+/// A duration such as `300`, `90s`, `5m` or `1h` (seconds without a unit).
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("`{s}`: expected e.g. 300, 90s, 5m"))?;
+    let scale = match unit {
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (s, m or h)")),
+    };
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("`{s}`: expected a positive duration"));
+    }
+    Ok(std::time::Duration::from_secs_f64(v * scale))
 }
 
 /// The campaign's summary after its table was saved at `path`.

@@ -120,6 +120,11 @@ impl DiskCache {
         Some((stored.meta, cubin))
     }
 
+    /// Whether an entry for `key` is stored (its metadata is present; `get` still checks it).
+    pub fn contains(&self, key: &str) -> bool {
+        self.untrusted.is_none() && self.dir.join(format!("{key}.json")).is_file()
+    }
+
     /// Store an entry atomically (cubin first, metadata with the cubin's SHA-256 last). Does
     /// nothing when the folder is not used (see [`DiskCache::warning`]).
     pub fn put(&self, key: &str, meta: &CacheMeta, cubin: &[u8]) -> std::io::Result<()> {

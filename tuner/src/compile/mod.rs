@@ -61,6 +61,22 @@ pub enum Origin {
     MemoryCache,
 }
 
+/// What [`Compiler::precompile`] found and did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Precompiled {
+    /// Kernels already in the on-disk cache.
+    pub cached: usize,
+    /// Kernels compiled and stored.
+    pub compiled: usize,
+}
+
+impl std::ops::AddAssign for Precompiled {
+    fn add_assign(&mut self, o: Self) {
+        self.cached += o.cached;
+        self.compiled += o.compiled;
+    }
+}
+
 /// NVRTC plus its caches. Cheap to share across threads.
 #[derive(Debug)]
 pub struct Compiler {
@@ -165,6 +181,52 @@ impl Compiler {
         let kernel = Arc::new(kernel);
         self.memory.lock().unwrap_or_else(|p| p.into_inner()).insert(key, kernel.clone());
         Ok(kernel)
+    }
+
+    /// How many of `sources` the on-disk cache holds (0 without a usable disk cache).
+    pub fn count_cached(&self, sources: &[KernelSource]) -> usize {
+        let Some(disk) = self.disk.as_ref().filter(|d| d.warning().is_none()) else {
+            return 0;
+        };
+        sources.par_iter().filter(|s| disk.contains(&self.key(s))).count()
+    }
+
+    /// Fill the on-disk cache with `sources` in parallel, without keeping the kernels in memory
+    /// (for other processes, e.g. the tuner's measuring worker, to load): returns how many were
+    /// already stored and how many were compiled now (failures are left for the caller that
+    /// compiles them for real to report). Without a usable disk cache nothing is done.
+    pub fn precompile(&self, sources: &[KernelSource]) -> Precompiled {
+        let Some(disk) = self.disk.as_ref().filter(|d| d.warning().is_none()) else {
+            return Precompiled::default();
+        };
+        let cached: Vec<bool> = sources.par_iter().map(|s| disk.contains(&self.key(s))).collect();
+        let todo: Vec<&KernelSource> =
+            sources.iter().zip(&cached).filter(|(_, c)| !**c).map(|(s, _)| s).collect();
+        let compiled = todo
+            .par_iter()
+            .filter(|s| {
+                let key = self.key(s);
+                // Another process may have stored it meanwhile.
+                if disk.contains(&key) {
+                    return false;
+                }
+                let t0 = Instant::now();
+                let Ok(out) = nvrtc::compile_cubin(&s.kernel_name, &s.code, &s.options) else {
+                    return false;
+                };
+                let meta = CacheMeta {
+                    schema_version: CACHE_SCHEMA_VERSION,
+                    kernel_name: s.kernel_name.clone(),
+                    arch: s.arch.as_str().to_string(),
+                    nvrtc_version: self.nvrtc_version,
+                    stats: stats::parse(&out.log, &s.kernel_name),
+                    compile_ms: t0.elapsed().as_secs_f64() * 1e3,
+                    log: out.log,
+                };
+                disk.put(&key, &meta, &out.cubin).is_ok()
+            })
+            .count();
+        Precompiled { cached: cached.iter().filter(|c| **c).count(), compiled }
     }
 
     /// Compile many kernels in parallel; results come back in input order, each on its own.

@@ -193,6 +193,37 @@ impl Gpu {
         self.stream.memset_zeros(&mut buf.slice).map_err(drv("cuMemsetD8Async"))
     }
 
+    /// Copy `src` into the start of `dst` (device to device, on the stream).
+    pub fn copy<T: DeviceRepr>(
+        &self,
+        src: &DeviceBuf<T>,
+        dst: &mut DeviceBuf<T>,
+    ) -> Result<(), GpuError> {
+        let n = src.len().min(dst.len());
+        self.stream
+            .memcpy_dtod(&src.slice.slice(0..n), &mut dst.slice.slice_mut(0..n))
+            .map_err(drv("cuMemcpyDtoD"))
+    }
+
+    /// Fill every byte of a buffer with `byte` (asynchronously, on the stream): 0xFF makes every
+    /// bf16 a NaN, the poison that shows an output element a kernel failed to write.
+    pub fn fill_bytes<T: DeviceRepr>(
+        &self,
+        buf: &mut DeviceBuf<T>,
+        byte: u8,
+    ) -> Result<(), GpuError> {
+        let bytes = buf.bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: `buf.ptr` is the start of a live allocation of `bytes` bytes owned by `buf`,
+        // which the stream orders before any later use of it.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(buf.ptr, byte, bytes, self.stream.cu_stream())
+        }
+        .map_err(drv("cuMemsetD8Async"))
+    }
+
     fn wrap<T>(&self, slice: CudaSlice<T>) -> DeviceBuf<T> {
         let ptr = {
             let (ptr, _sync) = slice.device_ptr(&self.stream);

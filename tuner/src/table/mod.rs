@@ -11,7 +11,7 @@
 //!
 //! ```text
 //! (
-//!     schema_version: 3,
+//!     schema_version: 4,
 //!     device: (name: "NVIDIA H200", compute_capability: (9, 0), sm_count: 132),
 //!     toolchain: (nvrtc: (13, 0), driver: (13, 0)),
 //!     template_hashes: {Sm90: "3f1c..."},
@@ -81,6 +81,7 @@ mod summary;
 pub use check::{Mismatch, MismatchPolicy, TableCheck};
 pub use lookup::{Bucket, Fallback, Lookup, LookupError, Missing, Resolved};
 pub use schema::{
+    Campaign,
     DeviceIdentity, Entry, Method, MoeEntry, MoeKey, RunnerUp, Table, TableError, TableKey,
     Toolchain, KNOWN_OPS, OP_GEMM, OP_GROUPED_GEMM, TABLE_SCHEMA_VERSION,
     TABLE_SCHEMA_VERSIONS_READ,

@@ -10,11 +10,49 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// Version of the table format this fp4tune writes. Version 2 added `Entry::method`, version 3
-/// the grouped MoE entries (`Table::moe`, `Table::moe_template_hash`).
-pub const TABLE_SCHEMA_VERSION: u32 = 3;
+/// the grouped MoE entries (`Table::moe`, `Table::moe_template_hash`), version 4 the campaign
+/// block (`Table::campaign`).
+pub const TABLE_SCHEMA_VERSION: u32 = 4;
 /// Versions this fp4tune reads (a version 1 table has only fused entries, versions 1 and 2 no
-/// grouped entries); others are refused.
-pub const TABLE_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2, 3];
+/// grouped entries, versions 1 to 3 no campaign block); others are refused.
+pub const TABLE_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2, 3, 4];
+
+/// How the tuning campaign behind a table ran (version 4): what it cost and how it searched.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Campaign {
+    /// Wall time of the whole `fp4tune tune` command, of its GEMM keys and of its grouped phase.
+    pub wall_s: f64,
+    pub gemm_wall_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_wall_s: Option<f64>,
+    /// `cold` (no kernel of the search was in the cubin cache), `warm` (all were) or `partial`,
+    /// with the counts.
+    pub cache: String,
+    pub kernels_cached: usize,
+    pub kernels_compiled: usize,
+    /// Candidates evaluated under the screening policy and under the full policy (this run).
+    pub screened: usize,
+    pub timed: usize,
+    /// Search strategy and its budget, in words.
+    pub strategy: String,
+    pub budget: String,
+    /// The `--time-budget` given, and the keys whose search it cut short.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_budget_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub short_keys: Vec<TableKey>,
+}
+
+impl Campaign {
+    /// The cache label of a campaign that found `cached` kernels and compiled `compiled`.
+    pub fn cache_label(cached: usize, compiled: usize) -> &'static str {
+        match (cached, compiled) {
+            (_, 0) => "warm",
+            (0, _) => "cold",
+            _ => "partial",
+        }
+    }
+}
 
 /// One weight matrix per launch.
 pub const OP_GEMM: &str = "gemm";
@@ -216,6 +254,9 @@ pub struct Table {
     /// Grouped MoE entries (version 3).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub moe: Vec<MoeEntry>,
+    /// The campaign that measured the entries (version 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub campaign: Option<Campaign>,
 }
 
 /// Everything that can go wrong reading, checking or writing a table. `origin` names the file.
@@ -263,6 +304,7 @@ impl Table {
             entries: Vec::new(),
             moe_template_hash: None,
             moe: Vec::new(),
+            campaign: None,
         }
     }
 
@@ -308,6 +350,16 @@ impl Table {
                 at: "moe".into(),
                 reason: format!(
                     "grouped entries need schema_version 3 (this file says {})",
+                    probe.schema_version
+                ),
+            });
+        }
+        if probe.schema_version < 4 && table.campaign.is_some() {
+            return Err(TableError::Invalid {
+                origin: origin.to_string(),
+                at: "campaign".into(),
+                reason: format!(
+                    "the campaign block needs schema_version 4 (this file says {})",
                     probe.schema_version
                 ),
             });
@@ -598,6 +650,9 @@ impl Table {
             }
             let _ = writeln!(out, "    ],");
         }
+        if let Some(c) = &self.campaign {
+            let _ = writeln!(out, "    campaign: Some({}),", one(c));
+        }
         let _ = writeln!(out, ")");
         out
     }
@@ -771,7 +826,7 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_schema_version_is_refused_clearly() {
-        let text = sample().to_ron_string().replace("schema_version: 3,", "schema_version: 7,");
+        let text = sample().to_ron_string().replace("schema_version: 4,", "schema_version: 7,");
         let e = err(&text);
         assert!(e.contains("unsupported dispatch-table schema_version 7"), "{e}");
         assert!(e.contains("reads schema_version 1 and 2"), "{e}");
@@ -784,7 +839,7 @@ pub(crate) mod tests {
     /// written only where it is not `Fused`.
     #[test]
     fn version_1_reads_as_fused_and_methods_round_trip() {
-        let v1 = sample().to_ron_string().replace("schema_version: 3,", "schema_version: 1,");
+        let v1 = sample().to_ron_string().replace("schema_version: 4,", "schema_version: 1,");
         let t = Table::from_ron_str(&v1, "old.ron").unwrap();
         assert_eq!(t.schema_version, TABLE_SCHEMA_VERSION);
         assert!(t.entries.iter().all(|e| e.method == Method::Fused));
@@ -800,7 +855,7 @@ pub(crate) mod tests {
         // refused.
         let e = err(&text.replace("DequantCublasBf16", "Magic"));
         assert!(e.contains("results/h200.ron"), "{e}");
-        let e = err(&text.replace("schema_version: 3,", "schema_version: 1,"));
+        let e = err(&text.replace("schema_version: 4,", "schema_version: 1,"));
         assert!(e.contains("needs schema_version 2"), "{e}");
     }
 
@@ -871,7 +926,7 @@ pub(crate) mod tests {
         assert!(text.contains("moe: ["), "{text}");
         assert_eq!(Table::from_ron_str(&text, "t.ron").unwrap(), t);
         let e =
-            Table::from_ron_str(&text.replace("schema_version: 3,", "schema_version: 2,"), "t.ron")
+            Table::from_ron_str(&text.replace("schema_version: 4,", "schema_version: 2,"), "t.ron")
                 .unwrap_err();
         assert!(e.to_string().contains("need schema_version 3"), "{e}");
         let mut bad = t.clone();
@@ -887,5 +942,31 @@ pub(crate) mod tests {
         let mut bad = t;
         bad.moe[0].key.k = 200; // no whole block_k pass
         assert!(bad.validate("t.ron").is_err());
+    }
+    #[test]
+    fn the_campaign_block_round_trips_and_needs_version_4() {
+        let mut t = sample();
+        t.campaign = Some(Campaign {
+            wall_s: 181.5,
+            gemm_wall_s: 120.25,
+            moe_wall_s: Some(61.25),
+            cache: Campaign::cache_label(0, 812).into(),
+            kernels_cached: 0,
+            kernels_compiled: 812,
+            screened: 9000,
+            timed: 700,
+            strategy: "race".into(),
+            budget: "pool 8%".into(),
+            time_budget_s: Some(300.0),
+            short_keys: vec![t.entries[0].key.clone()],
+        });
+        let text = t.to_ron_string();
+        let back = Table::from_ron_str(&text, "t.ron").unwrap();
+        assert_eq!(back.campaign, t.campaign);
+        assert_eq!(Campaign::cache_label(812, 0), "warm");
+        assert_eq!(Campaign::cache_label(3, 2), "partial");
+        let old = text.replace("schema_version: 4", "schema_version: 3");
+        let e = Table::from_ron_str(&old, "old.ron").unwrap_err().to_string();
+        assert!(e.contains("old.ron") && e.contains("campaign"), "{e}");
     }
 }

@@ -31,6 +31,12 @@ pub enum Outcome {
         time: Summary,
         samples: Vec<f64>,
     },
+    /// Verified against the CPU reference, then timed under a racing campaign's short screening
+    /// policy: ranks candidates, never a table entry's time.
+    Screened {
+        time: Summary,
+        samples: Vec<f64>,
+    },
     /// The configuration cannot run this problem (checked before compiling).
     Illegal {
         reason: String,
@@ -55,6 +61,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The full-policy median (what a table entry may record).
     pub fn median_us(&self) -> Option<f64> {
         match self {
             Outcome::Timed { time, .. } => Some(time.median),
@@ -62,10 +69,27 @@ impl Outcome {
         }
     }
 
+    /// The median a racing campaign ranks by: a screening or a full-policy timing.
+    pub fn screen_us(&self) -> Option<f64> {
+        match self {
+            Outcome::Timed { time, .. } | Outcome::Screened { time, .. } => Some(time.median),
+            _ => None,
+        }
+    }
+
+    /// A timing taken under the screening policy is recorded as such.
+    pub fn screened(self) -> Self {
+        match self {
+            Outcome::Timed { time, samples } => Outcome::Screened { time, samples },
+            other => other,
+        }
+    }
+
     /// Short label for tables ("ok", "compile_error", ...).
     pub fn label(&self) -> &'static str {
         match self {
             Outcome::Timed { .. } => "ok",
+            Outcome::Screened { .. } => "screened",
             Outcome::Illegal { .. } => "illegal",
             Outcome::CompileError { .. } => "compile_error",
             Outcome::ResourceLimit { .. } => "resource_limit",
@@ -262,7 +286,7 @@ pub fn parse_log(bytes: &[u8], path: &Path) -> Result<LogContents, LogError> {
 /// [`MIN_PLAUSIBLE_US`] and inside its own interval. Returns why not.
 pub fn check_record(r: &Record) -> Result<(), String> {
     r.config.check_bounds().map_err(|e| e.to_string())?;
-    if let Outcome::Timed { time, .. } = &r.outcome {
+    if let Outcome::Timed { time, .. } | Outcome::Screened { time, .. } = &r.outcome {
         let (median, lo, hi) = (time.median, time.lo, time.hi);
         if ![median, lo, hi].iter().all(|x| x.is_finite()) {
             return Err(format!("times must be finite: median {median} us, interval ({lo}, {hi})"));
@@ -279,13 +303,15 @@ pub fn check_record(r: &Record) -> Result<(), String> {
     Ok(())
 }
 
-/// Appends records, one flushed and fsynced line each. Holds `<log>.lock` while open, so two
-/// runs cannot write one log at once.
+/// Appends records, one line written at once each (synced to the disk at most every
+/// [`SYNC_INTERVAL`]). Holds `<log>.lock` while open, so two runs cannot write one log at once.
 #[derive(Debug)]
 pub struct Writer {
     path: PathBuf,
     file: std::fs::File,
     _lock: LockFile,
+    /// When the file was last synced to the disk.
+    synced: std::time::Instant,
 }
 
 /// `<log>.lock`, holding the writer's process id; removed when the writer is dropped.
@@ -381,15 +407,31 @@ impl Writer {
         if let Some(len) = keep {
             file.set_len(len).map_err(io)?;
         }
-        Ok(Self { path: path.to_path_buf(), file, _lock: lock })
+        Ok(Self { path: path.to_path_buf(), file, _lock: lock, synced: std::time::Instant::now() })
     }
 
+    /// Append one record in one write (a killed process loses nothing written). The file is
+    /// synced to the disk at most every [`SYNC_INTERVAL`] and when the writer is dropped, so a
+    /// machine that goes down loses at most that much of the campaign.
     pub fn append(&mut self, r: &Record) -> Result<(), LogError> {
         let io = |error| LogError::Io { path: self.path.clone(), error };
         let mut line = serde_json::to_string(r).map_err(|e| io(std::io::Error::other(e)))?;
         line.push('\n');
         self.file.write_all(line.as_bytes()).map_err(io)?;
-        self.file.sync_data().map_err(io)
+        if self.synced.elapsed() >= SYNC_INTERVAL {
+            self.file.sync_data().map_err(io)?;
+            self.synced = std::time::Instant::now();
+        }
+        Ok(())
+    }
+}
+
+/// Longest time appended records stay unsynced (see [`Writer::append`]).
+pub const SYNC_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.file.sync_data();
     }
 }
 

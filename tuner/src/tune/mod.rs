@@ -6,6 +6,8 @@ pub mod log;
 pub mod merge;
 pub mod moe;
 pub mod policy;
+pub mod race;
+pub mod race_replay;
 pub mod replay;
 pub mod run;
 pub mod select;

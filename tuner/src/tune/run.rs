@@ -3,9 +3,10 @@
 //! log, sharding, and selection at the end.
 
 use super::log::{self, Outcome, Record, LOG_SCHEMA_VERSION};
+use super::race::{self, RaceOptions};
 use super::worker::{Reply, Request, WorkerError, WorkerHandle};
 use crate::bench::TimingPolicy;
-use crate::compile::Compiler;
+use crate::compile::{Compiler, Precompiled};
 use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
 use crate::search::{Budget, Exhaustive, Strategy};
@@ -157,6 +158,29 @@ pub struct TuneSpec {
     /// Measure the dequantize-then-cuBLAS path on every key with M >= this (after its fused
     /// candidates; `None`: never). Its record names the key's best fused kernel as the fallback.
     pub composite_min_m: Option<u32>,
+    /// Racing instead of `planner` (see `tune::race`): keys in increasing M (decode first), each
+    /// one's pool screened under `RaceSpec::screen`, its finalists under `policy`.
+    pub race: Option<RaceSpec>,
+    /// Wall-time budget of the whole campaign (racing only): keys that would overrun their share
+    /// get smaller pools and are named in the result ([`TuneOutput::short_keys`]).
+    pub time_budget: Option<Duration>,
+}
+
+/// How a racing campaign screens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RaceSpec {
+    pub options: RaceOptions,
+    pub screen: TimingPolicy,
+}
+
+impl Default for RaceSpec {
+    fn default() -> Self {
+        let options = RaceOptions::default();
+        Self {
+            screen: TimingPolicy { samples: options.screen_samples, ..TimingPolicy::screen() },
+            options,
+        }
+    }
 }
 
 impl std::fmt::Debug for TuneSpec {
@@ -204,6 +228,21 @@ pub enum Event {
         median_us: Option<f64>,
     },
     WorkerRestart(String),
+    /// A key is finished: candidates screened and timed under the full policy (in the log,
+    /// earlier runs' included), the fastest full-policy result, the campaign's elapsed time, and
+    /// whether the time budget cut its pool.
+    KeyDone {
+        index: usize,
+        total: usize,
+        key: TableKey,
+        screened: usize,
+        timed: usize,
+        best: Option<(GemmConfig, f64)>,
+        elapsed: Duration,
+        short: bool,
+    },
+    /// Kernels of the racing pools compiled into the cubin cache in the background.
+    Precompiled(Precompiled),
     /// The log being resumed ended in a torn record (a killed run's last line, no newline): it
     /// is not read, its candidate is measured again.
     TornTail(log::TornTail),
@@ -221,6 +260,20 @@ pub struct TuneOutput {
     pub records: Vec<Record>,
     pub new_records: usize,
     pub wall: Duration,
+    /// What the campaign spent, for the table's campaign block.
+    pub stats: CampaignStats,
+}
+
+/// What a campaign spent (new measurements of this run; the log may hold earlier ones).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CampaignStats {
+    /// Candidates evaluated under the screening policy, and under the full policy.
+    pub screened: usize,
+    pub timed: usize,
+    /// The racing pools' kernels found in, and compiled into, the cubin cache.
+    pub cache: Precompiled,
+    /// Keys whose pool the time budget cut.
+    pub short_keys: Vec<TableKey>,
 }
 
 /// A file-name-safe identifier of a GPU model: "NVIDIA H200" -> "nvidia-h200".
@@ -361,6 +414,11 @@ struct Campaign<'a> {
     /// Fused candidates already measured, per key.
     done: HashSet<(TableKey, GemmConfig)>,
     new_records: usize,
+    stats: CampaignStats,
+    /// Per weight shape (N, K): the previous bucket's fastest screened configurations.
+    carry: std::collections::HashMap<(u32, u32), Vec<GemmConfig>>,
+    /// Per weight shape: the previous bucket's M and its best full-policy time.
+    previous_best: std::collections::HashMap<(u32, u32), (u32, f64)>,
 }
 
 impl Campaign<'_> {
@@ -403,9 +461,100 @@ impl Campaign<'_> {
         Ok(())
     }
 
+    /// Evaluate `configs` of `key` under `policy` in the worker, each outcome appended to the log
+    /// as it arrives (a timing under the screening policy as [`Outcome::Screened`]). A worker
+    /// that dies or hangs costs the candidate in flight (recorded as its failure), then comes
+    /// back for the rest. Returns every outcome of this call.
+    fn run_batch(
+        &mut self,
+        key: &TableKey,
+        configs: &[GemmConfig],
+        policy: &TimingPolicy,
+        screening: bool,
+    ) -> Result<Vec<(GemmConfig, Outcome)>, TuneError> {
+        let (spec, progress) = (self.spec, self.progress);
+        let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
+        let mut todo = configs.to_vec();
+        let mut out = Vec::new();
+        while !todo.is_empty() {
+            let req = Request::Evaluate {
+                problem,
+                configs: todo.clone(),
+                policy: *policy,
+                seed: operand_seed(key),
+            };
+            let mut running: Option<GemmConfig> = None;
+            let outcome_of_failure;
+            self.session.worker()?.send(&req)?;
+            loop {
+                match self.session.worker()?.recv(spec.candidate_timeout) {
+                    Ok(Reply::Running { config }) => running = Some(config),
+                    Ok(Reply::Result { config, outcome }) => {
+                        let outcome = if screening { outcome.screened() } else { outcome };
+                        let label = outcome.label();
+                        if screening {
+                            self.stats.screened += 1;
+                        } else {
+                            self.stats.timed += 1;
+                        }
+                        self.record(key, config, outcome.clone(), &mut todo)?;
+                        out.push((config, outcome));
+                        progress(Event::Result { key: key.clone(), config, outcome: label });
+                    }
+                    Ok(Reply::Done) => {
+                        outcome_of_failure = None;
+                        break;
+                    }
+                    Ok(Reply::Fatal(e)) => {
+                        outcome_of_failure = Some(Outcome::LaunchError { reason: e });
+                        break;
+                    }
+                    Ok(Reply::Device(_) | Reply::Floors { .. }) => {}
+                    Err(e) => {
+                        outcome_of_failure = Some(worker_failure(e));
+                        break;
+                    }
+                }
+            }
+            match outcome_of_failure {
+                // Anything the worker did not answer for (should not happen) is dropped from
+                // this key rather than retried forever.
+                None => todo.clear(),
+                Some(outcome) => {
+                    progress(Event::WorkerRestart(format!("{outcome:?}")));
+                    self.session.restart();
+                    // Blame the candidate in flight; the rest of the batch is retried.
+                    let blamed =
+                        running.filter(|c| todo.contains(c)).or_else(|| todo.first().copied());
+                    if let Some(c) = blamed {
+                        self.record(key, c, outcome.clone(), &mut todo)?;
+                        out.push((c, outcome));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The legal configurations of `key` in `space`.
+    fn legal(space: &[GemmConfig], key: &TableKey) -> Vec<GemmConfig> {
+        let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
+        space.iter().copied().filter(|c| c.check_problem(&problem).is_ok()).collect()
+    }
+
+    /// Records of `key` this run may reuse (same templates, fused).
+    fn previous_of(&self, key: &TableKey) -> Vec<(GemmConfig, Outcome)> {
+        self.previous
+            .iter()
+            .filter(|r| {
+                r.key == *key && r.template_hash == self.template_hash && r.method.is_fused()
+            })
+            .map(|r| (r.config, r.outcome.clone()))
+            .collect()
+    }
+
     /// One key: its planner's batches, results already in the log told to the planner without
-    /// re-measuring, the rest evaluated by the worker (a worker that dies or hangs costs the
-    /// candidate in flight, then comes back for the rest).
+    /// re-measuring, the rest evaluated by the worker.
     fn tune_key(
         &mut self,
         space: &[GemmConfig],
@@ -414,9 +563,7 @@ impl Campaign<'_> {
         key: &TableKey,
     ) -> Result<(), TuneError> {
         let (spec, progress) = (self.spec, self.progress);
-        let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
-        let legal: Vec<GemmConfig> =
-            space.iter().copied().filter(|c| c.check_problem(&problem).is_ok()).collect();
+        let legal = Self::legal(space, key);
         let done_before = legal.iter().filter(|c| self.done.contains(&(key.clone(), **c))).count();
         progress(Event::Key {
             index,
@@ -426,14 +573,8 @@ impl Campaign<'_> {
             done_before,
         });
         let mut planner = (spec.planner)(key, legal, &self.info, &self.context);
-        let known: std::collections::HashMap<GemmConfig, Option<f64>> = self
-            .previous
-            .iter()
-            .filter(|r| {
-                r.key == *key && r.template_hash == self.template_hash && r.method.is_fused()
-            })
-            .map(|r| (r.config, r.outcome.median_us()))
-            .collect();
+        let known: std::collections::HashMap<GemmConfig, Option<f64>> =
+            self.previous_of(key).into_iter().map(|(c, o)| (c, o.median_us())).collect();
         loop {
             let batch = planner.next_batch(spec.batch);
             if batch.is_empty() {
@@ -447,62 +588,161 @@ impl Campaign<'_> {
                     None => todo.push(c),
                 }
             }
-            while !todo.is_empty() {
-                let req = Request::Evaluate {
-                    problem,
-                    configs: todo.clone(),
-                    policy: spec.policy,
-                    seed: operand_seed(key),
-                };
-                let mut running: Option<GemmConfig> = None;
-                let outcome_of_failure;
-                self.session.worker()?.send(&req)?;
-                loop {
-                    match self.session.worker()?.recv(spec.candidate_timeout) {
-                        Ok(Reply::Running { config }) => running = Some(config),
-                        Ok(Reply::Result { config, outcome }) => {
-                            let label = outcome.label();
-                            planner.observe(&config, outcome.median_us());
-                            self.record(key, config, outcome, &mut todo)?;
-                            progress(Event::Result { key: key.clone(), config, outcome: label });
-                        }
-                        Ok(Reply::Done) => {
-                            outcome_of_failure = None;
-                            break;
-                        }
-                        Ok(Reply::Fatal(e)) => {
-                            outcome_of_failure = Some(Outcome::LaunchError { reason: e });
-                            break;
-                        }
-                        Ok(Reply::Device(_) | Reply::Floors { .. }) => {}
-                        Err(e) => {
-                            outcome_of_failure = Some(worker_failure(e));
-                            break;
-                        }
-                    }
-                }
-                match outcome_of_failure {
-                    None => {
-                        // Anything the worker did not answer for (should not happen) is dropped
-                        // from this key rather than retried forever.
-                        for c in todo.drain(..) {
-                            planner.observe(&c, None);
-                        }
-                    }
-                    Some(outcome) => {
-                        progress(Event::WorkerRestart(format!("{outcome:?}")));
-                        self.session.restart();
-                        // Blame the candidate in flight; the rest of the batch is retried.
-                        let blamed =
-                            running.filter(|c| todo.contains(c)).or_else(|| todo.first().copied());
-                        if let Some(c) = blamed {
-                            planner.observe(&c, None);
-                            self.record(key, c, outcome, &mut todo)?;
-                        }
-                    }
-                }
+            let asked = todo.clone();
+            for (c, outcome) in self.run_batch(key, &todo, &spec.policy, false)? {
+                planner.observe(&c, outcome.median_us());
+            }
+            // Candidates the worker never answered for.
+            for c in asked.iter().filter(|c| !self.done.contains(&(key.clone(), **c))) {
+                planner.observe(c, None);
             }
         }
+    }
+
+    /// One key by racing (see `tune::race`): the pool (the previous bucket's fastest, the
+    /// anchors, the model's ranking) screened, refinement rounds around the fastest, the
+    /// finalists and anchors under the full policy. Measurements already in the log are reused.
+    fn race_key(
+        &mut self,
+        space: &[GemmConfig],
+        model: &crate::search::CostModel,
+        race_spec: &RaceSpec,
+        opts: &RaceOptions,
+        key: &TableKey,
+    ) -> Result<(usize, usize, Option<(GemmConfig, f64)>), TuneError> {
+        let spec = self.spec;
+        let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
+        let legal = Self::legal(space, key);
+        let anchors = super::race_replay::anchors(key);
+        let shape = (key.n, key.k);
+        let carry = self.carry.get(&shape).cloned().unwrap_or_default();
+        let previous = self.previous_best.get(&shape).copied();
+        // What the log knows: screening times (a full timing counts too), full timings, failures.
+        let mut screen_time: std::collections::HashMap<GemmConfig, Option<f64>> =
+            std::collections::HashMap::new();
+        let mut full: std::collections::HashMap<GemmConfig, f64> = std::collections::HashMap::new();
+        let note = |c: GemmConfig,
+                    o: &Outcome,
+                    screen_time: &mut std::collections::HashMap<GemmConfig, Option<f64>>,
+                    full: &mut std::collections::HashMap<GemmConfig, f64>| {
+            let t = o.screen_us();
+            let e = screen_time.entry(c).or_insert(t);
+            if e.is_none() {
+                *e = t;
+            }
+            if let Outcome::Timed { time, .. } = o {
+                full.entry(c).or_insert(time.median);
+            }
+        };
+        for (c, o) in self.previous_of(key) {
+            note(c, &o, &mut screen_time, &mut full);
+        }
+        // The rounds see only what this key's rounds screened (the pool, then each refinement),
+        // so a resumed run walks the same rounds as the run it resumes.
+        let mut in_play: Vec<GemmConfig> = Vec::new();
+        let screened_list =
+            |in_play: &[GemmConfig],
+             screen_time: &std::collections::HashMap<GemmConfig, Option<f64>>| {
+                in_play
+                    .iter()
+                    .filter_map(|c| screen_time.get(c).copied().flatten().map(|t| (*c, t)))
+                    .collect::<Vec<(GemmConfig, f64)>>()
+            };
+        // The pool, then refinement rounds while they improve the fastest.
+        let mut round = race::pool(&legal, &problem, model, &anchors, &carry, previous, opts);
+        let opts = &race::for_pool(opts, round.len());
+        for r in 0..=opts.refine_rounds {
+            let before = race::fastest(&screened_list(&in_play, &screen_time));
+            let todo: Vec<GemmConfig> =
+                round.iter().copied().filter(|c| !screen_time.contains_key(c)).collect();
+            for (c, o) in self.run_batch(key, &todo, &race_spec.screen, true)? {
+                note(c, &o, &mut screen_time, &mut full);
+            }
+            for c in todo {
+                screen_time.entry(c).or_insert(None);
+            }
+            in_play.extend(round.iter().copied());
+            let screened = screened_list(&in_play, &screen_time);
+            if r > 0 && race::fastest(&screened) >= before {
+                break;
+            }
+            round = race::refine(&legal, &screened, opts)
+                .into_iter()
+                .filter(|c| !in_play.contains(c))
+                .collect();
+            if round.is_empty() || r == opts.refine_rounds {
+                break;
+            }
+        }
+        let screened = screened_list(&in_play, &screen_time);
+        let finals = race::finalists(&screened, &anchors, opts);
+        let todo: Vec<GemmConfig> =
+            finals.iter().copied().filter(|c| !full.contains_key(c)).collect();
+        for (c, o) in self.run_batch(key, &todo, &spec.policy, false)? {
+            note(c, &o, &mut screen_time, &mut full);
+        }
+        self.carry.insert(shape, race::carry_out(&screened, opts.carry));
+        let best = finals
+            .iter()
+            .filter_map(|c| full.get(c).map(|t| (*c, *t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        if let Some((_, us)) = best {
+            self.previous_best.insert(shape, (key.m, us));
+        }
+        Ok((in_play.len(), full.len(), best))
+    }
+
+    /// Every key by racing, with the campaign's time budget shared out over the keys left.
+    fn race_keys(
+        &mut self,
+        space: &[GemmConfig],
+        model: &crate::search::CostModel,
+        race_spec: &RaceSpec,
+        keys: &[TableKey],
+        t0: Instant,
+    ) -> Result<(), TuneError> {
+        let (spec, progress) = (self.spec, self.progress);
+        let total = keys.len();
+        for (index, key) in keys.iter().enumerate() {
+            let mut opts = race_spec.options;
+            let mut short = false;
+            if let Some(budget) = spec.time_budget {
+                let left = budget.saturating_sub(t0.elapsed()).as_secs_f64();
+                // Screening is about half of a key's time (finals, set-up and the composite
+                // pass take the rest).
+                let share = 0.5 * left / (total - index) as f64;
+                if share < opts.key_seconds {
+                    opts.key_seconds = share.max(0.0);
+                    opts.refine_rounds = opts.refine_rounds.min(1);
+                    short = true;
+                }
+            }
+            progress(Event::Key { index, total, key: key.clone(), candidates: 0, done_before: 0 });
+            let (screened, timed, best) = self.race_key(space, model, race_spec, &opts, key)?;
+            // The dequantize-then-cuBLAS path while the worker still holds the key's operands.
+            let measured = self.previous.iter().any(|r| {
+                r.key == *key && !r.method.is_fused() && r.template_hash == self.template_hash
+            });
+            if let (Some(min_m), Some((fallback, _))) = (spec.composite_min_m, best) {
+                if key.m >= min_m && key.k % 16 == 0 && !measured {
+                    self.composite_key(key, fallback)?;
+                }
+            }
+            if short {
+                self.stats.short_keys.push(key.clone());
+            }
+            progress(Event::KeyDone {
+                index,
+                total,
+                key: key.clone(),
+                screened,
+                timed,
+                best,
+                elapsed: t0.elapsed(),
+                short,
+            });
+        }
+        Ok(())
     }
 
     /// The dequantize-then-cuBLAS path on the keys with M >= `min_m` that have a fused winner
@@ -513,7 +753,6 @@ impl Campaign<'_> {
         min_m: u32,
         log_path: &std::path::Path,
     ) -> Result<(), TuneError> {
-        let (spec, progress) = (self.spec, self.progress);
         let records: Vec<Record> = log::read(log_path)?
             .into_iter()
             .filter(|r| r.template_hash == self.template_hash)
@@ -529,44 +768,65 @@ impl Campaign<'_> {
             }) else {
                 continue;
             };
-            let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
-            self.session.worker()?.send(&Request::Composite {
-                problem,
-                fallback,
-                policy: spec.policy,
-                seed: operand_seed(key),
-            })?;
-            let mut outcome = None;
-            let mut failure = None;
-            loop {
-                match self.session.worker()?.recv(spec.candidate_timeout) {
-                    Ok(Reply::Result { outcome: o, .. }) => outcome = Some(o),
-                    Ok(Reply::Done) => break,
-                    Ok(Reply::Fatal(e)) => {
-                        failure = Some(Outcome::LaunchError { reason: e });
-                        break;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        failure = Some(worker_failure(e));
-                        break;
-                    }
-                }
-            }
-            if let Some(f) = &failure {
-                progress(Event::WorkerRestart(format!("{f:?}")));
-                self.session.restart();
-            }
-            let Some(outcome) = failure.or(outcome) else { continue };
-            progress(Event::Composite {
-                key: key.clone(),
-                outcome: outcome.label(),
-                median_us: outcome.median_us(),
-            });
-            self.append(key, Method::DequantCublasBf16, fallback, outcome)?;
+            self.composite_key(key, fallback)?;
         }
         Ok(())
     }
+
+    /// The dequantize-then-cuBLAS path on one key, `fallback` (its fastest fused kernel) named
+    /// as the entry's fallback.
+    fn composite_key(&mut self, key: &TableKey, fallback: GemmConfig) -> Result<(), TuneError> {
+        let (spec, progress) = (self.spec, self.progress);
+        let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
+        self.session.worker()?.send(&Request::Composite {
+            problem,
+            fallback,
+            policy: spec.policy,
+            seed: operand_seed(key),
+        })?;
+        let mut outcome = None;
+        let mut failure = None;
+        loop {
+            match self.session.worker()?.recv(spec.candidate_timeout) {
+                Ok(Reply::Result { outcome: o, .. }) => outcome = Some(o),
+                Ok(Reply::Done) => break,
+                Ok(Reply::Fatal(e)) => {
+                    failure = Some(Outcome::LaunchError { reason: e });
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    failure = Some(worker_failure(e));
+                    break;
+                }
+            }
+        }
+        if let Some(f) = &failure {
+            progress(Event::WorkerRestart(format!("{f:?}")));
+            self.session.restart();
+        }
+        let Some(outcome) = failure.or(outcome) else { return Ok(()) };
+        progress(Event::Composite {
+            key: key.clone(),
+            outcome: outcome.label(),
+            median_us: outcome.median_us(),
+        });
+        self.append(key, Method::DequantCublasBf16, fallback, outcome)
+    }
+}
+
+/// The cost model racing ranks pools with: the device's data sheet when it has one (what the
+/// replay of its logs uses), else the driver's facts and the floors measured at the start.
+fn race_model_for(info: &DeviceInfo, ctx: &log::Context) -> crate::search::CostModel {
+    use crate::search::{CostModel, DeviceModel};
+    CostModel::new(DeviceModel::data_sheet(&info.name).unwrap_or_else(|| {
+        DeviceModel::from_device_info(
+            info,
+            ctx.bandwidth_gbps,
+            ctx.tensor_peak_tflops,
+            ctx.launch_floor_us,
+        )
+    }))
 }
 
 /// The campaign, in phases: the device and its floors from a first worker; the family and the
@@ -627,7 +887,12 @@ pub fn run(
         .map(|r| (r.key.clone(), r.config))
         .collect();
 
-    let keys = shard_keys(spec, family, a_type);
+    let mut keys = shard_keys(spec, family, a_type);
+    if spec.race.is_some() {
+        // Decode first: a time budget cuts the large-M keys, and every shape's buckets come in
+        // increasing M (each pool starts from the previous bucket's fastest).
+        keys.sort_by(|a, b| a.m.cmp(&b.m).then(a.cmp(b)));
+    }
     if spec.precompile {
         // Everything any key may need, in parallel, into the disk cache (workers load from it).
         let needed: Vec<GemmConfig> = space
@@ -654,12 +919,85 @@ pub fn run(
         previous,
         done,
         new_records: 0,
+        stats: CampaignStats::default(),
+        carry: std::collections::HashMap::new(),
+        previous_best: std::collections::HashMap::new(),
     };
     let total = keys.len();
-    for (index, key) in keys.iter().enumerate() {
-        campaign.tune_key(&space, index, total, key)?;
+    match &spec.race {
+        None => {
+            for (index, key) in keys.iter().enumerate() {
+                campaign.tune_key(&space, index, total, key)?;
+                progress(Event::KeyDone {
+                    index,
+                    total,
+                    key: key.clone(),
+                    screened: 0,
+                    timed: campaign.done.iter().filter(|(k, _)| k == key).count(),
+                    best: None,
+                    elapsed: t0.elapsed(),
+                    short: false,
+                });
+            }
+        }
+        Some(race_spec) => {
+            let model = race_model_for(&campaign.info, &campaign.context);
+            // The pools without their carried part are known now: compile them into the cubin
+            // cache in key order while the worker measures (it loads what is there, compiles
+            // the rest itself).
+            let pools: Vec<Vec<crate::template::KernelSource>> = keys
+                .iter()
+                .map(|k| {
+                    let legal = Campaign::legal(&space, k);
+                    let p = GemmProblem::new(k.m, k.n, k.k, k.a_type);
+                    let anchors = super::race_replay::anchors(k);
+                    race::pool(&legal, &p, &model, &anchors, &[], None, &race_spec.options)
+                        .into_iter()
+                        .filter_map(|c| c.render().ok())
+                        .collect()
+                })
+                .collect();
+            // Whether the cache is cold or warm is decided before anything compiles.
+            let mut seen = HashSet::new();
+            let distinct: Vec<crate::template::KernelSource> = pools
+                .iter()
+                .flatten()
+                .filter(|s| seen.insert(s.kernel_name.clone()))
+                .cloned()
+                .collect();
+            let cached_at_start = compiler.count_cached(&distinct);
+            let cache = std::sync::Mutex::new(Precompiled::default());
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let result = std::thread::scope(|scope| -> Result<(), TuneError> {
+                scope.spawn(|| {
+                    let mut seen = HashSet::new();
+                    for pool in &pools {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
+                        let fresh: Vec<_> = pool
+                            .iter()
+                            .filter(|s| seen.insert(s.kernel_name.clone()))
+                            .cloned()
+                            .collect();
+                        let got = compiler.precompile(&fresh);
+                        *cache.lock().unwrap_or_else(|p| p.into_inner()) += got;
+                    }
+                });
+                let r = campaign.race_keys(&space, &model, race_spec, &keys, t0);
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                r
+            });
+            result?;
+            drop(cache);
+            campaign.stats.cache = Precompiled {
+                cached: cached_at_start,
+                compiled: distinct.len() - cached_at_start.min(distinct.len()),
+            };
+            progress(Event::Precompiled(campaign.stats.cache));
+        }
     }
-    if let Some(min_m) = spec.composite_min_m {
+    if let (Some(min_m), None) = (spec.composite_min_m, &spec.race) {
         campaign.composite_pass(&keys, min_m, &log_path)?;
     }
     campaign.session.restart();
@@ -677,6 +1015,7 @@ pub fn run(
         records,
         new_records: campaign.new_records,
         wall: t0.elapsed(),
+        stats: campaign.stats,
     })
 }
 
@@ -721,141 +1060,6 @@ mod tests {
     }
 }
 
-/// The campaign driven against a scripted stand-in for the GPU worker (no GPU needed): a worker
-/// that crashes on one candidate (as an illegal address does) and hangs on another must cost
-/// exactly those candidates, every other result must land in the log, and a second run must
-/// resume without measuring anything again.
 #[cfg(all(test, unix))]
-mod fake_worker_tests {
-    use super::*;
-    use crate::tune::select::{select, SelectRules};
-    use std::os::unix::fs::PermissionsExt;
-
-    const FAKE: &str = r#"#!/usr/bin/env python3
-import json, sys, time
-def send(x):
-    sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
-for line in sys.stdin:
-    req = json.loads(line)
-    if "Hello" in req:
-        send({"Device": {"name": "Fake H200", "compute_capability": [9, 0], "sm_count": 132,
-              "l2_bytes": 62914560, "total_mem": 1, "max_smem_per_block_optin": 232448,
-              "driver_version": [13, 0], "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "mem_bus_bits": 6016}})
-    elif "Floors" in req:
-        send({"Floors": {"bandwidth_gbps": 4400.0, "tensor_peak_tflops": 880.0, "launch_floor_us": 0.6}})
-    else:
-        ev = req["Evaluate"]
-        for c in ev["configs"]:
-            send({"Running": {"config": c}})
-            if c["stages"] == 7:      # the crashing candidate: die like a poisoned context
-                sys.exit(3)
-            if c["stages"] == 5:      # the hanging candidate
-                time.sleep(3600)
-            t = 1.0 + c["block_n"] / 64.0 + c["split_k"] / 10.0
-            s = {"n": 3, "median": t, "lo": t * 0.99, "hi": t * 1.01, "min": t * 0.98, "max": t * 1.02}
-            send({"Result": {"config": c, "outcome": {"Timed": {"time": s, "samples": [t, t, t]}}}})
-        send("Done")
-"#;
-
-    fn configs() -> Vec<GemmConfig> {
-        let base = template::default_config(Family::Sm90, AType::Bf16);
-        let mut v = Vec::new();
-        for (block_n, stages, split_k) in
-            [(64, 2, 1), (128, 2, 1), (64, 7, 1), (64, 3, 2), (64, 5, 1), (256, 2, 1)]
-        {
-            v.push(GemmConfig { block_n, stages, split_k, ..base });
-        }
-        v
-    }
-
-    fn spec(exe: PathBuf, out: PathBuf) -> TuneSpec {
-        TuneSpec {
-            shapes: vec![(512, 6144)],
-            buckets: vec![1, 16],
-            a_type: Some(AType::Bf16),
-            policy: TimingPolicy::quick(),
-            shard: Shard::all(),
-            out_dir: out,
-            exe,
-            device: 0,
-            candidate_timeout: Duration::from_secs(3),
-            planner: Box::new(|_, _, _, _| Planner::exhaustive(configs())),
-            batch: 16,
-            precompile: false,
-            composite_min_m: None,
-        }
-    }
-
-    #[test]
-    fn crashes_and_hangs_cost_one_candidate_each_and_runs_resume() {
-        let dir = tempfile::tempdir().unwrap();
-        let exe = dir.path().join("fake-worker");
-        std::fs::write(&exe, FAKE).unwrap();
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
-        let out = dir.path().join("results");
-        let restarts = std::cell::Cell::new(0);
-        let first = run(&spec(exe.clone(), out.clone()), &compiler, &|e| {
-            if let Event::WorkerRestart(_) = e {
-                restarts.set(restarts.get() + 1);
-            }
-        })
-        .unwrap();
-        // 2 keys x 6 candidates, each recorded once.
-        assert_eq!(first.new_records, 12);
-        assert_eq!(first.records.len(), 12);
-        assert_eq!(restarts.get(), 4, "one restart per crash and per hang, per key");
-        let labels: Vec<&str> = first.records.iter().map(|r| r.outcome.label()).collect();
-        assert_eq!(labels.iter().filter(|l| **l == "ok").count(), 8);
-        assert_eq!(labels.iter().filter(|l| **l == "launch_error").count(), 2);
-        assert_eq!(labels.iter().filter(|l| **l == "timeout").count(), 2);
-        for r in &first.records {
-            match r.config.stages {
-                7 => assert_eq!(r.outcome.label(), "launch_error"),
-                5 => assert_eq!(r.outcome.label(), "timeout"),
-                _ => assert_eq!(r.outcome.label(), "ok"),
-            }
-            assert!(r.context.as_ref().is_some_and(|c| c.bandwidth_gbps == 4400.0));
-        }
-        assert!(first.log_path.ends_with("fake-h200-w4a16.jsonl"), "{}", first.log_path.display());
-        // The fastest timed candidate wins each key.
-        let sel = select(&first.records, &SelectRules { tie_band: 0.0, default_margin: 0.0 });
-        assert!(sel.choices.iter().all(|c| c.config.block_n == 64 && c.config.split_k == 1));
-        // Run again: everything is in the log, nothing is measured twice.
-        let second = run(&spec(exe, out), &compiler, &|_| {}).unwrap();
-        assert_eq!(second.new_records, 0);
-        assert_eq!(second.records.len(), 12);
-    }
-
-    /// A run killed in the middle of a record leaves a last line without its newline: the next
-    /// run reports it (an event the CLI prints), measures that candidate again and resumes.
-    #[test]
-    fn a_torn_last_record_is_reported_and_the_run_resumes() {
-        let dir = tempfile::tempdir().unwrap();
-        let exe = dir.path().join("fake-worker");
-        std::fs::write(&exe, FAKE).unwrap();
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
-        let out = dir.path().join("results");
-        let first = run(&spec(exe.clone(), out.clone()), &compiler, &|_| {}).unwrap();
-        assert_eq!(first.new_records, 12);
-        // Cut the last record right after an inner `}` (no newline): what a kill leaves.
-        let text = std::fs::read_to_string(&first.log_path).unwrap();
-        let last_start = text.trim_end().rfind('\n').unwrap() + 1;
-        let cut = last_start + text[last_start..].find('}').unwrap() + 1;
-        std::fs::write(&first.log_path, &text[..cut]).unwrap();
-        let torn = std::cell::RefCell::new(Vec::new());
-        let second = run(&spec(exe, out), &compiler, &|e| {
-            if let Event::TornTail(t) = e {
-                torn.borrow_mut().push(t);
-            }
-        })
-        .unwrap();
-        let torn = torn.into_inner();
-        assert_eq!(torn.len(), 1, "{torn:?}");
-        assert_eq!(torn[0].path, first.log_path);
-        assert_eq!(torn[0].line, 12);
-        assert_eq!(second.new_records, 1, "only the torn candidate is measured again");
-        assert_eq!(second.records.len(), 12);
-    }
-}
+#[path = "run_tests.rs"]
+mod fake_worker_tests;

@@ -57,6 +57,9 @@ pub fn serve(compiler: &Compiler) -> ! {
     let mut out = std::io::stdout().lock();
     let mut gpu: Option<Gpu> = None;
     let mut host_cache: Option<HostProblem> = None;
+    // The operands of the last problem on the device, reused by the next request for it (a
+    // key's screening, refinement and final batches).
+    let mut device_cache: Option<(GemmProblem, u64, DeviceProblem)> = None;
     let mut send = |r: &Reply| {
         let line = serde_json::to_string(r).expect("replies serialize");
         // The parent went away: nothing left to do.
@@ -118,7 +121,27 @@ pub fn serve(compiler: &Compiler) -> ! {
                         continue;
                     }
                 };
-                if let Err(e) = evaluate(g, compiler, host, &configs, &policy, &mut send) {
+                let stale = device_cache.as_ref().is_none_or(|(p, s, d)| {
+                    *p != problem || *s != seed || d.l2_multiple != policy.l2_multiple
+                });
+                if stale {
+                    // The old operands are freed before the new ones are uploaded.
+                    drop(device_cache.take());
+                    match DeviceProblem::upload(g, host, &policy, &[]) {
+                        Ok(mut d) => {
+                            // Verification on the GPU: large outputs are not copied back per
+                            // candidate. If it cannot be set up, the CPU checks as before.
+                            let _ = d.check_on_gpu(g, compiler, host);
+                            device_cache = Some((problem, seed, d))
+                        }
+                        Err(e) => {
+                            send(&Reply::Fatal(format!("CUDA error, worker exits: {e}")));
+                            std::process::exit(3);
+                        }
+                    }
+                }
+                let dp = &mut device_cache.as_mut().expect("just set").2;
+                if let Err(e) = evaluate(g, compiler, host, dp, &configs, &policy, &mut send) {
                     // A context-poisoning error: report and die; the parent respawns.
                     send(&Reply::Fatal(format!("CUDA error, worker exits: {e}")));
                     std::process::exit(3);
@@ -196,6 +219,7 @@ fn evaluate(
     gpu: &Gpu,
     compiler: &Compiler,
     host: &HostProblem,
+    dp: &mut DeviceProblem,
     configs: &[GemmConfig],
     policy: &TimingPolicy,
     send: &mut dyn FnMut(&Reply),
@@ -212,7 +236,7 @@ fn evaluate(
     let sources: Vec<_> = runnable.iter().map(|c| c.render()).collect();
     let ok_sources: Vec<_> = sources.iter().filter_map(|s| s.as_ref().ok().cloned()).collect();
     let mut compiled = compiler.compile_many(&ok_sources).into_iter();
-    let mut dp = DeviceProblem::upload(gpu, host, policy, &runnable)?;
+    dp.ensure_scratch(gpu, &runnable)?;
     let mut verified: Vec<Candidate> = Vec::new();
     for (c, s) in runnable.iter().zip(&sources) {
         let outcome = match s {
@@ -223,7 +247,7 @@ fn evaluate(
                     Err(e) => Some(Outcome::ResourceLimit { reason: e.to_string() }),
                     Ok(cand) => {
                         send(&Reply::Running { config: *c });
-                        match verify(gpu, host, &mut dp, &cand)? {
+                        match verify(gpu, host, dp, &cand)? {
                             Ok(()) => {
                                 verified.push(cand);
                                 None
@@ -244,7 +268,7 @@ fn evaluate(
             send(&Reply::Running { config: c.config });
         }
         let refs: Vec<&Candidate> = batch.iter().collect();
-        for (c, r) in batch.iter().zip(time_candidates(gpu, policy, &dp, &refs)) {
+        for (c, r) in batch.iter().zip(time_candidates(gpu, policy, dp, &refs)) {
             let outcome = match r {
                 Ok(s) => {
                     Outcome::Timed { time: Summary::of(&s.us).expect("samples"), samples: s.us }
