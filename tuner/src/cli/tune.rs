@@ -236,7 +236,7 @@ pub fn run(args: TuneArgs) -> Result<()> {
             ));
         }
         Event::Precompiled(p) => say(format!(
-            "cubin cache: {} kernels found, {} compiled in the background",
+            "cubin cache: {} kernels of the first pools found, {} compiled in the background",
             p.cached, p.compiled
         )),
         Event::Composite { key, outcome, median_us } => {
@@ -261,10 +261,13 @@ pub fn run(args: TuneArgs) -> Result<()> {
         wall_s: started.elapsed().as_secs_f64(),
         gemm_wall_s: output.wall.as_secs_f64(),
         moe_wall_s: None,
-        cache: fp4tune::table::Campaign::cache_label(stats.cache.cached, stats.cache.compiled)
-            .into(),
-        kernels_cached: stats.cache.cached,
-        kernels_compiled: stats.cache.compiled,
+        cache: fp4tune::table::Campaign::cache_label(
+            stats.cache.cached + stats.refined_cache.cached,
+            stats.cache.compiled + stats.refined_cache.compiled,
+        )
+        .into(),
+        kernels_cached: stats.cache.cached + stats.refined_cache.cached,
+        kernels_compiled: stats.cache.compiled + stats.refined_cache.compiled,
         screened: stats.screened,
         timed: stats.timed,
         strategy: strategy_name,

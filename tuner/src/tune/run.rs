@@ -272,6 +272,8 @@ pub struct CampaignStats {
     pub timed: usize,
     /// The racing pools' kernels found in, and compiled into, the cubin cache.
     pub cache: Precompiled,
+    /// The same for the kernels of refinement rounds (known only once screening ran).
+    pub refined_cache: Precompiled,
     /// Keys whose pool the time budget cut.
     pub short_keys: Vec<TableKey>,
 }
@@ -403,6 +405,7 @@ fn shard_keys(spec: &TuneSpec, family: Family, a_type: AType) -> Vec<TableKey> {
 /// already holds, and what every record is stamped with.
 struct Campaign<'a> {
     spec: &'a TuneSpec,
+    compiler: &'a Compiler,
     progress: &'a dyn Fn(Event),
     session: Session,
     writer: log::Writer,
@@ -655,6 +658,12 @@ impl Campaign<'_> {
             let before = race::fastest(&screened_list(&in_play, &screen_time));
             let todo: Vec<GemmConfig> =
                 round.iter().copied().filter(|c| !screen_time.contains_key(c)).collect();
+            if r > 0 {
+                // Refinement kernels are not among the pools compiled in the background: compile
+                // them here (all cores) so the campaign counts what the cache lacked.
+                let sources: Vec<_> = todo.iter().filter_map(|c| c.render().ok()).collect();
+                self.stats.refined_cache += self.compiler.precompile(&sources);
+            }
             for (c, o) in self.run_batch(key, &todo, &race_spec.screen, true)? {
                 note(c, &o, &mut screen_time, &mut full);
             }
@@ -910,6 +919,7 @@ pub fn run(
 
     let mut campaign = Campaign {
         spec,
+        compiler,
         progress,
         session,
         writer: log::Writer::open(&log_path)?,
