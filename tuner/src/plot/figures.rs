@@ -90,7 +90,7 @@ pub fn parse_bench_csv(text: &str, origin: &str) -> Result<Vec<BenchPoint>, Plot
 /// Read a benchmark CSV, GEMM (`shape,N,K,M,...`) or grouped MoE (`op,N,K,experts,...`).
 pub fn read_bench(path: &Path) -> Result<BenchFile, PlotError> {
     let text = std::fs::read_to_string(path)
-        .map_err(|source| PlotError::Io { path: path.to_path_buf(), source })?;
+        .map_err(|source| PlotError::Io { path: path.to_path_buf(), error: source })?;
     let origin = path.display().to_string();
     if text.starts_with("op,") {
         crate::bench::moe_report::parse_csv(&text, &origin)

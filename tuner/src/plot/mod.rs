@@ -69,20 +69,21 @@ pub enum PlotError {
     Empty(String),
     #[error("drawing: {0}")]
     Draw(String),
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    // The OS error is part of the message, not a chained source (printed once).
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
 }
 
 /// Draw every chart into `dir` (created if needed); returns the files written.
 pub fn write_all(charts: &[Chart], dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
     std::fs::create_dir_all(dir)
-        .map_err(|source| PlotError::Io { path: dir.to_path_buf(), source })?;
+        .map_err(|source| PlotError::Io { path: dir.to_path_buf(), error: source })?;
     let mut out = Vec::new();
     for c in charts {
         let text = svg::render(c, SIZE)?;
         let path = dir.join(&c.file);
         std::fs::write(&path, text)
-            .map_err(|source| PlotError::Io { path: path.clone(), source })?;
+            .map_err(|source| PlotError::Io { path: path.clone(), error: source })?;
         out.push(path);
     }
     Ok(out)

@@ -146,3 +146,14 @@ fn an_empty_figure_is_an_error_not_a_blank_file() {
     assert!(matches!(e, PlotError::Empty(ref t) if t == "nothing"), "{e}");
     assert!(!dir.path().join("x.svg").exists());
 }
+
+/// A write error names the file and its OS error once (not chained again as the source).
+#[test]
+fn io_errors_name_the_file_and_the_os_error_once() {
+    let e = super::PlotError::Io {
+        path: "/x/y.svg".into(),
+        error: std::io::Error::from(std::io::ErrorKind::IsADirectory),
+    };
+    assert!(std::error::Error::source(&e).is_none());
+    assert!(e.to_string().starts_with("/x/y.svg: "), "{e}");
+}

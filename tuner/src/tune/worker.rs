@@ -291,8 +291,9 @@ pub struct WorkerHandle {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    #[error("starting the worker `{exe}`: {source}")]
-    Spawn { exe: String, source: std::io::Error },
+    // The OS error is part of the message, not a chained source (printed once).
+    #[error("starting the worker `{exe}`: {error}")]
+    Spawn { exe: String, error: std::io::Error },
     #[error("the worker exited")]
     Died,
     #[error("the worker did not answer within {0:.0} s")]
@@ -311,7 +312,10 @@ impl WorkerHandle {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
             .spawn()
-            .map_err(|source| WorkerError::Spawn { exe: exe.display().to_string(), source })?;
+            .map_err(|source| WorkerError::Spawn {
+                exe: exe.display().to_string(),
+                error: source,
+            })?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let (tx, replies) = std::sync::mpsc::channel();
@@ -360,5 +364,19 @@ impl Drop for WorkerHandle {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The OS error of a failed start is in the message once, not chained again as its source
+    /// (anyhow's `{:#}` prints a source after the message).
+    #[test]
+    fn a_worker_that_cannot_start_names_the_os_error_once() {
+        let e = super::WorkerHandle::spawn(std::path::Path::new("/nonexistent/fp4tune"), &[])
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("/nonexistent/fp4tune"), "{text}");
+        assert!(std::error::Error::source(&e).is_none(), "{text}");
     }
 }

@@ -51,10 +51,11 @@ impl VariantResources {
 pub enum VariantError {
     #[error("render: {0}")]
     Render(#[from] ConstraintError),
-    #[error("{config}: {source}")]
-    Compile { config: String, source: CompileError },
-    #[error("{config}: {source}")]
-    Sass { config: String, source: SassError },
+    // The cause is part of the message, not a chained source (printed once).
+    #[error("{config}: {error}")]
+    Compile { config: String, error: CompileError },
+    #[error("{config}: {error}")]
+    Sass { config: String, error: SassError },
     #[error("{config}: no ptxas statistics in the NVRTC log:\n{log}")]
     NoStats { config: String, log: String },
 }
@@ -95,9 +96,9 @@ pub fn inspect_variants(
             let src = c.render()?;
             let kernel = compiler
                 .compile(&src)
-                .map_err(|source| VariantError::Compile { config: c.name(), source })?;
+                .map_err(|error| VariantError::Compile { config: c.name(), error })?;
             let text = sass::dump_sass(&kernel.kernel_name, &kernel.cubin)
-                .map_err(|source| VariantError::Sass { config: c.name(), source })?;
+                .map_err(|error| VariantError::Sass { config: c.name(), error })?;
             resources(c, &kernel, &text)
         })
         .collect()
