@@ -168,7 +168,13 @@ FP4TUNE_API size_t fp4tune_scale_bytes(int32_t rows, int32_t k);
  * expert ids; local experts are expert_begin .. expert_begin + E - 1, others are skipped);
  * topk_weights float [tokens, top_k]. All pointers are device addresses. Launches allocate and
  * synchronize nothing (capturable in a CUDA graph); scratch lives in a workspace: use one
- * workspace per stream. The shared expert can join as expert E with weight 1 in every row. */
+ * workspace per stream. The shared expert can join as expert E with weight 1 in every row.
+ * W4A16 (w4a4 = 0): alphas are weight_scale_2. W4A4 (w4a4 = 1): both projections take NVFP4
+ * activations; alpha13 = x_scale * weight_scale_2 and alpha2 = h_scale * weight_scale_2 per
+ * expert. X comes as x_fp4 / x_sf (codes [tokens, hidden/2] and fp4tune_scale_bytes(tokens,
+ * hidden) swizzled scales), or, with x_fp4 = 0, as bf16 x that the layer quantizes with x_scale;
+ * gate_up writes H in bf16 and quantized with h_scale for down. Zero-initialize the struct
+ * ({0}): the fields after expert_begin are W4A4's and all zero means W4A16. */
 typedef struct Fp4tuneMoeWorkspace fp4tune_moe_workspace;
 
 typedef struct fp4tune_moe_args {
@@ -184,6 +190,12 @@ typedef struct fp4tune_moe_args {
     uint64_t y;
     uint32_t tokens;       /* 1 .. the workspace's max_tokens */
     int32_t expert_begin;  /* global id of local expert 0 (expert parallelism), else 0 */
+    uint32_t w4a4;         /* 0: W4A16 (bf16 activations); 1: W4A4 (NVFP4 activations) */
+    float x_scale;         /* W4A4: input scale of X (used when x_fp4 is 0) */
+    float h_scale;         /* W4A4: input scale of H */
+    uint32_t reserved;     /* 0 */
+    uint64_t x_fp4;        /* W4A4: X codes (16-byte aligned), or 0 to quantize x */
+    uint64_t x_sf;         /* W4A4: X swizzled scales (4-byte aligned), with x_fp4 */
 } fp4tune_moe_args;
 
 /* A workspace for up to max_tokens tokens of the layer; the table must have grouped entries for

@@ -33,9 +33,13 @@ TOL_LAYER = 2.0**-5  # H is rounded to bf16 before down in both; f32 summation o
 
 
 class MoeArgs(ctypes.Structure):
+    """fp4tune_moe_args. The fields after expert_begin are the W4A4 extension (w4a4, the input
+    scales of X and H, X already in NVFP4); ctypes zero-initializes them: a W4A16 call."""
     _fields_ = [(name, ctypes.c_uint64) for name in
                 ("x", "topk_ids", "topk_weights", "w13", "w13_sf", "alpha13", "w2", "w2_sf", "alpha2", "y")] + [
-        ("tokens", ctypes.c_uint32), ("expert_begin", ctypes.c_int32)]
+        ("tokens", ctypes.c_uint32), ("expert_begin", ctypes.c_int32),
+        ("w4a4", ctypes.c_uint32), ("x_scale", ctypes.c_float), ("h_scale", ctypes.c_float),
+        ("reserved", ctypes.c_uint32), ("x_fp4", ctypes.c_uint64), ("x_sf", ctypes.c_uint64)]
 
 
 class StackedWeights:

@@ -44,9 +44,16 @@ struct AlignParams {
 //     by W[e] = [gate; up] ([N, K/2] codes, N = 2I) and writes H[r] = SiLU(gate) * up ([rows, I]).
 //   down (OP_DOWN): row r reads A[r] (H in sorted order) and writes Y_rows[r] = A[r] * W[e]^T ([rows, N]).
 // Per expert, w and w_sf hold one ModelOpt weight (the layout of GemmParams), one after the other:
-// codes N * K/2 bytes, scales 128-row-padded N x (K/16 padded to 4) bytes; alpha[e] is its scale.
+// codes N * K/2 bytes, scales 128-row-padded N x (K/16 padded to 4) bytes; alpha[e] is its scale
+// (weight_scale_2, or input_scale * weight_scale_2 with NVFP4 activations).
+// Activations (W4A16): bf16 rows [tokens or rows, K]. W4A4: NVFP4 codes [tokens or rows, K/2] and
+// their swizzled scales a_sf (rows padded to 128: token rows for gate_up, sorted rows for down);
+// the W4A4 gate_up also writes H quantized with the input scale h_scale (the down projection's
+// activation global scale) into h_codes [rows, I/2] and h_sf (swizzled, sorted rows padded to 128,
+// I/16 padded to 4; only entries of routed rows and real scale columns are written), bit for bit
+// what the activation quantizer (common/quantize.cuh) makes of the bf16 H.
 struct GroupedParams {
-    const uint8_t* a;     // bf16 [tokens or rows, K]
+    const uint8_t* a;     // bf16 [tokens or rows, K], or NVFP4 codes [tokens or rows, K/2]
     const uint8_t* a_sf;  // W4A4: swizzled scales of a (unused for bf16)
     const uint8_t* w;     // [experts][N, K/2]
     const uint8_t* w_sf;  // [experts][swizzled scales]
@@ -55,6 +62,9 @@ struct GroupedParams {
     const int32_t* sorted_ids;
     const int32_t* tiles;       // this kernel's tile list (its BLOCK_M)
     const int32_t* tile_count;  // its count
+    uint8_t* h_codes;           // W4A4 gate_up: H as NVFP4 codes [rows, N/4] (unused otherwise)
+    uint8_t* h_sf;              // W4A4 gate_up: H's swizzled scales
+    float h_scale;              // W4A4 gate_up: input scale of H
     int n;
     int k;
     int top_k;

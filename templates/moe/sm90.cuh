@@ -18,20 +18,21 @@
 // Launch contract (moe::GroupedConfig in Rust): grid (ceil(N / BLOCK_N), grid_y, SPLIT_K), THREADS
 // threads, SMEM_BYTES of dynamic shared memory, cluster (1, 1, SPLIT_K) when SPLIT_K > 1.
 #pragma once
+#include "moe/epilogue.cuh"
 #include "moe/params.cuh"
 #include "sm90/direct.cuh"
 
 namespace fp4tune {
 namespace moe {
 
-// x / (1 + e^-x) in fp32 (the CPU reference computes the same expression).
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
-
 template <class Cfg, int OP>
 struct Grouped {
     static_assert(Cfg::A_GLOBAL, "the grouped kernel keeps its activations in the register ring");
     static_assert(Cfg::SPLIT_K <= 8, "grouped split-K reduces through a cluster (SPLIT_K <= 8)");
     static_assert(OP != OP_GATE_UP || Cfg::BLOCK_N % 16 == 0, "gate_up tiles hold whole gate/up row pairs");
+    // W4A4 gate_up also writes H as NVFP4 (the down projection's W4A4 input).
+    static constexpr bool QUANT_H = OP == OP_GATE_UP && Cfg::A_FP4;
+    static_assert(!QUANT_H || Cfg::P_TILES % 2 == 0, "W4A4 gate_up quantizes 16-column blocks of H: 32 weight rows per warp");
     static constexpr int ACC = Cfg::ACC;
 
     // The lane's pointers of one tile at k = 0: its weight rows (clamped as in gemm_direct) and its
@@ -69,8 +70,16 @@ struct Grouped {
                 }
 #pragma unroll
             for (int q = 0; q < Cfg::Q_TILES; ++q) {
-                a_row[q] = ptx::opaque_ptr(p.a + (static_cast<size_t>(src[q]) * p.k + 32 * t) * 2);
-                a_sf_row[q] = nullptr;
+                if constexpr (Cfg::A_FP4) {
+                    // codes and scales of the source row (a token row: its scale offset follows the
+                    // swizzle of the token's row; or a sorted row of H)
+                    a_row[q] = ptx::opaque_ptr(p.a + static_cast<size_t>(src[q]) * (p.k / 2) + 16 * t);
+                    a_sf_row[q] = ptx::opaque_ptr(
+                        p.a_sf + swizzled_sf_offset(static_cast<uint32_t>(src[q]), 2 * t, ksf_pad));
+                } else {
+                    a_row[q] = ptx::opaque_ptr(p.a + (static_cast<size_t>(src[q]) * p.k + 32 * t) * 2);
+                    a_sf_row[q] = nullptr;
+                }
             }
         }
     };
@@ -217,28 +226,46 @@ struct Grouped {
             }
             if (!Cfg::CLUSTER_SPLIT || blockIdx.z == 0) {
                 constexpr int J = Cfg::WARPS_MN * ACC * 32;  // floats per slot
-                for (int j = tid; j < J; j += Cfg::THREADS) {
-                    const int l = j & 31;
-                    const int ef = (j >> 5) % ACC;
-                    const int w = (j >> 5) / ACC;
-                    // gate_up: element ef (row half 0, gate) carries its partner ef + 2 (up)
-                    if (OP == OP_GATE_UP && (ef & 2) != 0) continue;
-                    float s0 = 0.0f, s1 = 0.0f;
+                if constexpr (QUANT_H) {
+                    // The H blocks span lanes: every element is summed over the slots (in slot
+                    // order) into slot 0, then the wk = 0 warps store from the lane layout.
+                    for (int j = tid; j < J; j += Cfg::THREADS) {
+                        float s0 = 0.0f;
 #pragma unroll 8
-                    for (int s = 0; s < Cfg::SLOTS; ++s) {
-                        s0 += slots[s * J + j];
-                        if (OP == OP_GATE_UP) s1 += slots[s * J + j + 64];
+                        for (int s = 0; s < Cfg::SLOTS; ++s) s0 += slots[s * J + j];
+                        slots[j] = s0;
                     }
-                    const int i = (ef >> 2) / Cfg::Q_TILES;
-                    const int q = (ef >> 2) % Cfg::Q_TILES;
-                    const int e = ef & 3;
-                    const int m = 8 * q + 2 * (l & 3) + (e & 1);
-                    const int gl = l >> 2;
-                    const int pw = w * Cfg::WARP_P + 16 * i;
-                    if constexpr (OP == OP_GATE_UP) {
-                        store(p, out_scale, row0, rows, m, (n0 + pw) / 2 + gl, s0, s1);
-                    } else {
-                        store(p, out_scale, row0, rows, m, n0 + pw + gl + 8 * (e >> 1), s0, 0.0f);
+                    __syncthreads();
+                    if (wk == 0) {
+#pragma unroll
+                        for (int e = 0; e < ACC; ++e) flat[e] = slots[wmn * ACC * 32 + e * 32 + lane];
+                        store_tile<Cfg::P_TILES, Cfg::Q_TILES, OP, QUANT_H>(p, out_scale, acc, row0, rows, n0 + p0, 0,
+                                                                           lane);
+                    }
+                } else {
+                    for (int j = tid; j < J; j += Cfg::THREADS) {
+                        const int l = j & 31;
+                        const int ef = (j >> 5) % ACC;
+                        const int w = (j >> 5) / ACC;
+                        // gate_up: element ef (row half 0, gate) carries its partner ef + 2 (up)
+                        if (OP == OP_GATE_UP && (ef & 2) != 0) continue;
+                        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 8
+                        for (int s = 0; s < Cfg::SLOTS; ++s) {
+                            s0 += slots[s * J + j];
+                            if (OP == OP_GATE_UP) s1 += slots[s * J + j + 64];
+                        }
+                        const int i = (ef >> 2) / Cfg::Q_TILES;
+                        const int q = (ef >> 2) % Cfg::Q_TILES;
+                        const int e = ef & 3;
+                        const int m = 8 * q + 2 * (l & 3) + (e & 1);
+                        const int gl = l >> 2;
+                        const int pw = w * Cfg::WARP_P + 16 * i;
+                        if constexpr (OP == OP_GATE_UP) {
+                            store(p, out_scale, row0, rows, m, (n0 + pw) / 2 + gl, s0, s1);
+                        } else {
+                            store(p, out_scale, row0, rows, m, n0 + pw + gl + 8 * (e >> 1), s0, 0.0f);
+                        }
                     }
                 }
             }
@@ -251,25 +278,8 @@ struct Grouped {
             }
             return;
         }
-        const int gl = lane >> 2;
-        const int t = lane & 3;
-#pragma unroll
-        for (int i = 0; i < Cfg::P_TILES; ++i)
-#pragma unroll
-            for (int q = 0; q < Cfg::Q_TILES; ++q)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int m = 8 * q + 2 * t + e;
-                    const int pw = p0 + 16 * i;
-                    if constexpr (OP == OP_GATE_UP) {
-                        store(p, out_scale, row0, rows, m, (n0 + pw) / 2 + gl, acc[i][q][e], acc[i][q][e + 2]);
-                    } else {
-                        store(p, out_scale, row0, rows, m, n0 + pw + gl, acc[i][q][e], 0.0f);
-                        store(p, out_scale, row0, rows, m, n0 + pw + gl + 8, acc[i][q][e + 2], 0.0f);
-                    }
-                }
+        store_tile<Cfg::P_TILES, Cfg::Q_TILES, OP, QUANT_H>(p, out_scale, acc, row0, rows, n0 + p0, 0, lane);
     }
-
 };
 
 }  // namespace moe

@@ -834,6 +834,12 @@ mod tests {
             y: 0,
             tokens: 1,
             expert_begin: 0,
+            w4a4: 1,
+            x_scale: 1.0,
+            h_scale: 1.0,
+            reserved: 0,
+            x_fp4: 0,
+            x_sf: 0,
         };
         // SAFETY: NULL handles are refused before anything is dereferenced.
         let s = unsafe { fp4tune_moe_layer(std::ptr::null(), std::ptr::null_mut(), &args, 0) };

@@ -2,6 +2,13 @@
 //! reference (`moe::reference`) before it is timed, cold L2 by rotating weight copies, CUDA-graph
 //! replay, interleaved samples, medians with intervals. Shared by `fp4tune bench --moe` and the
 //! grouped phase of `fp4tune tune`.
+//!
+//! W4A4 steps ([`StepData::new_for`] with NVFP4 activations) carry X quantized on the CPU with a
+//! static input scale, the input scale of H and the alphas that include them. A W4A4 gate_up
+//! candidate is checked on its bf16 H (against the reference on the NVFP4 X) and on its NVFP4 H
+//! (bit for bit the activation quantizer applied to its own bf16 H, every routed row); a W4A4 down
+//! candidate against the reference on the NVFP4 H the GPU holds; the layer also checks the X it
+//! quantized on the GPU byte for byte.
 
 use super::floors::Floors;
 use super::policy::{rotation_copies, TimingPolicy};
@@ -9,11 +16,13 @@ use super::stats::Summary;
 use super::timer::{measure, LaunchFn};
 use crate::compile::Compiler;
 use crate::gpu::{DeviceBuf, Gpu, GpuError};
-use crate::moe::reference::{self, ExpertWeights};
+use crate::moe::reference::{self, Activations, ExpertWeights, Nvfp4Rows};
 use crate::moe::schedule::{draw_routing, RouteSchedule, Routing, SplitMix64, TILE_BLOCK_M};
 use crate::moe::{GroupedConfig, MoeOp, MoeShape};
+use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeArgs, MoeKernels, MoeLauncher, MoeWorkspace};
 use crate::runtime::RuntimeError;
+use crate::template::Family;
 use half::bf16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -31,6 +40,10 @@ pub enum MoeBenchError {
     Schedule(String),
     #[error("moe_finalize on the GPU disagrees with the CPU reference in {0} elements")]
     Finalize(usize),
+    #[error("the layer's quantized X differs from the CPU quantizer: {0}")]
+    QuantizedX(String),
+    #[error("preparing the W4A4 step: {0}")]
+    Format(#[from] crate::format::FormatError),
     #[error("no verified {0} candidate: {1}")]
     NoCandidate(MoeOp, String),
 }
@@ -77,17 +90,49 @@ impl Measured {
     }
 }
 
-/// Bytes a projection must move at least: the active experts' NVFP4 weights, the activation
-/// rows in and the bf16 rows out.
+/// Bytes a W4A16 projection must move at least: the active experts' NVFP4 weights, the
+/// activation rows in and the bf16 rows out.
 pub fn roofline_bytes(shape: &MoeShape, op: MoeOp, s: &RouteSchedule, tokens: u32) -> u64 {
+    roofline_bytes_for(shape, op, AType::Bf16, s, tokens)
+}
+
+/// Bytes a projection of activation type `a_type` must move at least: the active experts'
+/// NVFP4 weights, the activation rows in (bf16, or NVFP4 codes and scales) and the rows out
+/// (W4A4 gate_up: H in bf16 and in NVFP4).
+pub fn roofline_bytes_for(
+    shape: &MoeShape,
+    op: MoeOp,
+    a_type: AType,
+    s: &RouteSchedule,
+    tokens: u32,
+) -> u64 {
     let rows = s.rows() as u64;
     let act = s.active_experts() as u64 * shape.expert_bytes(op);
-    match op {
-        MoeOp::GateUp => {
-            act + tokens as u64 * shape.hidden as u64 * 2 + rows * shape.inter as u64 * 2
+    let (hidden, inter, tokens) = (shape.hidden as u64, shape.inter as u64, tokens as u64);
+    // NVFP4 rows of n values: n/2 code bytes and n/16 scale bytes
+    let fp4 = |rows: u64, n: u64| rows * (n / 2 + n / 16);
+    match (op, a_type) {
+        (MoeOp::GateUp, AType::Bf16) => act + tokens * hidden * 2 + rows * inter * 2,
+        (MoeOp::Down, AType::Bf16) => act + rows * inter * 2 + rows * hidden * 2,
+        (MoeOp::GateUp, AType::Nvfp4) => {
+            act + fp4(tokens, hidden) + rows * inter * 2 + fp4(rows, inter)
         }
-        MoeOp::Down => act + rows * shape.inter as u64 * 2 + rows * shape.hidden as u64 * 2,
+        (MoeOp::Down, AType::Nvfp4) => act + fp4(rows, inter) + rows * hidden * 2,
     }
+}
+
+/// The W4A4 side of a step: X quantized on the CPU with its input scale, H's input scale, the
+/// alphas that include the input scales, on the host and on the GPU.
+#[derive(Debug)]
+pub struct W4a4Inputs {
+    pub x_q: Nvfp4Rows,
+    pub h_scale: f32,
+    pub alpha13: Vec<f32>,
+    pub alpha2: Vec<f32>,
+    x_codes: DeviceBuf<u8>,
+    x_sf: DeviceBuf<u8>,
+    d_alpha13: DeviceBuf<f32>,
+    d_alpha2: DeviceBuf<f32>,
 }
 
 /// Everything one step needs on the GPU: weight copies for cold L2, activations, routing,
@@ -114,10 +159,23 @@ pub struct StepData {
     topk_weights: DeviceBuf<f32>,
     y: DeviceBuf<u16>,
     pub ws: MoeWorkspace,
+    /// Present when the step was built for NVFP4 activations.
+    pub w4a4: Option<W4a4Inputs>,
 }
 
 impl StepData {
+    /// A W4A16 step (bf16 activations).
     pub fn new(gpu: &Gpu, step: MoeStep, policy: &TimingPolicy) -> Result<Self, MoeBenchError> {
+        Self::new_for(gpu, step, AType::Bf16, policy)
+    }
+
+    /// A step for activations of `a_type` (W4A4 steps can run W4A16 candidates too).
+    pub fn new_for(
+        gpu: &Gpu,
+        step: MoeStep,
+        a_type: AType,
+        policy: &TimingPolicy,
+    ) -> Result<Self, MoeBenchError> {
         let shape = step.shape;
         let ids = step.ids();
         let schedule = RouteSchedule::build(&ids, step.expert_begin, shape.experts);
@@ -136,6 +194,10 @@ impl StepData {
             .collect();
         let weights_host: Vec<f32> =
             (0..ids.len()).map(|_| (1 + rng.below(100)) as f32 / 100.0).collect();
+        let w4a4 = match a_type {
+            AType::Bf16 => None,
+            AType::Nvfp4 => Some(W4a4Inputs::new(gpu, &step, &schedule, &w13, &w2, &x_host)?),
+        };
         Ok(StepData {
             w13_codes: gpu.upload_repeated(&w13.codes, copies13)?,
             w13_sf: gpu.upload_repeated(&w13.scales, copies13)?,
@@ -156,10 +218,11 @@ impl StepData {
             weights_host,
             copies13,
             copies2,
+            w4a4,
         })
     }
 
-    /// The launch arguments with weight copy `c13` of gate_up and `c2` of down.
+    /// The W4A16 launch arguments with weight copy `c13` of gate_up and `c2` of down.
     pub fn args(&self, c13: usize, c2: usize) -> MoeArgs {
         let b13 = (self.w13.codes.len(), self.w13.scales.len());
         let b2 = (self.w2.codes.len(), self.w2.scales.len());
@@ -176,7 +239,42 @@ impl StepData {
             y: self.y.ptr(),
             tokens: self.step.tokens,
             expert_begin: self.step.expert_begin,
+            ..MoeArgs::default()
         }
+    }
+
+    /// The launch arguments for activations of `a_type`. W4A4: the alphas with the input scales,
+    /// and X as the CPU quantized it (`quantize_x` false) or as bf16 for the layer to quantize.
+    /// `None` for W4A4 on a step built without NVFP4 activations.
+    pub fn args_for(
+        &self,
+        a_type: AType,
+        c13: usize,
+        c2: usize,
+        quantize_x: bool,
+    ) -> Option<MoeArgs> {
+        let base = self.args(c13, c2);
+        match a_type {
+            AType::Bf16 => Some(base),
+            AType::Nvfp4 => {
+                let q = self.w4a4.as_ref()?;
+                Some(MoeArgs {
+                    alpha13: q.d_alpha13.ptr(),
+                    alpha2: q.d_alpha2.ptr(),
+                    w4a4: 1,
+                    x_scale: q.x_q.scale,
+                    h_scale: q.h_scale,
+                    x_fp4: if quantize_x { 0 } else { q.x_codes.ptr() },
+                    x_sf: if quantize_x { 0 } else { q.x_sf.ptr() },
+                    ..base
+                })
+            }
+        }
+    }
+
+    /// The output `Y [tokens, hidden]` of the last layer run.
+    pub fn y(&self, gpu: &Gpu) -> Result<Vec<u16>, GpuError> {
+        gpu.download(&self.y)
     }
 
     fn ws_host(&self, gpu: &Gpu) -> Result<Vec<u8>, GpuError> {
@@ -242,6 +340,60 @@ impl StepData {
     }
 }
 
+impl W4a4Inputs {
+    /// X quantized with its input scale amax(X) / (6 * 448) (the calibration rule of ModelOpt's
+    /// `input_scale`), and H's input scale from the amax of reference H rows (up to 8 sampled
+    /// rows; larger H values elsewhere saturate their block scale, as calibrated scales do).
+    fn new(
+        gpu: &Gpu,
+        step: &MoeStep,
+        schedule: &RouteSchedule,
+        w13: &ExpertWeights,
+        w2: &ExpertWeights,
+        x_host: &[bf16],
+    ) -> Result<Self, MoeBenchError> {
+        let (tokens, hidden) = (step.tokens as usize, step.shape.hidden as usize);
+        let amax = |v: &mut dyn Iterator<Item = f32>| v.fold(0f32, |a, x| a.max(x.abs()));
+        let x_amax = amax(&mut x_host.iter().map(|v| v.to_f32()));
+        let x_scale = if x_amax > 0.0 { crate::format::weight_global_scale(x_amax) } else { 1.0 };
+        let x_q = Nvfp4Rows::quantize(x_host, tokens, hidden, x_scale)?;
+        let alpha13: Vec<f32> = w13.alpha.iter().map(|a| x_scale * a).collect();
+        let rows = schedule.rows();
+        let probe: Vec<u32> = if rows <= 8 {
+            (0..rows).collect()
+        } else {
+            (0..8).map(|i| (i as u64 * (rows as u64 - 1) / 7) as u32).collect()
+        };
+        let top_k = step.shape.top_k as usize;
+        let h_amax = probe
+            .par_iter()
+            .map(|&r| {
+                let h = reference::gate_up_row(
+                    w13,
+                    &alpha13,
+                    schedule,
+                    top_k,
+                    &Activations::Nvfp4(&x_q),
+                    r,
+                );
+                h.iter().fold(0f32, |a, v| a.max(bf16::from_f32(*v).to_f32().abs()))
+            })
+            .reduce(|| 0f32, f32::max);
+        let h_scale = if h_amax > 0.0 { crate::format::weight_global_scale(h_amax) } else { 1.0 };
+        let alpha2: Vec<f32> = w2.alpha.iter().map(|a| h_scale * a).collect();
+        Ok(W4a4Inputs {
+            x_codes: gpu.upload(&x_q.codes)?,
+            x_sf: gpu.upload(&x_q.sf)?,
+            d_alpha13: gpu.upload(&alpha13)?,
+            d_alpha2: gpu.upload(&alpha2)?,
+            x_q,
+            h_scale,
+            alpha13,
+            alpha2,
+        })
+    }
+}
+
 /// The reference rows of one op for the sampled rows (computed once per step and op; down
 /// takes the H the GPU holds).
 struct Reference {
@@ -249,21 +401,54 @@ struct Reference {
     values: Vec<Vec<f32>>,
 }
 
-fn reference_rows(d: &StepData, op: MoeOp, h_gpu: &[bf16]) -> Reference {
+fn reference_rows(d: &StepData, op: MoeOp, a_type: AType, h_gpu: &Activations<'_>) -> Reference {
     let rows = d.sample_rows();
     let top_k = d.step.shape.top_k as usize;
+    let hidden = d.step.shape.hidden as usize;
+    let w4a4 = d.w4a4.as_ref().filter(|_| a_type == AType::Nvfp4);
+    let (x, alpha13, alpha2) = match w4a4 {
+        Some(q) => (Activations::Nvfp4(&q.x_q), &q.alpha13, &q.alpha2),
+        None => (Activations::Bf16 { x: &d.x_host, k: hidden }, &d.w13.alpha, &d.w2.alpha),
+    };
     let values = rows
         .par_iter()
         .map(|&r| match op {
-            MoeOp::GateUp => reference::gate_up_row(&d.w13, &d.schedule, top_k, &d.x_host, r),
-            MoeOp::Down => reference::down_row(&d.w2, &d.schedule, h_gpu, r),
+            MoeOp::GateUp => reference::gate_up_row(&d.w13, alpha13, &d.schedule, top_k, &x, r),
+            MoeOp::Down => reference::down_row(&d.w2, alpha2, &d.schedule, h_gpu, r),
         })
         .collect();
     Reference { rows, values }
 }
 
-/// Verify the op's output in the downloaded workspace against `reference`; `None` when it matches.
-fn verify(d: &StepData, op: MoeOp, host: &[u8], reference: &Reference) -> Option<String> {
+/// The bf16 H (sorted rows) in a downloaded workspace.
+fn h_bf16(d: &StepData, host: &[u8]) -> Vec<bf16> {
+    let n = d.schedule.rows() as usize * d.step.shape.inter as usize;
+    (0..n).map(|i| StepData::bf16_at(host, d.ws.layout.h, i)).collect()
+}
+
+/// The NVFP4 H (codes and swizzled scales over the routed rows) in a downloaded workspace.
+fn h_nvfp4(d: &StepData, host: &[u8], h_scale: f32) -> Nvfp4Rows {
+    let (rows, inter) = (d.schedule.rows() as usize, d.step.shape.inter as usize);
+    let l = &d.ws.layout;
+    Nvfp4Rows {
+        rows,
+        k: inter,
+        codes: host[l.h_codes..][..rows * inter / 2].to_vec(),
+        sf: host[l.h_sf..][..crate::format::swizzled_len(rows, inter / 16)].to_vec(),
+        scale: h_scale,
+    }
+}
+
+/// Verify the op's output in the downloaded workspace against `reference`; `None` when it
+/// matches. W4A4 gate_up: the NVFP4 H must also be the activation quantizer's output of the bf16
+/// H, byte for byte over every routed row.
+fn verify(
+    d: &StepData,
+    op: MoeOp,
+    a_type: AType,
+    host: &[u8],
+    reference: &Reference,
+) -> Option<String> {
     let shape = d.step.shape;
     let (off, width) = match op {
         MoeOp::GateUp => (d.ws.layout.h, shape.inter as usize),
@@ -281,12 +466,28 @@ fn verify(d: &StepData, op: MoeOp, host: &[u8], reference: &Reference) -> Option
             }
         }
     }
+    if op == MoeOp::GateUp && a_type == AType::Nvfp4 {
+        let Some(q) = d.w4a4.as_ref() else {
+            return Some("the step was built without NVFP4 activations".into());
+        };
+        let rows = d.schedule.rows() as usize;
+        let want = match Nvfp4Rows::quantize(&h_bf16(d, host), rows, width, q.h_scale) {
+            Ok(w) => w,
+            Err(e) => return Some(format!("quantizing the GPU's H on the CPU: {e}")),
+        };
+        let got = h_nvfp4(d, host, q.h_scale);
+        if let Some(diff) = want.first_difference(&got.codes, &got.sf) {
+            return Some(format!("H as NVFP4 differs from the quantized bf16 H: {diff}"));
+        }
+    }
     None
 }
 
 /// Measure `configs` of one op on one step: compile, verify each against the reference, then time
 /// the verified ones interleaved under `policy` with weight copies rotated. Failures are data.
-/// `down_input`: for down, the gate_up kernel that writes the H it reads.
+/// The activation type is the first configuration's; a configuration of another type, or a
+/// W4A4 one on a step without NVFP4 activations, fails. `down_input`: for down, the gate_up
+/// kernel (of the same activation type) that writes the H it reads.
 #[allow(clippy::too_many_arguments)]
 pub fn measure_op(
     gpu: &Gpu,
@@ -298,40 +499,82 @@ pub fn measure_op(
     configs: &[GroupedConfig],
     down_input: Option<&GroupedKernel>,
 ) -> Result<Vec<Measured>, MoeBenchError> {
+    let measured = measure_op_samples(gpu, compiler, policy, launcher, d, op, configs, down_input)?;
+    Ok(measured.into_iter().map(|(m, _)| m).collect())
+}
+
+/// [`measure_op`] with every timed candidate's samples (per-launch microseconds, in the order
+/// taken; empty for failed candidates).
+#[allow(clippy::too_many_arguments)]
+pub fn measure_op_samples(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    policy: &TimingPolicy,
+    launcher: &MoeLauncher<'_>,
+    d: &StepData,
+    op: MoeOp,
+    configs: &[GroupedConfig],
+    down_input: Option<&GroupedKernel>,
+) -> Result<Vec<(Measured, Vec<f64>)>, MoeBenchError> {
+    let Some(a_type) = configs.first().map(|c| c.a_type) else { return Ok(Vec::new()) };
+    let failed = |c: &GroupedConfig, why: String| {
+        (Measured { config: *c, outcome: Outcome::Failed(why) }, Vec::new())
+    };
+    let Some(args) = d.args_for(a_type, 0, 0, false) else {
+        return Ok(configs
+            .iter()
+            .map(|c| failed(c, "the step was built without NVFP4 activations".into()))
+            .collect());
+    };
     let stream = gpu.own_stream();
-    let args = d.args(0, 0);
-    // SAFETY: the step's buffers and workspace are this device's, sized for its tokens and
-    // shape, alive for the whole function; the Gpu's own stream (so for every launch below).
-    unsafe { launcher.align(&args, &d.ws, stream) }?;
-    if op == MoeOp::Down {
-        let gu = down_input.ok_or_else(|| {
+    let input = match op {
+        MoeOp::GateUp => None,
+        MoeOp::Down => Some(down_input.filter(|k| k.config.a_type == a_type).ok_or_else(|| {
             MoeBenchError::NoCandidate(
                 MoeOp::GateUp,
-                "down needs a gate_up kernel to produce H".into(),
+                format!("down needs a {a_type} gate_up kernel to produce H"),
             )
-        })?;
-        // SAFETY: as above.
-        unsafe { launcher.grouped(gu, &args, &d.ws, stream) }?;
-    }
-    gpu.synchronize()?;
-    let h_gpu: Vec<bf16> = if op == MoeOp::Down {
-        let host = d.ws_host(gpu)?;
-        let n = d.schedule.rows() as usize * d.step.shape.inter as usize;
-        (0..n).map(|i| StepData::bf16_at(&host, d.ws.layout.h, i)).collect()
-    } else {
-        Vec::new()
+        })?),
     };
-    let reference = reference_rows(d, op, &h_gpu);
+    // The schedule (and for down the H) in `ws`: the step's workspace for the reference and the
+    // timing, a fresh zeroed one for each candidate's verification (so no candidate is judged on
+    // what an earlier one wrote).
+    let prepare = |ws: &MoeWorkspace| -> Result<(), MoeBenchError> {
+        // SAFETY: the step's buffers and `ws` are this device's, sized for its tokens and
+        // shape, alive for the whole function; the Gpu's own stream (so for every launch below).
+        unsafe { launcher.align(&args, ws, stream) }?;
+        if let Some(gu) = input {
+            // SAFETY: as above.
+            unsafe { launcher.grouped(gu, &args, ws, stream) }?;
+        }
+        Ok(())
+    };
+    prepare(&d.ws)?;
+    gpu.synchronize()?;
+    let host_in = if op == MoeOp::Down { d.ws_host(gpu)? } else { Vec::new() };
+    let h_bf = if op == MoeOp::Down { h_bf16(d, &host_in) } else { Vec::new() };
+    let h_fp4 = match (&d.w4a4, op) {
+        (Some(q), MoeOp::Down) => Some(h_nvfp4(d, &host_in, q.h_scale)),
+        _ => None,
+    };
+    let h_gpu = match (&h_fp4, a_type) {
+        (Some(q), AType::Nvfp4) => Activations::Nvfp4(q),
+        _ => Activations::Bf16 { x: &h_bf, k: d.step.shape.inter as usize },
+    };
+    let reference = reference_rows(d, op, a_type, &h_gpu);
     // Compile everything in parallel (cache hits are free), then load, run once and verify.
     let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
     let compiled = compiler.compile_many(&sources);
-    let mut out: Vec<Measured> = Vec::with_capacity(configs.len());
+    let mut out: Vec<(Measured, Vec<f64>)> = Vec::with_capacity(configs.len());
     let mut ready: Vec<(usize, GroupedKernel)> = Vec::new();
     for (c, r) in configs.iter().zip(compiled) {
-        let fail = |why: String| Measured { config: *c, outcome: Outcome::Failed(why) };
+        if c.a_type != a_type {
+            out.push(failed(c, format!("a {} candidate in a {a_type} measurement", c.a_type)));
+            continue;
+        }
         let k = match r {
             Err(e) => {
-                out.push(fail(format!("compile: {e}")));
+                out.push(failed(c, format!("compile: {e}")));
                 continue;
             }
             Ok(k) => k,
@@ -340,25 +583,39 @@ pub fn measure_op(
         let kernel = match GroupedKernel::from_compiled(gpu, *c, &k) {
             Ok(kernel) => kernel,
             Err(e) => {
-                out.push(fail(format!("load: {e}")));
+                out.push(failed(c, format!("load: {e}")));
                 continue;
             }
         };
-        // SAFETY: as above.
-        let run = unsafe { launcher.grouped(&kernel, &args, &d.ws, stream) }
+        let ws = MoeWorkspace::new(gpu, d.step.shape, d.step.tokens)?;
+        prepare(&ws)?;
+        // SAFETY: as in `prepare`.
+        let run = unsafe { launcher.grouped(&kernel, &args, &ws, stream) }
             .map_err(|e| e.to_string())
             .and_then(|_| gpu.synchronize().map_err(|e| e.to_string()));
         if let Err(e) = run {
             // A launch failure can poison the context: keep the record, run nothing more.
-            out.push(fail(format!("launch: {e}")));
+            out.push(failed(c, format!("launch: {e}")));
             return Ok(out);
         }
-        let host = d.ws_host(gpu)?;
-        match verify(d, op, &host, &reference) {
-            Some(why) => out.push(fail(why)),
+        let host = gpu.download(ws.buffer())?;
+        let same_input = op == MoeOp::GateUp || {
+            let l = &d.ws.layout;
+            let rows = d.schedule.rows() as usize;
+            let inter = d.step.shape.inter as usize;
+            let regions = [(l.h, rows * inter * 2), (l.h_codes, rows * inter / 2)];
+            regions.iter().all(|&(o, n)| host[o..o + n] == host_in[o..o + n])
+        };
+        let verdict = if same_input {
+            verify(d, op, a_type, &host, &reference)
+        } else {
+            Some("the gate_up kernel wrote another H than on the step's workspace".into())
+        };
+        match verdict {
+            Some(why) => out.push(failed(c, why)),
             None => {
                 ready.push((out.len(), kernel));
-                out.push(Measured { config: *c, outcome: Outcome::Failed("not timed".into()) });
+                out.push(failed(c, "not timed".into()));
             }
         }
     }
@@ -371,7 +628,7 @@ pub fn measure_op(
         .iter()
         .map(|(_, kernel)| {
             Box::new(move |i: usize| {
-                let a = d.args(i % copies, i % copies);
+                let a = d.args_for(a_type, i % copies, i % copies, false).unwrap_or(args);
                 // SAFETY: as above; copy i % copies lies inside the weight buffers.
                 unsafe { launcher.grouped(kernel, &a, &d.ws, stream) }.map_err(|e| match e {
                     RuntimeError::Gpu(g) => g,
@@ -385,9 +642,13 @@ pub fn measure_op(
         .collect();
     let times = measure(gpu, policy, launches);
     for ((slot, _), t) in ready.iter().zip(times) {
-        out[*slot].outcome = match t {
+        let (m, samples) = &mut out[*slot];
+        m.outcome = match t {
             Ok(s) => match Summary::of(&s.us) {
-                Some(sum) => Outcome::Timed(sum),
+                Some(sum) => {
+                    *samples = s.us;
+                    Outcome::Timed(sum)
+                }
                 None => Outcome::Failed("no samples".into()),
             },
             Err(e) => Outcome::Failed(format!("timing: {e}")),
@@ -404,8 +665,10 @@ pub fn best(measured: &[Measured]) -> Option<&Measured> {
         .min_by(|a, b| a.median().unwrap().total_cmp(&b.median().unwrap()))
 }
 
-/// Time the whole layer (align + gate_up + down + finalize) with the given kernels, and the align
-/// and finalize kernels alone; checks finalize's output exactly against the CPU mirror.
+/// Time the whole layer (align + gate_up + down + finalize; W4A4 also the quantization of X) with
+/// the given kernels, and the align and finalize kernels alone; checks finalize's output exactly
+/// against the CPU mirror and, for W4A4, the X the layer quantized byte for byte against the CPU
+/// quantizer (codes, and every scale byte padding included).
 pub fn measure_layer(
     gpu: &Gpu,
     policy: &TimingPolicy,
@@ -414,12 +677,33 @@ pub fn measure_layer(
     gate_up: &GroupedKernel,
     down: &GroupedKernel,
 ) -> Result<LayerTimes, MoeBenchError> {
+    let a_type = gate_up.config.a_type;
+    let layer_args = |c: usize| {
+        d.args_for(a_type, c, c, true).ok_or_else(|| {
+            MoeBenchError::NoCandidate(MoeOp::GateUp, "the step has no NVFP4 activations".into())
+        })
+    };
+    let args = layer_args(0)?;
     let stream = gpu.own_stream();
     // SAFETY: as in measure_op.
-    unsafe { launcher.layer(gate_up, down, &d.args(0, 0), &d.ws, stream) }?;
+    unsafe { launcher.layer(gate_up, down, &args, &d.ws, stream) }?;
     gpu.synchronize()?;
     let host = d.ws_host(gpu)?;
     let shape = d.step.shape;
+    if let (AType::Nvfp4, Some(q)) = (a_type, &d.w4a4) {
+        let l = &d.ws.layout;
+        let codes = &host[l.x_codes..][..q.x_q.codes.len()];
+        let sf = &host[l.x_sf..][..q.x_q.sf.len()];
+        if let Some(diff) = q.x_q.first_difference(codes, sf) {
+            return Err(MoeBenchError::QuantizedX(diff));
+        }
+        if let Some(i) = (0..sf.len()).find(|&i| sf[i] != q.x_q.sf[i]) {
+            return Err(MoeBenchError::QuantizedX(format!(
+                "scale padding byte {i}: {:#04x}",
+                sf[i]
+            )));
+        }
+    }
     let rows: Vec<bf16> = (0..d.schedule.rows() as usize * shape.hidden as usize)
         .map(|i| StepData::bf16_at(&host, d.ws.layout.y_rows, i))
         .collect();
@@ -440,17 +724,19 @@ pub fn measure_layer(
         RuntimeError::Gpu(g) => g,
         other => GpuError::Kernel { kernel: "moe".into(), message: other.to_string() },
     };
+    let all_copies: Vec<MoeArgs> =
+        (0..copies).map(layer_args).collect::<Result<Vec<_>, MoeBenchError>>()?;
     let layer = move |i: usize| {
         // SAFETY: as in measure_op; weight copy i % copies lies inside the weight buffers.
-        unsafe { launcher.layer(gate_up, down, &d.args(i % copies, i % copies), &d.ws, stream) }
+        unsafe { launcher.layer(gate_up, down, &all_copies[i % copies], &d.ws, stream) }
     };
     let align = move |_| {
         // SAFETY: as in measure_op.
-        unsafe { launcher.align(&d.args(0, 0), &d.ws, stream) }
+        unsafe { launcher.align(&args, &d.ws, stream) }
     };
     let finalize = move |_| {
         // SAFETY: as in measure_op.
-        unsafe { launcher.finalize(&d.args(0, 0), &d.ws, stream) }
+        unsafe { launcher.finalize(&args, &d.ws, stream) }
     };
     let launches: Vec<LaunchFn<'_>> = vec![
         Box::new(move |i| layer(i).map_err(to_gpu)),
@@ -538,8 +824,22 @@ pub fn run_moe_bench(
     gpu: &Gpu,
     compiler: &Compiler,
     plan: &MoeBenchPlan,
+    progress: impl FnMut(MoeProgress),
+) -> Result<(Vec<MoeRow>, Vec<OpLog>), MoeBenchError> {
+    run_moe_bench_for(gpu, compiler, plan, AType::Bf16, progress)
+}
+
+/// [`run_moe_bench`] for activations of `a_type` (family sm90): W4A4 rows name their
+/// implementation `fp4tune_grouped_w4a4` and `fp4tune_layer_w4a4` (the layer includes the
+/// quantization of X).
+pub fn run_moe_bench_for(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    plan: &MoeBenchPlan,
+    a_type: AType,
     mut progress: impl FnMut(MoeProgress),
 ) -> Result<(Vec<MoeRow>, Vec<OpLog>), MoeBenchError> {
+    let suffix = if a_type == AType::Nvfp4 { "_w4a4" } else { "" };
     let floors = Floors::new(gpu, compiler)?;
     let read_gbps = floors.read_bandwidth(&plan.policy, 2 << 30)?;
     let kernels = MoeKernels::load(gpu, compiler)?;
@@ -556,7 +856,7 @@ pub fn run_moe_bench(
                 routing: Routing::Uniform,
                 seed: 1000 + tokens as u64,
             };
-            let d = StepData::new(gpu, step, &plan.policy)?;
+            let d = StepData::new_for(gpu, step, a_type, &plan.policy)?;
             if d.schedule.rows() == 0 {
                 continue;
             }
@@ -568,8 +868,10 @@ pub fn run_moe_bench(
             d.check_schedule(gpu, &launcher)?;
             let mut chosen: Vec<GroupedKernel> = Vec::new();
             for op in MoeOp::ALL {
-                let space =
-                    spread(crate::moe::config::search_space(op, shape), plan.max_candidates);
+                let space = spread(
+                    crate::moe::config::search_space_for(Family::Sm90, a_type, op, shape),
+                    plan.max_candidates,
+                );
                 let measured = measure_op(
                     gpu,
                     compiler,
@@ -592,7 +894,7 @@ pub fn run_moe_bench(
                 let top = top
                     .ok_or_else(|| MoeBenchError::NoCandidate(op, format!("{label} B={tokens}")))?;
                 let Outcome::Timed(t) = top.outcome else { unreachable!("best() is timed") };
-                let bytes = roofline_bytes(shape, op, &d.schedule, tokens);
+                let bytes = roofline_bytes_for(shape, op, a_type, &d.schedule, tokens);
                 let (n, k) = shape.nk(op);
                 rows.push(MoeRow {
                     set: label.clone(),
@@ -603,7 +905,7 @@ pub fn run_moe_bench(
                     top_k: shape.top_k,
                     tokens,
                     active_experts: d.schedule.active_experts(),
-                    implementation: "fp4tune_grouped".into(),
+                    implementation: format!("fp4tune_grouped{suffix}"),
                     config: top.config.name(),
                     median_us: t.median,
                     lo_us: t.lo,
@@ -617,10 +919,13 @@ pub fn run_moe_bench(
                 logs.push((label.clone(), tokens, op, measured));
             }
             let layer = measure_layer(gpu, &plan.policy, &launcher, &d, &chosen[0], &chosen[1])?;
-            let both: u64 =
-                MoeOp::ALL.iter().map(|&op| roofline_bytes(shape, op, &d.schedule, tokens)).sum();
+            let both: u64 = MoeOp::ALL
+                .iter()
+                .map(|&op| roofline_bytes_for(shape, op, a_type, &d.schedule, tokens))
+                .sum();
+            let layer_name = format!("fp4tune_layer{suffix}");
             for (name, t, roof) in [
-                ("fp4tune_layer", layer.layer, both as f64 / (read_gbps * 1e3)),
+                (layer_name.as_str(), layer.layer, both as f64 / (read_gbps * 1e3)),
                 ("moe_align", layer.align, 0.0),
                 ("moe_finalize", layer.finalize, 0.0),
             ] {
@@ -634,7 +939,7 @@ pub fn run_moe_bench(
                     tokens,
                     active_experts: d.schedule.active_experts(),
                     implementation: name.into(),
-                    config: if name == "fp4tune_layer" {
+                    config: if name == layer_name {
                         format!("{} + {}", chosen[0].config, chosen[1].config)
                     } else {
                         String::new()

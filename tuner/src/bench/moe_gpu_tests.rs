@@ -2,10 +2,13 @@
 //! schedule against the CPU one, every sampled grouped variant against the CPU reference, and the
 //! whole layer run twice (bit-identical) with finalize checked exactly, over routings that cover
 //! decode and prefill sizes, both GLM-5 layouts, top_k 8 and 1, skew, and a layer whose experts
-//! get nothing (expert parallelism with ids of other GPUs).
+//! get nothing (expert parallelism with ids of other GPUs); for W4A16 and for W4A4 (NVFP4 X and
+//! H: the X the layer quantizes and the NVFP4 H of gate_up checked byte for byte against the CPU
+//! quantizer, each chosen kernel run twice bit-identical, the layer with X quantized on the GPU
+//! equal to the layer with X quantized on the CPU).
 
 use super::*;
-use crate::moe::config::search_space;
+use crate::moe::config::search_space_for;
 
 fn quick() -> TimingPolicy {
     TimingPolicy {
@@ -23,10 +26,11 @@ fn run_step(
     compiler: &Compiler,
     launcher: &MoeLauncher<'_>,
     step: MoeStep,
+    a_type: AType,
     per_op: usize,
 ) -> usize {
     let policy = quick();
-    let d = StepData::new(gpu, step, &policy).unwrap();
+    let d = StepData::new_for(gpu, step, a_type, &policy).unwrap();
     d.check_schedule(gpu, launcher).unwrap_or_else(|e| panic!("{step:?}: {e}"));
     if d.schedule.rows() == 0 {
         return 0;
@@ -34,24 +38,54 @@ fn run_step(
     let mut chosen: Vec<GroupedKernel> = Vec::new();
     let mut checked = 0;
     for op in MoeOp::ALL {
-        let space = spread(search_space(op, &step.shape), per_op);
+        let space = spread(search_space_for(Family::Sm90, a_type, op, &step.shape), per_op);
+        assert!(!space.is_empty(), "{step:?} {op}: empty {a_type} space");
         let measured =
             measure_op(gpu, compiler, &policy, launcher, &d, op, &space, chosen.first()).unwrap();
         for m in &measured {
-            assert!(m.median().is_some(), "{step:?} {}: {:?}", m.config, m.outcome);
+            assert!(m.median().is_some(), "{step:?} {a_type} {}: {:?}", m.config, m.outcome);
         }
         checked += measured.len();
         chosen.push(GroupedKernel::load(gpu, compiler, best(&measured).unwrap().config).unwrap());
     }
     // the whole layer, twice: bit-identical outputs (no atomics, fixed orders)
     measure_layer(gpu, &policy, launcher, &d, &chosen[0], &chosen[1]).unwrap();
-    let first = gpu.download(&d.y).unwrap();
-    // SAFETY: the step's buffers, the Gpu's own stream.
-    unsafe { launcher.layer(&chosen[0], &chosen[1], &d.args(1, 1), &d.ws, gpu.own_stream()) }
-        .unwrap();
-    gpu.synchronize().unwrap();
-    assert_eq!(first, gpu.download(&d.y).unwrap(), "{step:?}: the layer is not deterministic");
+    let first = d.y(gpu).unwrap();
+    let layer = |args: MoeArgs| {
+        // SAFETY: the step's buffers, the Gpu's own stream.
+        unsafe { launcher.layer(&chosen[0], &chosen[1], &args, &d.ws, gpu.own_stream()) }.unwrap();
+        gpu.synchronize().unwrap();
+        (d.y(gpu).unwrap(), gpu.download(d.ws.buffer()).unwrap())
+    };
+    let (again, ws_a) = layer(d.args_for(a_type, 1, 1, true).unwrap());
+    assert_eq!(first, again, "{step:?} {a_type}: the layer is not deterministic");
+    let (third, ws_b) = layer(d.args_for(a_type, 2, 2, true).unwrap());
+    assert_eq!(first, third, "{step:?} {a_type}: the layer is not deterministic");
+    let l = &d.ws.layout;
+    let rows = d.schedule.rows() as usize;
+    let (inter, hidden) = (step.shape.inter as usize, step.shape.hidden as usize);
+    let h_fp4 = l.h_codes..l.h_codes + rows * inter / 2;
+    let y_rows = l.y_rows..l.y_rows + rows * hidden * 2;
+    assert!(ws_a[y_rows.clone()] == ws_b[y_rows], "{step:?}: per-row outputs differ between runs");
+    if a_type == AType::Nvfp4 {
+        assert!(ws_a[h_fp4.clone()] == ws_b[h_fp4], "{step:?}: H codes differ between runs");
+        // X quantized by the CPU and handed over: the same output as the layer's own quantizer
+        let (given, _) = layer(d.args_for(a_type, 0, 0, false).unwrap());
+        assert_eq!(first, given, "{step:?}: X quantized on the GPU differs from the CPU's");
+        // a W4A4 kernel refuses a W4A16 call (and the other way round)
+        // SAFETY: refused before any launch.
+        let wrong = unsafe { launcher.grouped(&chosen[0], &d.args(0, 0), &d.ws, gpu.own_stream()) };
+        assert!(wrong.is_err(), "a W4A4 kernel ran a W4A16 call");
+    }
     checked
+}
+
+fn setup() -> (Gpu, tempfile::TempDir) {
+    (Gpu::open(0).unwrap(), tempfile::tempdir().unwrap())
+}
+
+fn step(shape: MoeShape, begin: i32, tokens: u32, routing: Routing, seed: u64) -> MoeStep {
+    MoeStep { shape, experts_total: 256, expert_begin: begin, tokens, routing, seed }
 }
 
 #[test]
@@ -60,21 +94,13 @@ fn run_step(
     ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
 )]
 fn grouped_moe_matches_the_cpu_reference_over_routings_and_sizes() {
-    let gpu = Gpu::open(0).unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (gpu, dir) = setup();
     let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
     let kernels = MoeKernels::load(&gpu, &compiler).unwrap();
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
     let tp8 = MoeShape::GLM5_TP8;
     let ep8 = MoeShape::GLM5_EP8;
-    let step = |shape: MoeShape, begin: i32, tokens: u32, routing: Routing, seed: u64| MoeStep {
-        shape,
-        experts_total: 256,
-        expert_begin: begin,
-        tokens,
-        routing,
-        seed,
-    };
+    let bf16 = AType::Bf16;
     let mut checked = 0;
     for (s, per_op) in [
         (step(tp8, 0, 1, Routing::Uniform, 1), 12),
@@ -88,19 +114,53 @@ fn grouped_moe_matches_the_cpu_reference_over_routings_and_sizes() {
         (step(ep8, 32, 64, Routing::Uniform, 9), 6),
         (step(ep8, 224, 3, Routing::Skewed, 10), 4),
     ] {
-        checked += run_step(&gpu, &compiler, &launcher, s, per_op);
+        checked += run_step(&gpu, &compiler, &launcher, s, bf16, per_op);
     }
     // every row to experts 0..2, none of them on this GPU (local 64..95): align alone, empty lists
-    assert_eq!(
-        run_step(
-            &gpu,
-            &compiler,
-            &launcher,
-            step(MoeShape { top_k: 3, ..ep8 }, 64, 16, Routing::Skewed, 11),
-            2
-        ),
-        0
-    );
+    let nothing = step(MoeShape { top_k: 3, ..ep8 }, 64, 16, Routing::Skewed, 11);
+    assert_eq!(run_step(&gpu, &compiler, &launcher, nothing, bf16, 2), 0);
     assert!(checked >= 120, "{checked} verified variant runs");
     println!("{checked} grouped variant runs verified");
+}
+
+/// W4A4 (exact emulation of the NVFP4 x NVFP4 product): B = 1, 8, 64, 256 on uniform and skewed
+/// routings, top_k 8 and 1, the EP8 layer on two expert ranges, a layer whose experts get nothing.
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn grouped_moe_w4a4_matches_the_cpu_reference_over_routings_and_sizes() {
+    let (gpu, dir) = setup();
+    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
+    let kernels = MoeKernels::load(&gpu, &compiler).unwrap();
+    let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
+    let tp8 = MoeShape::GLM5_TP8;
+    let ep8 = MoeShape::GLM5_EP8;
+    let top1 = MoeShape { top_k: 1, ..tp8 };
+    let w4a4 = AType::Nvfp4;
+    let mut checked = 0;
+    for (s, per_op) in [
+        (step(tp8, 0, 1, Routing::Uniform, 21), 12),
+        (step(tp8, 0, 1, Routing::Skewed, 22), 6),
+        (step(tp8, 0, 8, Routing::Uniform, 23), 12),
+        (step(tp8, 0, 8, Routing::Skewed, 24), 6),
+        (step(tp8, 0, 64, Routing::Uniform, 25), 12),
+        (step(tp8, 0, 64, Routing::Skewed, 26), 8),
+        (step(tp8, 0, 256, Routing::Uniform, 27), 8),
+        (step(tp8, 0, 256, Routing::Skewed, 28), 6),
+        (step(top1, 0, 1, Routing::Uniform, 29), 4),
+        (step(top1, 0, 64, Routing::Uniform, 30), 6),
+        (step(top1, 0, 256, Routing::Skewed, 31), 4),
+        (step(ep8, 32, 8, Routing::Uniform, 32), 4),
+        (step(ep8, 32, 64, Routing::Uniform, 33), 6),
+        (step(ep8, 0, 256, Routing::Skewed, 34), 4),
+        (step(ep8, 224, 3, Routing::Skewed, 35), 4),
+    ] {
+        checked += run_step(&gpu, &compiler, &launcher, s, w4a4, per_op);
+    }
+    let nothing = step(MoeShape { top_k: 3, ..ep8 }, 64, 16, Routing::Skewed, 36);
+    assert_eq!(run_step(&gpu, &compiler, &launcher, nothing, w4a4, 2), 0);
+    assert!(checked >= 150, "{checked} verified W4A4 variant runs");
+    println!("{checked} grouped W4A4 variant runs verified");
 }

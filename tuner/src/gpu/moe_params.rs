@@ -24,7 +24,7 @@ pub struct MoeAlignParams {
 // the single kernel argument.
 unsafe impl DeviceRepr for MoeAlignParams {}
 
-/// `fp4tune::moe::GroupedParams`: 9 pointers, 3 ints (84 bytes, padded to 88).
+/// `fp4tune::moe::GroupedParams`: 11 pointers, 1 float, 3 ints (104 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct MoeGroupedParams {
@@ -37,6 +37,10 @@ pub struct MoeGroupedParams {
     pub sorted_ids: u64,
     pub tiles: u64,
     pub tile_count: u64,
+    /// W4A4 gate_up: H as NVFP4 codes and swizzled scales, and H's input scale.
+    pub h_codes: u64,
+    pub h_sf: u64,
+    pub h_scale: f32,
     pub n: i32,
     pub k: i32,
     pub top_k: i32,
@@ -71,9 +75,11 @@ mod tests {
         assert_eq!((size_of::<MoeAlignParams>(), align_of::<MoeAlignParams>()), (72, 8));
         assert_eq!(offset_of!(MoeAlignParams, tokens), 48);
         assert_eq!(offset_of!(MoeAlignParams, max_tiles), 64);
-        assert_eq!((size_of::<MoeGroupedParams>(), align_of::<MoeGroupedParams>()), (88, 8));
-        assert_eq!(offset_of!(MoeGroupedParams, n), 72);
-        assert_eq!(offset_of!(MoeGroupedParams, top_k), 80);
+        assert_eq!((size_of::<MoeGroupedParams>(), align_of::<MoeGroupedParams>()), (104, 8));
+        assert_eq!(offset_of!(MoeGroupedParams, h_codes), 72);
+        assert_eq!(offset_of!(MoeGroupedParams, h_scale), 88);
+        assert_eq!(offset_of!(MoeGroupedParams, n), 92);
+        assert_eq!(offset_of!(MoeGroupedParams, top_k), 100);
         assert_eq!((size_of::<MoeFinalizeParams>(), align_of::<MoeFinalizeParams>()), (48, 8));
         assert_eq!(offset_of!(MoeFinalizeParams, tokens), 32);
     }

@@ -1,8 +1,11 @@
-//! One grouped kernel variant (`templates/moe/sm90.cuh`): its parameters, the constraints that
-//! make it legal for a shape, its instantiation unit and its launch, and the search space as data.
+//! One grouped kernel variant: its parameters, the constraints that make it legal for a shape,
+//! its instantiation unit and its launch, and the search space as data. Family sm90
+//! (`templates/moe/sm90.cuh`, the register-streamed kernel over exactly dequantized NVFP4; W4A16
+//! and W4A4); the activation type and the family are data.
 
 use super::MoeShape;
-use crate::template::{Arch, KernelSource};
+use crate::problem::AType;
+use crate::template::{Arch, Family, KernelSource};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -26,7 +29,7 @@ impl MoeOp {
     }
 
     /// The template's `OP_*` constant.
-    fn template_op(self) -> &'static str {
+    pub(crate) fn template_op(self) -> &'static str {
         match self {
             MoeOp::GateUp => "fp4tune::moe::OP_GATE_UP",
             MoeOp::Down => "fp4tune::moe::OP_DOWN",
@@ -40,8 +43,9 @@ impl fmt::Display for MoeOp {
     }
 }
 
-/// A grouped kernel configuration (W4A16, family sm90). The vocabulary of `GemmConfig`'s global
-/// weight pipeline, plus how the CTAs walk the tile schedule.
+/// A grouped kernel configuration. Family sm90: the vocabulary of `GemmConfig`'s global weight
+/// pipeline, how the CTAs walk the tile schedule, and the activation type (bf16: W4A16; NVFP4:
+/// W4A4, where gate_up also writes H as NVFP4 for down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct GroupedConfig {
     pub op: MoeOp,
@@ -61,6 +65,28 @@ pub struct GroupedConfig {
     pub min_ctas: u32,
     /// 0: one CTA per tile; w > 0: a persistent walk with about w CTAs per SM.
     pub walk: u32,
+    /// Kernel family (absent in files written before it: sm90).
+    #[serde(default = "sm90", skip_serializing_if = "is_sm90")]
+    pub family: Family,
+    /// Activation type (absent in files written before it: bf16).
+    #[serde(default = "bf16", skip_serializing_if = "is_bf16")]
+    pub a_type: AType,
+}
+
+fn sm90() -> Family {
+    Family::Sm90
+}
+
+fn is_sm90(f: &Family) -> bool {
+    *f == Family::Sm90
+}
+
+fn bf16() -> AType {
+    AType::Bf16
+}
+
+fn is_bf16(a: &AType) -> bool {
+    *a == AType::Bf16
 }
 
 /// Why a configuration cannot run a shape.
@@ -102,9 +128,11 @@ impl GroupedConfig {
         (65536 / (self.threads() * self.min_ctas) / 8 * 8).min(255)
     }
 
-    /// Registers of one ring entry (weights + bf16 activations of one chunk).
+    /// Registers of one ring entry: weights, plus the activations of one chunk (bf16: 16 words
+    /// per n8 tile; NVFP4: 4 code words and a scale half-word pair).
     fn ring_entry_regs(&self) -> u32 {
-        self.p_tiles() * 10 + self.q_tiles() * 16
+        let per_q = if self.a_type == AType::Nvfp4 { 5 } else { 16 };
+        self.p_tiles() * 10 + self.q_tiles() * per_q
     }
 
     /// Dynamic shared memory: the split-K slots (DirectConfig::SMEM_BYTES with A_GLOBAL).
@@ -130,9 +158,39 @@ impl GroupedConfig {
         if self.warps_n == 0 || self.warps_k == 0 || self.block_n % self.warps_n != 0 {
             return err("block_n must split evenly over warps_n".into());
         }
+        if self.walk > 16 {
+            return err("walk is at most 16 CTAs per SM".into());
+        }
+        if n % 16 != 0 || (self.op == MoeOp::GateUp && (n / 2) % 8 != 0) {
+            return err(format!("N = {n} must be a multiple of 16"));
+        }
+        if self.a_type == AType::Nvfp4 && self.op == MoeOp::GateUp && (n / 2) % 16 != 0 {
+            return err(format!(
+                "W4A4 gate_up writes H as NVFP4 blocks of 16: the intermediate size {} must be a \
+                 multiple of 16",
+                n / 2
+            ));
+        }
+        if shape.experts == 0 || shape.experts > super::schedule::MAX_EXPERTS {
+            return err(format!(
+                "{} local experts (moe_align takes 1..{})",
+                shape.experts,
+                super::schedule::MAX_EXPERTS
+            ));
+        }
+        if self.family != Family::Sm90 {
+            return err("the grouped kernels are family sm90".into());
+        }
         let warp_p = self.block_n / self.warps_n;
         if warp_p % 16 != 0 || !(1..=4).contains(&self.p_tiles()) {
             return err("block_n / warps_n must be 16, 32, 48 or 64 weight rows per warp".into());
+        }
+        if self.a_type == AType::Nvfp4 && self.op == MoeOp::GateUp && self.p_tiles() % 2 != 0 {
+            return err(
+                "W4A4 gate_up quantizes 16-column blocks of H, two m16 tiles of one warp: \
+                 block_n / warps_n must be 32 or 64"
+                    .into(),
+            );
         }
         if self.threads() > 1024 {
             return err(format!("{} threads per CTA (at most 1024)", self.threads()));
@@ -149,9 +207,6 @@ impl GroupedConfig {
         if !(1..=16).contains(&self.min_ctas) || self.threads() * self.min_ctas > 2048 {
             return err("min_ctas CTAs must fit in one SM (2048 threads)".into());
         }
-        if self.walk > 16 {
-            return err("walk is at most 16 CTAs per SM".into());
-        }
         let cap = self.register_cap();
         if self.ring_entry_regs() * self.depth > 112.min(cap.saturating_sub(64)) {
             return err(format!(
@@ -159,13 +214,17 @@ impl GroupedConfig {
                 self.ring_entry_regs() * self.depth
             ));
         }
-        // The whole register file of a lane: ring, accumulator sets, row pointers (64-bit) and
-        // about 48 registers of indices, tile state and the epilogue.
+        // The whole register file of a lane: ring, accumulator sets, row pointers (64-bit; W4A4
+        // has a scale pointer per activation row too), about 48 registers of indices, tile state
+        // and the epilogue, and for W4A4 gate_up the H values its NVFP4 epilogue quantizes (the
+        // ring of the next tile is in flight meanwhile).
+        let w4a4 = self.a_type == AType::Nvfp4;
         let estimate = self.ring_entry_regs() * self.depth
             + self.acc() * self.acc_sets()
             + 8 * self.p_tiles()
-            + 4 * self.q_tiles()
-            + 48;
+            + 4 * self.q_tiles() * if w4a4 { 2 } else { 1 }
+            + 48
+            + if w4a4 && self.op == MoeOp::GateUp { self.acc() } else { 0 };
         if estimate > cap {
             return err(format!("about {estimate} registers per lane, over the cap of {cap}"));
         }
@@ -174,9 +233,6 @@ impl GroupedConfig {
         }
         if self.smem_bytes() > 232_448 {
             return err("split-K slots over the shared-memory limit".into());
-        }
-        if n % 16 != 0 || (self.op == MoeOp::GateUp && (n / 2) % 8 != 0) {
-            return err(format!("N = {n} must be a multiple of 16"));
         }
         if k % self.block_k != 0 || (k / self.block_k) % self.split_k != 0 {
             return err(format!("K = {k} must split into whole block_k passes per K slice"));
@@ -188,21 +244,26 @@ impl GroupedConfig {
                 self.depth
             ));
         }
-        if shape.experts == 0 || shape.experts > super::schedule::MAX_EXPERTS {
-            return err(format!(
-                "{} local experts (moe_align takes 1..{})",
-                shape.experts,
-                super::schedule::MAX_EXPERTS
-            ));
-        }
         Ok(())
     }
 
-    /// A stable, human-readable name; the kernel symbol is derived from it.
+    /// `w4a4` after the op for NVFP4 activations (W4A16 names carry no activation tag).
+    fn tag(&self) -> &'static str {
+        if self.a_type == AType::Nvfp4 {
+            "_w4a4"
+        } else {
+            ""
+        }
+    }
+
+    /// A stable, human-readable name; the kernel symbol is derived from it. Family sm90 names
+    /// start with the op, sm120 names with `sm120_`.
     pub fn name(&self) -> String {
         format!(
-            "{}_m{}n{}k{}_w{}x{}_d{}_s{}_o{}_walk{}",
+            "{}{}{}_m{}n{}k{}_w{}x{}_d{}_s{}_o{}_walk{}",
+            if self.family == Family::Sm120 { "sm120_" } else { "" },
             self.op,
+            self.tag(),
             self.block_m,
             self.block_n,
             self.block_k,
@@ -218,8 +279,10 @@ impl GroupedConfig {
     /// The kernel symbol (the walk is a launch parameter, not part of the code).
     pub fn kernel_name(&self) -> String {
         format!(
-            "fp4tune_sm90_{}_m{}n{}k{}_w{}x{}_d{}_s{}_o{}",
+            "fp4tune_{}_{}{}_m{}n{}k{}_w{}x{}_d{}_s{}_o{}",
+            self.family.as_str(),
             self.op,
+            self.tag(),
             self.block_m,
             self.block_n,
             self.block_k,
@@ -243,7 +306,7 @@ impl GroupedConfig {
         format!(
             "// fp4tune grouped MoE kernel {name}\n\
              #include \"moe/sm90.cuh\"\n\
-             using Cfg = fp4tune::sm90::DirectConfig<{bm}, {bn}, {bk}, {wn}, {wk}, {d}, {s}, false, false, true, {mc}>;\n\
+             using Cfg = fp4tune::sm90::DirectConfig<{bm}, {bn}, {bk}, {wn}, {wk}, {d}, {s}, {fp4}, false, true, {mc}>;\n\
              static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (moe/config.rs smem_bytes) and templates/sm90/direct.cuh disagree on shared memory\");\n\
              static_assert(Cfg::THREADS == {threads}, \"Rust and templates/sm90/direct.cuh disagree on threads\");\n\
              extern \"C\" __global__ void __launch_bounds__({threads}, {mc}){cluster} {kernel}(const fp4tune::moe::GroupedParams p) {{\n\
@@ -257,6 +320,7 @@ impl GroupedConfig {
             wk = self.warps_k,
             d = self.depth,
             s = self.split_k,
+            fp4 = self.a_type == AType::Nvfp4,
             mc = self.min_ctas,
             smem = self.smem_bytes(),
             kernel = self.kernel_name(),
@@ -265,7 +329,7 @@ impl GroupedConfig {
     }
 
     pub fn source(&self) -> KernelSource {
-        KernelSource::from_unit(self.kernel_name(), Arch::Sm90a, &self.instantiation())
+        KernelSource::from_unit(self.kernel_name(), self.family.arch(), &self.instantiation())
             .expect("the grouped templates are embedded")
     }
 
@@ -288,9 +352,23 @@ impl fmt::Display for GroupedConfig {
     }
 }
 
-/// The grouped search space for one op and shape: every legal combination of the value lists
-/// below (the space is data; `check` prunes it).
+/// The grouped search space of family sm90 with bf16 activations (W4A16) for one op and shape.
 pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
+    search_space_for(Family::Sm90, AType::Bf16, op, shape)
+}
+
+/// The grouped search space of one family and activation type for one op and shape: every legal
+/// combination of the value lists below (the space is data; `check` prunes it); empty for other
+/// families.
+pub fn search_space_for(
+    family: Family,
+    a_type: AType,
+    op: MoeOp,
+    shape: &MoeShape,
+) -> Vec<GroupedConfig> {
+    if family != Family::Sm90 {
+        return Vec::new();
+    }
     let (_, k) = shape.nk(op);
     let mut out = Vec::new();
     // (block_n, warps_n) pairs, warps_k, split_k, depth, min_ctas and walk values per op.
@@ -302,9 +380,9 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
         min_ctas: &'static [u32],
         walks: &'static [u32],
     }
-    let lists = match op {
+    let lists = match (op, a_type) {
         // long K: many warps along K (in-CTA reduction), 1-2 K slices
-        MoeOp::GateUp => Lists {
+        (MoeOp::GateUp, AType::Bf16) => Lists {
             tiles: &[(16, 1), (32, 1), (64, 2), (64, 4)],
             warps_k: &[4, 8, 16],
             splits: &[1, 2],
@@ -312,13 +390,31 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
             min_ctas: &[1, 2, 4],
             walks: &[0, 1, 2],
         },
+        // W4A4: 32 or 64 weight rows per warp (whole 16-column blocks of H); NVFP4 activations
+        // take a third of the ring's registers, so the ring can be deeper
+        (MoeOp::GateUp, AType::Nvfp4) => Lists {
+            tiles: &[(32, 1), (64, 2), (64, 1)],
+            warps_k: &[4, 8],
+            splits: &[1, 2],
+            depths: &[1, 2, 4],
+            min_ctas: &[1, 2],
+            walks: &[0, 2],
+        },
         // short K: many weight rows per CTA, a persistent walk
-        MoeOp::Down => Lists {
+        (MoeOp::Down, AType::Bf16) => Lists {
             tiles: &[(32, 2), (64, 4), (128, 4), (128, 8), (256, 8)],
             warps_k: &[1, 2],
             splits: &[1],
             depths: &[1, 2],
             min_ctas: &[1, 2, 4],
+            walks: &[0, 2, 4],
+        },
+        (MoeOp::Down, AType::Nvfp4) => Lists {
+            tiles: &[(32, 2), (64, 4), (128, 4), (128, 8)],
+            warps_k: &[1, 2],
+            splits: &[1],
+            depths: &[1, 2],
+            min_ctas: &[1, 2],
             walks: &[0, 2, 4],
         },
     };
@@ -327,9 +423,15 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
         for &(block_n, warps_n) in tiles {
             for &wk in warps_k {
                 for &split_k in splits {
-                    // one pass per K slice when it fits, else the smallest legal pass
+                    // one pass per K slice when it fits, else the smallest legal pass (W4A4:
+                    // passes of 256 k per warp)
                     let slice = k / split_k;
-                    for block_k in [slice, 128 * wk, 256 * wk] {
+                    let passes: &[u32] = if a_type == AType::Nvfp4 {
+                        &[slice, 256 * wk]
+                    } else {
+                        &[slice, 128 * wk, 256 * wk]
+                    };
+                    for &block_k in passes {
                         for &depth in depths {
                             for &mc in min_ctas {
                                 for &walk in walks {
@@ -344,6 +446,8 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                                         split_k,
                                         min_ctas: mc,
                                         walk,
+                                        family,
+                                        a_type,
                                     };
                                     if c.check(shape).is_ok() && !out.contains(&c) {
                                         out.push(c);
@@ -384,9 +488,22 @@ pub fn finalize_source() -> KernelSource {
     .expect("moe/finalize.cuh is embedded")
 }
 
-/// Hex SHA-256 of the templates the grouped kernels are built from (common/, sm90/, moe/).
+/// The templates the grouped kernels are built from (path prefixes under `templates/`): the
+/// family's GEMM folder for its pieces, `common/`, and the grouped files they include.
+pub const SM90_TEMPLATES: &[&str] = &[
+    "common/",
+    "sm90/",
+    "moe/align.cuh",
+    "moe/epilogue.cuh",
+    "moe/finalize.cuh",
+    "moe/params.cuh",
+    "moe/sm90.cuh",
+];
+
+/// Hex SHA-256 of the templates the sm90 grouped kernels are built from (recorded as the
+/// table's `moe_template_hash`).
 pub fn template_hash() -> String {
-    crate::template::template_tree_hash(&["common/", "sm90/", "moe/"])
+    crate::template::template_tree_hash(SM90_TEMPLATES)
 }
 
 /// Threads of the align and finalize kernels (templates/moe/align.cuh, finalize.cuh).
@@ -405,8 +522,19 @@ mod tests {
                 assert!(space.len() >= 20, "{op} {shape}: {} configurations", space.len());
                 for c in &space {
                     c.check(&shape).unwrap();
-                    assert_eq!(c.op, op);
+                    assert_eq!((c.op, c.family, c.a_type), (op, Family::Sm90, AType::Bf16));
                 }
+                let w4a4 = search_space_for(Family::Sm90, AType::Nvfp4, op, &shape);
+                assert!(w4a4.len() >= 20, "{op} {shape}: {} W4A4 configurations", w4a4.len());
+                for c in &w4a4 {
+                    c.check(&shape).unwrap();
+                    assert_eq!((c.op, c.family, c.a_type), (op, Family::Sm90, AType::Nvfp4));
+                    if op == MoeOp::GateUp {
+                        assert_eq!(c.block_n / c.warps_n % 32, 0, "{c}: whole H blocks per warp");
+                    }
+                }
+                assert!(w4a4.iter().any(|c| c.walk > 0) && w4a4.iter().any(|c| c.walk == 0));
+                assert!(search_space_for(Family::Sm120, AType::Bf16, op, &shape).is_empty());
                 for bm in [8, 16] {
                     assert!(space.iter().any(|c| c.block_m == bm), "{op}: no block_m {bm}");
                 }
@@ -429,6 +557,8 @@ mod tests {
             split_k: 1,
             min_ctas: 1,
             walk: 2,
+            family: Family::Sm90,
+            a_type: AType::Bf16,
         };
         good.check(&shape).unwrap();
         let e = GroupedConfig { depth: 3, ..good }.check(&shape).unwrap_err();
@@ -441,6 +571,89 @@ mod tests {
         assert!(e.reason.contains("register ring"), "{e}");
         let many = MoeShape { experts: 100_000, ..shape };
         assert!(good.check(&many).unwrap_err().reason.contains("local experts"));
+    }
+
+    #[test]
+    fn w4a4_rules_say_why() {
+        let shape = MoeShape::GLM5_TP8;
+        let good = GroupedConfig {
+            op: MoeOp::GateUp,
+            block_m: 8,
+            block_n: 64,
+            block_k: 6144,
+            warps_n: 2,
+            warps_k: 4,
+            depth: 2,
+            split_k: 1,
+            min_ctas: 1,
+            walk: 0,
+            family: Family::Sm90,
+            a_type: AType::Nvfp4,
+        };
+        good.check(&shape).unwrap();
+        // 16 weight rows per warp hold 8 columns of H: half a quantization block
+        let e = GroupedConfig { block_n: 32, ..good }.check(&shape).unwrap_err();
+        assert!(e.reason.contains("16-column blocks"), "{e}");
+        GroupedConfig { block_n: 32, a_type: AType::Bf16, ..good }.check(&shape).unwrap();
+        GroupedConfig { op: MoeOp::Down, block_k: 256, block_n: 32, warps_k: 1, ..good }
+            .check(&shape)
+            .unwrap();
+        let odd = MoeShape { inter: 264, ..shape };
+        let e = good.check(&odd).unwrap_err();
+        assert!(e.reason.contains("multiple of 16"), "{e}");
+        // NVFP4 activations take fewer ring registers: a deeper ring fits
+        let deep = GroupedConfig { depth: 4, ..good };
+        deep.check(&shape).unwrap();
+        GroupedConfig { a_type: AType::Bf16, ..deep }.check(&shape).unwrap_err();
+    }
+
+    #[test]
+    fn w4a16_names_are_unchanged_and_old_files_read_as_sm90_w4a16() {
+        let c = search_space(MoeOp::Down, &MoeShape::GLM5_TP8)
+            .into_iter()
+            .find(|c| c.block_n == 128 && c.warps_n == 4 && c.depth == 2 && c.walk == 2)
+            .unwrap();
+        assert!(c.name().starts_with("moe_down_m"), "{}", c.name());
+        assert!(c.kernel_name().starts_with("fp4tune_sm90_moe_down_m"), "{}", c.kernel_name());
+        let ron = ron::to_string(&c).unwrap();
+        assert!(!ron.contains("family") && !ron.contains("a_type"), "{ron}");
+        let old = "(op: Down, block_m: 8, block_n: 128, block_k: 256, warps_n: 4, warps_k: 1, \
+                   depth: 2, split_k: 1, min_ctas: 1, walk: 2)";
+        let read: GroupedConfig = ron::from_str(old).unwrap();
+        assert_eq!((read.family, read.a_type), (Family::Sm90, AType::Bf16));
+        let w4a4 = GroupedConfig { a_type: AType::Nvfp4, ..read };
+        assert_eq!(w4a4.name(), "moe_down_w4a4_m8n128k256_w4x1_d2_s1_o1_walk2");
+        assert_eq!(ron::from_str::<GroupedConfig>(&ron::to_string(&w4a4).unwrap()).unwrap(), w4a4);
+        assert_ne!(w4a4.kernel_name(), read.kernel_name());
+        assert!(w4a4
+            .source()
+            .code
+            .contains("DirectConfig<8, 128, 256, 4, 1, 2, 1, true, false, true, 1>"));
+    }
+
+    /// The grouped hash covers exactly what the kernels include: a grouped unit inlines only
+    /// files the hash covers, and every file under moe/ is covered.
+    #[test]
+    fn grouped_template_hashes_cover_what_the_kernels_include() {
+        let shape = MoeShape::GLM5_TP8;
+        let covered = |prefixes: &[&str], path: &str| prefixes.iter().any(|p| path.starts_with(p));
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            for op in MoeOp::ALL {
+                let c = search_space_for(Family::Sm90, a_type, op, &shape)[0];
+                let code = c.source().code;
+                let included: Vec<&str> =
+                    code.lines().filter_map(|l| l.strip_prefix("// ---- begin ")).collect();
+                assert!(included.contains(&"moe/epilogue.cuh"), "{c}: {included:?}");
+                for path in included {
+                    assert!(covered(SM90_TEMPLATES, path), "{c} includes {path}, outside its hash");
+                }
+            }
+        }
+        for (path, _) in
+            crate::template::TEMPLATE_FILES.iter().filter(|(p, _)| p.starts_with("moe/"))
+        {
+            assert!(covered(SM90_TEMPLATES, path), "{path} is in no grouped hash");
+        }
     }
 
     #[test]
@@ -473,10 +686,60 @@ mod tests {
             split_k: 1,
             min_ctas: 1,
             walk: 0,
+            family: Family::Sm90,
+            a_type: AType::Bf16,
         };
         assert_eq!(c.grid(&shape, 300, 132), (8, 300, 1));
         assert_eq!(GroupedConfig { walk: 2, ..c }.grid(&shape, 300, 132), (8, 33, 1));
         assert_eq!(GroupedConfig { walk: 2, ..c }.grid(&shape, 9, 132), (8, 9, 1));
+    }
+
+    /// Every distinct W4A4 grouped kernel of both GLM-5 layers compiles for sm_90a (NVRTC, no
+    /// GPU needed) without spills, with a sane register count, the bf16 HMMA and no local memory
+    /// in its SASS (when cuobjdump is there). Through the default cubin cache: a second run only
+    /// reads it.
+    #[test]
+    fn every_w4a4_grouped_kernel_compiles_for_sm90_without_spills() {
+        use crate::compile::{sass, Compiler};
+        let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
+        let mut configs: Vec<GroupedConfig> = Vec::new();
+        for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
+            for op in MoeOp::ALL {
+                for c in search_space_for(Family::Sm90, AType::Nvfp4, op, &shape) {
+                    if !configs.iter().any(|x| x.kernel_name() == c.kernel_name()) {
+                        configs.push(c);
+                    }
+                }
+            }
+        }
+        assert!(configs.len() >= 100, "{} kernels", configs.len());
+        let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
+        let mut problems = Vec::new();
+        for (c, r) in configs.iter().zip(compiler.compile_many(&sources)) {
+            let k = match r {
+                Ok(k) => k,
+                Err(e) => {
+                    problems.push(format!("{c}: {e}"));
+                    continue;
+                }
+            };
+            let stats = k.stats.as_ref().expect("ptxas statistics");
+            if stats.spills() || stats.registers > c.register_cap() || stats.registers < 32 {
+                problems.push(format!("{c}: {stats:?} (cap {})", c.register_cap()));
+            }
+            if let Ok(text) = sass::dump_sass(&k.kernel_name, &k.cubin) {
+                if sass::uses_local_memory(&text) || sass::count_opcode(&text, "HMMA") == 0 {
+                    problems.push(format!("{c}: local memory or no HMMA in the SASS"));
+                }
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "{} of {}:\n{}",
+            problems.len(),
+            configs.len(),
+            problems.join("\n")
+        );
     }
 
     /// Every grouped variant of the default space compiles for sm_90a without spills (NVRTC, no

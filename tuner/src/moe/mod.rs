@@ -13,9 +13,15 @@
 //! 4. `moe_finalize`: each token's rows weighted by the router and summed in slot order
 //!    (deterministic, no atomics).
 //!
-//! `reference` is the CPU model every GPU result is checked against.
+//! Activations are bf16 (W4A16) or NVFP4 (W4A4: X quantized with a static input scale, and the
+//! gate_up epilogue writes H in NVFP4 too, for down); family sm90 runs both on the H200 by exact
+//! dequantization.
+//!
+//! `reference` is the CPU model every GPU result is checked against; `epilogue` mirrors the
+//! grouped epilogue's element positions and NVFP4 quantization of H lane by lane.
 
 pub mod config;
+pub mod epilogue;
 pub mod reference;
 pub mod schedule;
 

@@ -1,12 +1,15 @@
 //! The CPU reference of the grouped MoE layer, built from the same NVFP4 decoders as the
 //! per-expert reference GEMM: per routed row, f32 dot products of dequantized weights with the
-//! bf16 activations, alpha last; gate_up applies SiLU(gate) * up in f32; finalize is the exact
-//! mirror of the kernel (fma in slot order, then bf16).
+//! activations (bf16, or NVFP4 block-scaled values for W4A4), alpha last; gate_up applies
+//! SiLU(gate) * up in f32; finalize is the exact mirror of the kernel (fma in slot order, then
+//! bf16). [`Nvfp4Rows::quantize`] is what the W4A4 layer makes of bf16 rows (X before gate_up, H
+//! in gate_up's epilogue): the activation quantizer of `format`, scales in the swizzled layout.
 
 use super::schedule::{RouteSchedule, SplitMix64};
 use crate::format::e2m1::e2m1_decode;
 use crate::format::e4m3::e4m3_decode;
 use crate::format::swizzle::{padded_scale_cols, swizzled_len, swizzled_offset};
+use crate::format::FormatError;
 use half::bf16;
 
 /// Stacked NVFP4 expert weights in the kernels' layout: per expert `[n, k/2]` codes (ModelOpt
@@ -64,10 +67,96 @@ impl ExpertWeights {
     }
 
     /// alpha * dot(deq(W[e][row]), a) in f32.
-    fn dot(&self, e: usize, row: usize, a: &[bf16], scratch: &mut [f32]) -> f32 {
+    fn dot(&self, e: usize, row: usize, a: &[f32], alpha: f32, scratch: &mut [f32]) -> f32 {
         self.dequant_row(e, row, scratch);
-        let acc: f32 = scratch.iter().zip(a).map(|(w, x)| w * x.to_f32()).sum();
-        acc * self.alpha[e]
+        let acc: f32 = scratch.iter().zip(a).map(|(w, x)| w * x).sum();
+        acc * alpha
+    }
+}
+
+/// NVFP4 activation rows in the kernels' layout: codes `[rows, k/2]` (element 2j in the low
+/// nibble) and UE4M3 scales in the swizzled 128x4 layout (rows padded to 128), with their input
+/// scale (the activation global scale).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nvfp4Rows {
+    pub rows: usize,
+    pub k: usize,
+    pub codes: Vec<u8>,
+    pub sf: Vec<u8>,
+    pub scale: f32,
+}
+
+impl Nvfp4Rows {
+    /// bf16 rows `[rows, k]` quantized with the static input scale `scale`: bit for bit the GPU
+    /// activation quantizer (`common/quantize.cuh`) and the W4A4 gate_up epilogue's H.
+    pub fn quantize(x: &[bf16], rows: usize, k: usize, scale: f32) -> Result<Self, FormatError> {
+        let q = crate::format::quantize_activations(x, rows, k, scale)?;
+        let sf = q.scales_swizzled();
+        Ok(Nvfp4Rows { rows, k, codes: q.codes, sf, scale })
+    }
+
+    /// Row `r` block-scaled (e2m1 * e4m3, without the input scale: that is part of alpha).
+    pub fn dequant_row(&self, r: usize) -> Vec<f32> {
+        let ksf_pad = padded_scale_cols(self.k / 16);
+        let codes = &self.codes[r * self.k / 2..][..self.k / 2];
+        let mut out = vec![0f32; self.k];
+        for kb in 0..self.k / 16 {
+            let s = e4m3_decode(self.sf[swizzled_offset(r, kb, ksf_pad)]);
+            for j in 0..8 {
+                let byte = codes[kb * 8 + j];
+                out[kb * 16 + 2 * j] = e2m1_decode(byte & 15) * s;
+                out[kb * 16 + 2 * j + 1] = e2m1_decode(byte >> 4) * s;
+            }
+        }
+        out
+    }
+
+    /// The first place where `codes` / `sf` (a kernel's output in the same layout) differ from
+    /// these rows, over every code byte and every scale byte of a real row and scale column; the
+    /// padding of the scale layout is not compared (the kernels do not write it).
+    pub fn first_difference(&self, codes: &[u8], sf: &[u8]) -> Option<String> {
+        let ksf = self.k / 16;
+        let ksf_pad = padded_scale_cols(ksf);
+        for r in 0..self.rows {
+            for kb in 0..ksf {
+                let o = swizzled_offset(r, kb, ksf_pad);
+                if sf.get(o) != Some(&self.sf[o]) {
+                    return Some(format!(
+                        "row {r}, scale block {kb}: scale {:?} instead of {:#04x}",
+                        sf.get(o),
+                        self.sf[o]
+                    ));
+                }
+            }
+            let row = r * self.k / 2..(r + 1) * self.k / 2;
+            if let Some(j) = (row.clone()).find(|&i| codes.get(i) != Some(&self.codes[i])) {
+                let c = 2 * (j - row.start);
+                return Some(format!(
+                    "row {r}, elements {c}..{}: codes {:?} instead of {:#04x}",
+                    c + 1,
+                    codes.get(j),
+                    self.codes[j]
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// The activations a projection reads: bf16 rows `[rows, k]`, or NVFP4 rows (W4A4).
+#[derive(Debug, Clone, Copy)]
+pub enum Activations<'a> {
+    Bf16 { x: &'a [bf16], k: usize },
+    Nvfp4(&'a Nvfp4Rows),
+}
+
+impl Activations<'_> {
+    /// Row `r` as the kernel multiplies it (bf16 widened, or NVFP4 block-scaled values).
+    pub fn row(&self, r: usize) -> Vec<f32> {
+        match self {
+            Activations::Bf16 { x, k } => x[r * k..][..*k].iter().map(|v| v.to_f32()).collect(),
+            Activations::Nvfp4(q) => q.dequant_row(r),
+        }
     }
 }
 
@@ -77,34 +166,42 @@ pub fn silu(x: f32) -> f32 {
 }
 
 /// H row of sorted row `r` (f32, before rounding): SiLU(gate) * up of the expert of `r` on
-/// `X[token]` (`x`: `[tokens, hidden]`).
+/// `X[token]` (`x`: `[tokens, hidden]`); `alpha[e]` is the expert's scale (W4A4: input scale times
+/// weight_scale_2).
 pub fn gate_up_row(
     w: &ExpertWeights,
+    alpha: &[f32],
     s: &RouteSchedule,
     top_k: usize,
-    x: &[bf16],
+    x: &Activations<'_>,
     r: u32,
 ) -> Vec<f32> {
     let e = s.expert_of_row(r) as usize;
     let token = s.sorted_ids[r as usize] as usize / top_k;
-    let xr = &x[token * w.k..][..w.k];
+    let xr = x.row(token);
     let inter = w.n / 2;
     let mut scratch = vec![0f32; w.k];
     (0..inter)
         .map(|j| {
-            let g = w.dot(e, j, xr, &mut scratch);
-            let u = w.dot(e, inter + j, xr, &mut scratch);
+            let g = w.dot(e, j, &xr, alpha[e], &mut scratch);
+            let u = w.dot(e, inter + j, &xr, alpha[e], &mut scratch);
             silu(g) * u
         })
         .collect()
 }
 
-/// Output row of sorted row `r` of the down projection (f32) on `H` (`[rows, inter]`).
-pub fn down_row(w: &ExpertWeights, s: &RouteSchedule, h: &[bf16], r: u32) -> Vec<f32> {
+/// Output row of sorted row `r` of the down projection (f32) on `H` (sorted rows `[rows, inter]`).
+pub fn down_row(
+    w: &ExpertWeights,
+    alpha: &[f32],
+    s: &RouteSchedule,
+    h: &Activations<'_>,
+    r: u32,
+) -> Vec<f32> {
     let e = s.expert_of_row(r) as usize;
-    let hr = &h[r as usize * w.k..][..w.k];
+    let hr = h.row(r as usize);
     let mut scratch = vec![0f32; w.k];
-    (0..w.n).map(|n| w.dot(e, n, hr, &mut scratch)).collect()
+    (0..w.n).map(|n| w.dot(e, n, &hr, alpha[e], &mut scratch)).collect()
 }
 
 /// `Y [tokens, n]` from the routed rows, exactly as moe_finalize computes it.
@@ -159,13 +256,64 @@ mod tests {
     }
 
     #[test]
+    fn nvfp4_rows_are_the_activation_quantizer_in_the_swizzled_layout() {
+        let (rows, k) = (5, 96);
+        let x: Vec<bf16> =
+            (0..rows * k).map(|i| bf16::from_f32(((i * 37) % 29) as f32 / 7.0 - 2.0)).collect();
+        let q = Nvfp4Rows::quantize(&x, rows, k, 0.01).unwrap();
+        let plain = crate::format::quantize_activations(&x, rows, k, 0.01).unwrap();
+        let deq = plain.dequantize_block_scaled();
+        for r in 0..rows {
+            assert_eq!(q.dequant_row(r), deq[r * k..(r + 1) * k]);
+        }
+        // 128 padded rows x 8 scale columns (6 padded to 8)
+        assert_eq!(q.sf.len(), 128 * 8);
+        assert_eq!(q.first_difference(&q.codes, &q.sf), None);
+        let mut sf = q.sf.clone();
+        sf[swizzled_offset(100, 7, 8)] = 0x55; // padding: not compared
+        assert_eq!(q.first_difference(&q.codes, &sf), None);
+        sf[swizzled_offset(4, 5, 8)] ^= 1;
+        assert!(q.first_difference(&q.codes, &sf).unwrap().contains("row 4, scale block 5"));
+        let mut codes = q.codes.clone();
+        codes[3 * 48 + 10] ^= 0x10;
+        assert!(q.first_difference(&codes, &q.sf).unwrap().contains("row 3, elements 20..21"));
+        assert!(q.first_difference(&codes[..10], &q.sf).is_some());
+    }
+
+    #[test]
+    fn w4a4_gate_up_multiplies_the_block_scaled_activations() {
+        let k = 64;
+        let w = ExpertWeights::random(32, k, 2, 9);
+        let ids = [1, 0, 0, 1];
+        let s = RouteSchedule::build(&ids, 0, 2);
+        let x: Vec<bf16> = (0..2 * k).map(|i| bf16::from_f32((i % 11) as f32 - 5.0)).collect();
+        let q = Nvfp4Rows::quantize(&x, 2, k, 0.004).unwrap();
+        let alpha: Vec<f32> = w.alpha.iter().map(|a| a * 0.004).collect();
+        let h = gate_up_row(&w, &alpha, &s, 2, &Activations::Nvfp4(&q), 3);
+        // sorted row 3 is flat id 3: token 1, expert 1
+        assert_eq!((s.sorted_ids[3], s.expert_of_row(3)), (3, 1));
+        let xr = q.dequant_row(1);
+        let mut g = vec![0f32; k];
+        let mut u = vec![0f32; k];
+        w.dequant_row(1, 2, &mut g);
+        w.dequant_row(1, 16 + 2, &mut u);
+        let dot = |a: &[f32]| a.iter().zip(&xr).map(|(p, q)| p * q).sum::<f32>() * alpha[1];
+        assert_eq!(h[2], silu(dot(&g)) * dot(&u));
+        // the block-scaled values approximate X / input scale
+        for (j, v) in xr.iter().enumerate() {
+            let want = x[k + j].to_f32();
+            assert!((v * 0.004 - want).abs() <= 0.25 * want.abs() + 0.1, "{j}: {v} for {want}");
+        }
+    }
+
+    #[test]
     fn gate_up_is_silu_of_gate_times_up_and_finalize_sums_in_slot_order() {
         let shape_k = 64;
         let w = ExpertWeights::random(32, shape_k, 4, 3);
         let ids = draw_routing(5, 3, 2, 4, Routing::Uniform);
         let s = RouteSchedule::build(&ids, 0, 4);
         let x: Vec<bf16> = (0..3 * shape_k).map(|i| bf16::from_f32((i % 7) as f32 - 3.0)).collect();
-        let h = gate_up_row(&w, &s, 2, &x, 0);
+        let h = gate_up_row(&w, &w.alpha, &s, 2, &Activations::Bf16 { x: &x, k: shape_k }, 0);
         // by hand for row 0, column 3
         let e = s.expert_of_row(0) as usize;
         let t = s.sorted_ids[0] as usize / 2;
