@@ -1,5 +1,5 @@
-// The store of one warp's grouped tile. The grouped kernels hold weights on the MMA's 16-row
-// side (P) and routed rows on its 8-wide side (Q), with the C layout
+// The store of one warp's grouped tile, shared by the sm90 and sm120 grouped kernels: both hold
+// weights on the MMA's 16-row side (P) and routed rows on its 8-wide side (Q), with the C layout
 // c0, c1 = P row g, Q columns 2t, 2t+1 and c2, c3 = P row g + 8, the same columns (g = lane / 4,
 // t = lane % 4).
 //

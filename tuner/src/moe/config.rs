@@ -1,7 +1,8 @@
 //! One grouped kernel variant: its parameters, the constraints that make it legal for a shape,
 //! its instantiation unit and its launch, and the search space as data. Family sm90
 //! (`templates/moe/sm90.cuh`, the register-streamed kernel over exactly dequantized NVFP4; W4A16
-//! and W4A4); the activation type and the family are data.
+//! and W4A4) and family sm120 (`templates/moe/sm120.cuh`, the native block-scaled MMA; W4A4,
+//! `super::sm120`) share the vocabulary; the activation type and the family are data.
 
 use super::MoeShape;
 use crate::problem::AType;
@@ -44,8 +45,9 @@ impl fmt::Display for MoeOp {
 }
 
 /// A grouped kernel configuration. Family sm90: the vocabulary of `GemmConfig`'s global weight
-/// pipeline, how the CTAs walk the tile schedule, and the activation type (bf16: W4A16; NVFP4:
-/// W4A4, where gate_up also writes H as NVFP4 for down).
+/// pipeline; family sm120: the cp.async pipeline of the SM120 GEMM (`depth` is its stage count,
+/// `split_k` and `min_ctas` are 1). Both: how the CTAs walk the tile schedule, and the activation
+/// type (bf16: W4A16; NVFP4: W4A4, where gate_up also writes H as NVFP4 for down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct GroupedConfig {
     pub op: MoeOp,
@@ -135,8 +137,12 @@ impl GroupedConfig {
         self.p_tiles() * 10 + self.q_tiles() * per_q
     }
 
-    /// Dynamic shared memory: the split-K slots (DirectConfig::SMEM_BYTES with A_GLOBAL).
+    /// Dynamic shared memory: sm90, the split-K slots (DirectConfig::SMEM_BYTES with A_GLOBAL);
+    /// sm120, the cp.async stages (sm120::Config::SMEM_BYTES).
     pub fn smem_bytes(&self) -> u32 {
+        if self.family == Family::Sm120 {
+            return super::sm120::layout(self).map_or(u32::MAX, |l| l.smem_bytes);
+        }
         let slots = self.split_k.max(1) * self.warps_k;
         let slot_bytes = if slots > 1 { slots * self.warps_n * 32 * self.acc() * 4 } else { 0 };
         slot_bytes.max(16)
@@ -178,8 +184,9 @@ impl GroupedConfig {
                 super::schedule::MAX_EXPERTS
             ));
         }
-        if self.family != Family::Sm90 {
-            return err("the grouped kernels are family sm90".into());
+        if self.family == Family::Sm120 {
+            return super::sm120::check(self, shape)
+                .map_err(|reason| IllegalConfig { config: self.name(), reason });
         }
         let warp_p = self.block_n / self.warps_n;
         if warp_p % 16 != 0 || !(1..=4).contains(&self.p_tiles()) {
@@ -297,6 +304,9 @@ impl GroupedConfig {
     /// The instantiation unit: the template, the configuration, cross-checks of what Rust
     /// computes, and the `extern "C"` kernel.
     pub fn instantiation(&self) -> String {
+        if self.family == Family::Sm120 {
+            return super::sm120::instantiation(self);
+        }
         let threads = self.threads();
         let cluster = if self.split_k > 1 {
             format!(" __cluster_dims__(1, 1, {})", self.split_k)
@@ -358,16 +368,20 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
 }
 
 /// The grouped search space of one family and activation type for one op and shape: every legal
-/// combination of the value lists below (the space is data; `check` prunes it); empty for other
-/// families.
+/// combination of the value lists below (the space is data; `check` prunes it). Family sm120 has
+/// W4A4 only (`super::sm120::search_space`); other combinations are empty.
 pub fn search_space_for(
     family: Family,
     a_type: AType,
     op: MoeOp,
     shape: &MoeShape,
 ) -> Vec<GroupedConfig> {
-    if family != Family::Sm90 {
-        return Vec::new();
+    if family == Family::Sm120 {
+        return if a_type == AType::Nvfp4 {
+            super::sm120::search_space(op, shape)
+        } else {
+            Vec::new()
+        };
     }
     let (_, k) = shape.nk(op);
     let mut out = Vec::new();
@@ -488,8 +502,10 @@ pub fn finalize_source() -> KernelSource {
     .expect("moe/finalize.cuh is embedded")
 }
 
-/// The templates the grouped kernels are built from (path prefixes under `templates/`): the
-/// family's GEMM folder for its pieces, `common/`, and the grouped files they include.
+/// The templates the grouped kernels of each family are built from (path prefixes under
+/// `templates/`): the family's GEMM folder for its pieces, `common/`, and the grouped files it
+/// includes. A change of `moe/sm120.cuh` leaves the sm90 grouped hash alone, and the other way
+/// round.
 pub const SM90_TEMPLATES: &[&str] = &[
     "common/",
     "sm90/",
@@ -499,11 +515,28 @@ pub const SM90_TEMPLATES: &[&str] = &[
     "moe/params.cuh",
     "moe/sm90.cuh",
 ];
+pub const SM120_TEMPLATES: &[&str] = &[
+    "common/",
+    "sm120/",
+    "moe/align.cuh",
+    "moe/epilogue.cuh",
+    "moe/finalize.cuh",
+    "moe/params.cuh",
+    "moe/sm120.cuh",
+];
 
-/// Hex SHA-256 of the templates the sm90 grouped kernels are built from (recorded as the
-/// table's `moe_template_hash`).
+/// Hex SHA-256 of the templates the sm90 grouped kernels are built from (the family of the
+/// table's `moe` entries; recorded as `moe_template_hash`).
 pub fn template_hash() -> String {
-    crate::template::template_tree_hash(SM90_TEMPLATES)
+    family_template_hash(Family::Sm90)
+}
+
+/// Hex SHA-256 of the templates one family's grouped kernels are built from.
+pub fn family_template_hash(family: Family) -> String {
+    crate::template::template_tree_hash(match family {
+        Family::Sm90 => SM90_TEMPLATES,
+        Family::Sm120 => SM120_TEMPLATES,
+    })
 }
 
 /// Threads of the align and finalize kernels (templates/moe/align.cuh, finalize.cuh).
@@ -631,29 +664,46 @@ mod tests {
             .contains("DirectConfig<8, 128, 256, 4, 1, 2, 1, true, false, true, 1>"));
     }
 
-    /// The grouped hash covers exactly what the kernels include: a grouped unit inlines only
-    /// files the hash covers, and every file under moe/ is covered.
+    /// Each family's grouped hash covers exactly what its kernels include: a grouped unit of the
+    /// family inlines only files its hash covers, every file under moe/ is covered by a family,
+    /// and the sm90 hash does not cover the sm120 grouped header (nor the other way round).
     #[test]
     fn grouped_template_hashes_cover_what_the_kernels_include() {
         let shape = MoeShape::GLM5_TP8;
         let covered = |prefixes: &[&str], path: &str| prefixes.iter().any(|p| path.starts_with(p));
-        for a_type in [AType::Bf16, AType::Nvfp4] {
+        for (family, a_type, prefixes) in [
+            (Family::Sm90, AType::Bf16, SM90_TEMPLATES),
+            (Family::Sm90, AType::Nvfp4, SM90_TEMPLATES),
+            (Family::Sm120, AType::Nvfp4, SM120_TEMPLATES),
+        ] {
             for op in MoeOp::ALL {
-                let c = search_space_for(Family::Sm90, a_type, op, &shape)[0];
+                let c = search_space_for(family, a_type, op, &shape)[0];
                 let code = c.source().code;
                 let included: Vec<&str> =
                     code.lines().filter_map(|l| l.strip_prefix("// ---- begin ")).collect();
                 assert!(included.contains(&"moe/epilogue.cuh"), "{c}: {included:?}");
                 for path in included {
-                    assert!(covered(SM90_TEMPLATES, path), "{c} includes {path}, outside its hash");
+                    assert!(covered(prefixes, path), "{c} includes {path}, outside its hash");
                 }
             }
         }
         for (path, _) in
             crate::template::TEMPLATE_FILES.iter().filter(|(p, _)| p.starts_with("moe/"))
         {
-            assert!(covered(SM90_TEMPLATES, path), "{path} is in no grouped hash");
+            assert!(
+                covered(SM90_TEMPLATES, path) || covered(SM120_TEMPLATES, path),
+                "{path} is in no grouped hash"
+            );
         }
+        assert!(
+            !covered(SM90_TEMPLATES, "moe/sm120.cuh") && !covered(SM90_TEMPLATES, "sm120/gemm.cuh")
+        );
+        assert!(
+            !covered(SM120_TEMPLATES, "moe/sm90.cuh")
+                && !covered(SM120_TEMPLATES, "sm90/direct.cuh")
+        );
+        assert_ne!(family_template_hash(Family::Sm90), family_template_hash(Family::Sm120));
+        assert_eq!(template_hash(), family_template_hash(Family::Sm90));
     }
 
     #[test]

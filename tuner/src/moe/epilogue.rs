@@ -1,5 +1,5 @@
-//! The CPU mirror of `templates/moe/epilogue.cuh`, the store of one warp's grouped tile: which
-//! output element each lane's accumulator becomes
+//! The CPU mirror of `templates/moe/epilogue.cuh`, the store of one warp's grouped tile shared by
+//! the sm90 and sm120 grouped kernels: which output element each lane's accumulator becomes
 //! ([`gate_up_position`], [`down_position`]) and, for the W4A4 gate_up, the NVFP4 quantization of
 //! H across the lanes of a warp ([`store_h_nvfp4`]: the warp-shuffle reductions of each 16-column
 //! block, the packing of the codes, which lane stores which bytes). The tests run whole grids of

@@ -14,8 +14,9 @@
 //!    (deterministic, no atomics).
 //!
 //! Activations are bf16 (W4A16) or NVFP4 (W4A4: X quantized with a static input scale, and the
-//! gate_up epilogue writes H in NVFP4 too, for down); family sm90 runs both on the H200 by exact
-//! dequantization.
+//! gate_up epilogue writes H in NVFP4 too, for down). Family sm90 runs both on the H200 by exact
+//! dequantization; family sm120 (`sm120`) runs W4A4 on the native block-scaled MMA and is
+//! verified without a GPU.
 //!
 //! `reference` is the CPU model every GPU result is checked against; `epilogue` mirrors the
 //! grouped epilogue's element positions and NVFP4 quantization of H lane by lane.
@@ -24,6 +25,7 @@ pub mod config;
 pub mod epilogue;
 pub mod reference;
 pub mod schedule;
+pub mod sm120;
 
 pub use config::{GroupedConfig, MoeOp};
 pub use schedule::{max_tiles, RouteSchedule, TILE_BLOCK_M};

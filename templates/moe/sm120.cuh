@@ -1,0 +1,186 @@
+// The grouped SM120 kernel (W4A4): the gate_up / down projections of every active expert in one
+// launch on the native block-scaled MMA (mma.sync m16n8k64 kind::mxf4nvf4, SASS OMMA.SF), on the
+// routed-row schedule of moe_align.
+//
+// The SM120 GEMM's cp.async pipeline and MMA step (sm120/gemm.cuh: Config with swap-AB, weights on
+// the MMA's 16-row side P, routed rows on its 8-wide side Q; compute_stage; the k-warp reduction of
+// sm120/epilogue.cuh) placed on the tile schedule: CTA (x, y) takes n-tile x of tiles y,
+// y + gridDim.y, ... of its tile list (one tile = up to BLOCK_M rows of one expert; gridDim.y below
+// the tile count is a persistent walk), the whole K of each tile, split over WARPS_K warps and summed
+// in warp order (deterministic). Only the rows of a stage differ from the GEMM:
+//   P (weights of the tile's expert): tile row r is weight row sm120_weight_row<OP>(r). gate_up
+//     interleaves gate and up rows by MMA row half (r = 16 i + 8 h + g: gate row (n0 + 16 i) / 2 + g
+//     for h = 0, the up row I rows later for h = 1), so accumulator elements e and e + 2 are gate and
+//     up of one H column and the epilogue (moe/epilogue.cuh) writes SiLU(gate) * up from registers.
+//   Q (NVFP4 activations): tile row r is the token of sorted row first + r (gate_up: a gather of
+//     X's codes and of the scale words of the token's row in X's swizzled layout) or sorted row
+//     first + r of H (down); rows past the tile are zero-filled.
+// gate_up writes H as bf16 and as NVFP4 (h_scale) for down; down writes Y_rows.
+//
+// Launch contract (moe::GroupedConfig, family sm120): grid (ceil(N / BLOCK_N), grid_y, 1), THREADS
+// threads, SMEM_BYTES of dynamic shared memory (plus BLOCK_M words of static shared memory).
+#pragma once
+#include "moe/epilogue.cuh"
+#include "moe/params.cuh"
+#include "sm120/gemm.cuh"
+
+namespace fp4tune {
+namespace moe {
+
+// An opaque copy of a register: values the loaders recompute from it are not hoisted out of the
+// k-tile loop (the hoisted row-validity predicates of large tiles would otherwise spill).
+__device__ __forceinline__ int sm120_opaque(int v) {
+    int d;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(d) : "r"(v));
+    return d;
+}
+
+// Weight row of P-tile row r of the CTA whose first weight row is n0, or -1 past the weight
+// (zero-filled). Mirrored by moe::sm120::weight_row in Rust.
+template <int OP>
+__device__ __forceinline__ int sm120_weight_row(int n, int n0, int r) {
+    if constexpr (OP == OP_GATE_UP) {
+        const int half = n / 2;
+        const int col = (n0 + r - (r & 15)) / 2 + (r & 7);
+        return col < half ? col + ((r >> 3) & 1) * half : -1;
+    } else {
+        return n0 + r < n ? n0 + r : -1;
+    }
+}
+
+// Activation row of Q-tile row r of the tile whose rows are sorted rows first .. first + rows - 1:
+// the token (gate_up) or the sorted row (down); -1 past the tile (zero-filled). Mirrored by
+// moe::sm120::source_row in Rust.
+template <int OP>
+__device__ __forceinline__ int sm120_source_row(const GroupedParams& p, int first, int rows, int r) {
+    if (r >= rows) return -1;
+    return OP == OP_GATE_UP ? p.sorted_ids[first + r] / p.top_k : first + r;
+}
+
+// cp.async of k-tile kt of TILE rows (tile row r = global row row_of(r), -1: zero-fill) into a
+// (TILE, ROW_BYTES) code tile and a (K_STEPS, TILE) array of scale words: the placement of
+// sm120/load.cuh (code_offset; word s * TILE + r holds the four scales of the row for k in
+// [kt * BLOCK_K + 64 s, + 64), one aligned word of the swizzled layout) with a row map.
+template <class Cfg, int TILE, class RowOf>
+__device__ __forceinline__ void load_rows(uint32_t code_dst, uint32_t sf_dst, const uint8_t* codes,
+                                          const uint8_t* sf, RowOf row_of, int k, int ksf_pad, int kt) {
+    constexpr int CHUNKS = TILE * Cfg::ROW_CHUNKS;
+    constexpr int ITERS = (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS;
+#pragma unroll
+    for (int j = 0; j < ITERS; ++j) {
+        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
+        if (CHUNKS % Cfg::THREADS == 0 || i < CHUNKS) {
+            const int r = i / Cfg::ROW_CHUNKS;
+            const int c = i % Cfg::ROW_CHUNKS;
+            const int row = row_of(r);
+            const bool valid = row >= 0;
+            const uint8_t* src =
+                codes + static_cast<uint64_t>(valid ? row : 0) * (k / 2) + kt * Cfg::ROW_BYTES + c * 16;
+            sm120::cp_async_16(code_dst + sm120::code_offset<Cfg>(r, c), src, valid);
+        }
+    }
+    constexpr int WORDS = Cfg::K_STEPS * TILE;
+    constexpr int WORD_ITERS = (WORDS + Cfg::THREADS - 1) / Cfg::THREADS;
+#pragma unroll
+    for (int j = 0; j < WORD_ITERS; ++j) {
+        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
+        if (WORDS % Cfg::THREADS == 0 || i < WORDS) {
+            const int s = i / TILE;
+            const int r = i % TILE;
+            const int row = row_of(r);
+            const bool valid = row >= 0;
+            const uint32_t kb = static_cast<uint32_t>(kt * (Cfg::BLOCK_K / 16) + 4 * s);
+            const uint8_t* src =
+                sf + swizzled_sf_offset(static_cast<uint32_t>(valid ? row : 0), kb, static_cast<uint32_t>(ksf_pad));
+            sm120::cp_async_4(sf_dst + 4 * i, src, valid);
+        }
+    }
+}
+
+template <class Cfg, int OP>
+struct GroupedSm120 {
+    static_assert(Cfg::SWAP_AB, "grouped kernels keep the weights on the MMA's 16-row side");
+    static_assert(Cfg::WARPS_M == 1, "one warp along the routed rows of a tile");
+    static_assert(Cfg::SPLIT_K == 1, "grouped sm120 kernels reduce K inside the CTA (WARPS_K)");
+    static constexpr bool QUANT_H = OP == OP_GATE_UP;
+    static_assert(!QUANT_H || Cfg::MMA_P % 2 == 0, "gate_up quantizes 16-column blocks of H: 32 weight rows per warp");
+
+    __device__ __forceinline__ static void run(const GroupedParams& p) {
+        extern __shared__ __align__(128) uint8_t smem[];
+        __shared__ int32_t q_rows[Cfg::BLOCK_M];
+        if (p.k % Cfg::BLOCK_K != 0 || (p.n & 15) != 0 || p.n <= 0) return;
+        const int tid = static_cast<int>(threadIdx.x);
+        const int lane = tid & 31;
+        const int warp = tid >> 5;
+        const int wq = warp % Cfg::WARPS_Q;
+        const int wp = (warp / Cfg::WARPS_Q) % Cfg::WARPS_P;
+        const int wk = warp / (Cfg::WARPS_Q * Cfg::WARPS_P);
+        const int warp_p0 = wp * Cfg::WARP_P;
+        const int warp_q0 = wq * Cfg::WARP_Q;
+        const int n0 = static_cast<int>(blockIdx.x) * Cfg::BLOCK_N;
+        const int ksf_pad = ((p.k / 16 + 3) / 4) * 4;
+        const int k_tiles = p.k / Cfg::BLOCK_K;
+        const size_t w_stride = static_cast<size_t>(p.n) * (p.k / 2);
+        const size_t sf_stride = static_cast<size_t>((p.n + 127) / 128 * 128) * ksf_pad;
+        const int4* tiles = reinterpret_cast<const int4*>(p.tiles);
+        const int count = *p.tile_count;
+        const uint32_t smem0 = sm120::smem_addr(smem);
+        const int n = p.n;
+
+#pragma unroll 1
+        for (int cy = static_cast<int>(blockIdx.y); cy < count; cy += static_cast<int>(gridDim.y)) {
+            const int4 tl = tiles[cy];  // (expert, first sorted row, rows, 0)
+            const uint8_t* w = p.w + tl.x * w_stride;
+            const uint8_t* w_sf = p.w_sf + tl.x * sf_stride;
+            __syncthreads();  // the previous tile is done with q_rows and the shared stages
+            if (tid < Cfg::BLOCK_M) q_rows[tid] = sm120_source_row<OP>(p, tl.y, tl.z, tid);
+            __syncthreads();
+            const int32_t* rows_of_tile = q_rows;
+            const auto source_row = [rows_of_tile](int r) { return rows_of_tile[r]; };
+            const auto load_stage = [&](int slot, int kt) {
+                const uint32_t st = smem0 + slot * Cfg::STAGE_BYTES;
+                const int n_here = sm120_opaque(n);
+                const auto weight_row = [n_here, n0](int r) { return sm120_weight_row<OP>(n_here, n0, r); };
+                load_rows<Cfg, Cfg::TILE_P>(st, st + Cfg::P_SF_OFFSET, w, w_sf, weight_row, p.k, ksf_pad, kt);
+                load_rows<Cfg, Cfg::TILE_Q>(st + Cfg::Q_CODE_OFFSET, st + Cfg::Q_SF_OFFSET, p.a, p.a_sf, source_row,
+                                            p.k, ksf_pad, kt);
+            };
+
+            float acc[Cfg::MMA_P][Cfg::MMA_Q][4];
+#pragma unroll
+            for (int mp = 0; mp < Cfg::MMA_P; ++mp)
+#pragma unroll
+                for (int mq = 0; mq < Cfg::MMA_Q; ++mq)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) acc[mp][mq][i] = 0.0f;
+
+#pragma unroll
+            for (int s = 0; s < Cfg::STAGES - 1; ++s) {
+                if (s < k_tiles) load_stage(s, s);
+                sm120::cp_async_commit();
+            }
+            int read_slot = 0;
+            int write_slot = Cfg::STAGES - 1;
+#pragma unroll 1
+            for (int it = 0; it < k_tiles; ++it) {
+                sm120::cp_async_wait<Cfg::STAGES - 2>();
+                __syncthreads();  // k-tile `it` landed for everyone; the slot of it - 1 is free again
+                if (it + Cfg::STAGES - 1 < k_tiles) load_stage(write_slot, it + Cfg::STAGES - 1);
+                sm120::cp_async_commit();
+                sm120::compute_stage<Cfg>(acc, smem0 + read_slot * Cfg::STAGE_BYTES, warp_p0, warp_q0, wk, lane);
+                read_slot = read_slot == Cfg::STAGES - 1 ? 0 : read_slot + 1;
+                write_slot = write_slot == Cfg::STAGES - 1 ? 0 : write_slot + 1;
+            }
+            sm120::cp_async_wait<0>();
+            __syncthreads();
+
+            sm120::Epilogue<Cfg>::reduce_k_warps(acc, smem, wp * Cfg::WARPS_Q + wq, wk, lane);
+            if (wk == 0)
+                store_tile<Cfg::MMA_P, Cfg::MMA_Q, OP, QUANT_H>(p, p.alpha[tl.x], acc, tl.y, tl.z, n0 + warp_p0, warp_q0,
+                                                               lane);
+        }
+    }
+};
+
+}  // namespace moe
+}  // namespace fp4tune
