@@ -362,30 +362,10 @@ pub fn verify(
     if let Err(e) = cand.config.check_problem(&dp.problem) {
         return Ok(Err(e.to_string()));
     }
-    if dp.check.is_some() {
-        // Run, keep the output, run again on a poisoned buffer, compare both and the bounds on
-        // the GPU; only a failure copies the output back (for the CPU's message).
-        gpu.fill_bytes(&mut dp.y, 0xFF)?;
-        cand.launch(gpu, dp, 0)?;
-        let check = dp.check.as_mut().expect("checked above");
-        gpu.copy(&dp.y, &mut check.y2)?;
-        gpu.fill_bytes(&mut dp.y, 0xFF)?;
-        cand.launch(gpu, dp, 0)?;
-        let check = dp.check.as_mut().expect("checked above");
-        let (bad, diff) = check.run(gpu, &dp.y)?;
-        if bad == 0 && diff == 0 {
-            return Ok(Ok(()));
-        }
-        let y = gpu.download(&dp.y)?;
-        return Ok(match host.check(&y) {
-            Err(why) => Err(why),
-            Ok(()) if diff > 0 => Err(format!(
-                "non-deterministic: two runs on the same operands differ in {diff} elements"
-            )),
-            Ok(()) => {
-                Err(format!("wrong answer: {bad} elements outside the bound on the GPU check"))
-            }
-        });
+    if let Some(mut check) = dp.check.take() {
+        let verdict = verify_on_gpu(gpu, host, dp, cand, &mut check);
+        dp.check = Some(check);
+        return verdict;
     }
     // 0xFFFF is a bf16 NaN: any output the kernel fails to write is caught.
     gpu.fill_bytes(&mut dp.y, 0xFF)?;
@@ -400,6 +380,35 @@ pub fn verify(
         return Ok(Err("non-deterministic: two runs on the same operands differ".into()));
     }
     Ok(host.check(&y))
+}
+
+/// [`verify`] with the output checked on the GPU: run, keep the output, run again on a poisoned
+/// buffer, compare both runs and the bounds on the GPU; only a failure copies the output back
+/// (for the CPU's message).
+fn verify_on_gpu(
+    gpu: &Gpu,
+    host: &HostProblem,
+    dp: &mut DeviceProblem,
+    cand: &Candidate,
+    check: &mut OutputCheck,
+) -> Result<Result<(), String>, GpuError> {
+    gpu.fill_bytes(&mut dp.y, 0xFF)?;
+    cand.launch(gpu, dp, 0)?;
+    gpu.copy(&dp.y, &mut check.y2)?;
+    gpu.fill_bytes(&mut dp.y, 0xFF)?;
+    cand.launch(gpu, dp, 0)?;
+    let (bad, diff) = check.run(gpu, &dp.y)?;
+    if bad == 0 && diff == 0 {
+        return Ok(Ok(()));
+    }
+    let y = gpu.download(&dp.y)?;
+    Ok(match host.check(&y) {
+        Err(why) => Err(why),
+        Ok(()) if diff > 0 => Err(format!(
+            "non-deterministic: two runs on the same operands differ in {diff} elements"
+        )),
+        Ok(()) => Err(format!("wrong answer: {bad} elements outside the bound on the GPU check")),
+    })
 }
 
 /// Time verified candidates on `dp` (interleaved).

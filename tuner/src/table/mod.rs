@@ -81,9 +81,8 @@ mod summary;
 pub use check::{Mismatch, MismatchPolicy, TableCheck};
 pub use lookup::{Bucket, Fallback, Lookup, LookupError, Missing, Resolved};
 pub use schema::{
-    Campaign,
-    DeviceIdentity, Entry, Method, MoeEntry, MoeKey, RunnerUp, Table, TableError, TableKey,
-    Toolchain, KNOWN_OPS, OP_GEMM, OP_GROUPED_GEMM, TABLE_SCHEMA_VERSION,
+    Campaign, DeviceIdentity, Entry, Method, MoeEntry, MoeKey, RunnerUp, Table, TableError,
+    TableKey, Toolchain, KNOWN_OPS, OP_GEMM, OP_GROUPED_GEMM, TABLE_SCHEMA_VERSION,
     TABLE_SCHEMA_VERSIONS_READ,
 };
 pub use summary::summary;

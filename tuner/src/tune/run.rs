@@ -401,6 +401,14 @@ fn shard_keys(spec: &TuneSpec, family: Family, a_type: AType) -> Vec<TableKey> {
     keys.into_iter().enumerate().filter(|(i, _)| spec.shard.owns(*i)).map(|(_, k)| k).collect()
 }
 
+/// What racing one key found: configurations screened, timed under the full policy, and the
+/// fastest full-policy time.
+struct KeyResult {
+    screened: usize,
+    timed: usize,
+    best: Option<(GemmConfig, f64)>,
+}
+
 /// The campaign's state while it measures: the worker session, the log writer, what the log
 /// already holds, and what every record is stamped with.
 struct Campaign<'a> {
@@ -612,7 +620,7 @@ impl Campaign<'_> {
         race_spec: &RaceSpec,
         opts: &RaceOptions,
         key: &TableKey,
-    ) -> Result<(usize, usize, Option<(GemmConfig, f64)>), TuneError> {
+    ) -> Result<KeyResult, TuneError> {
         let spec = self.spec;
         let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
         let legal = Self::legal(space, key);
@@ -698,7 +706,7 @@ impl Campaign<'_> {
         if let Some((_, us)) = best {
             self.previous_best.insert(shape, (key.m, us));
         }
-        Ok((in_play.len(), full.len(), best))
+        Ok(KeyResult { screened: in_play.len(), timed: full.len(), best })
     }
 
     /// Every key by racing, with the campaign's time budget shared out over the keys left.
@@ -727,7 +735,8 @@ impl Campaign<'_> {
                 }
             }
             progress(Event::Key { index, total, key: key.clone(), candidates: 0, done_before: 0 });
-            let (screened, timed, best) = self.race_key(space, model, race_spec, &opts, key)?;
+            let KeyResult { screened, timed, best } =
+                self.race_key(space, model, race_spec, &opts, key)?;
             // The dequantize-then-cuBLAS path while the worker still holds the key's operands.
             let measured = self.previous.iter().any(|r| {
                 r.key == *key && !r.method.is_fused() && r.template_hash == self.template_hash
@@ -976,7 +985,6 @@ pub fn run(
                 .cloned()
                 .collect();
             let cached_at_start = compiler.count_cached(&distinct);
-            let cache = std::sync::Mutex::new(Precompiled::default());
             let stop = std::sync::atomic::AtomicBool::new(false);
             let result = std::thread::scope(|scope| -> Result<(), TuneError> {
                 scope.spawn(|| {
@@ -990,8 +998,8 @@ pub fn run(
                             .filter(|s| seen.insert(s.kernel_name.clone()))
                             .cloned()
                             .collect();
-                        let got = compiler.precompile(&fresh);
-                        *cache.lock().unwrap_or_else(|p| p.into_inner()) += got;
+                        // What was cached at the start is counted above; compiled ones show there.
+                        let _ = compiler.precompile(&fresh);
                     }
                 });
                 let r = campaign.race_keys(&space, &model, race_spec, &keys, t0);
@@ -999,7 +1007,6 @@ pub fn run(
                 r
             });
             result?;
-            drop(cache);
             campaign.stats.cache = Precompiled {
                 cached: cached_at_start,
                 compiled: distinct.len() - cached_at_start.min(distinct.len()),
