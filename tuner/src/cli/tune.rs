@@ -303,7 +303,7 @@ pub fn run(args: TuneArgs) -> Result<()> {
         _ => Ok(()),
     };
     let total = started.elapsed().as_secs_f64();
-    let _ = progress_line(format_args!("fp4tune tune: {total:.1} s wall in all"));
+    progress_line(format_args!("fp4tune tune: {total:.1} s wall in all"));
     moe.and(printed)
 }
 
