@@ -166,7 +166,11 @@ impl MoeWorkspace {
             ));
         }
         let layout = WorkspaceLayout::new(&shape, max_tokens);
-        Ok(Self { shape, layout, buf: gpu.alloc_zeros::<u8>(layout.bytes)? })
+        let buf = gpu.alloc_zeros::<u8>(layout.bytes)?;
+        // The zeroing runs on the dispatcher's own stream: finish it before the caller's stream
+        // can launch into the workspace.
+        gpu.synchronize()?;
+        Ok(Self { shape, layout, buf })
     }
 
     /// The whole scratch buffer (for verification downloads).
