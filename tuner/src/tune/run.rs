@@ -401,14 +401,6 @@ fn shard_keys(spec: &TuneSpec, family: Family, a_type: AType) -> Vec<TableKey> {
     keys.into_iter().enumerate().filter(|(i, _)| spec.shard.owns(*i)).map(|(_, k)| k).collect()
 }
 
-/// What racing one key found: configurations screened, timed under the full policy, and the
-/// fastest full-policy time.
-struct KeyResult {
-    screened: usize,
-    timed: usize,
-    best: Option<(GemmConfig, f64)>,
-}
-
 /// The campaign's state while it measures: the worker session, the log writer, what the log
 /// already holds, and what every record is stamped with.
 struct Campaign<'a> {
@@ -608,159 +600,6 @@ impl Campaign<'_> {
                 planner.observe(c, None);
             }
         }
-    }
-
-    /// One key by racing (see `tune::race`): the pool (the previous bucket's fastest, the
-    /// anchors, the model's ranking) screened, refinement rounds around the fastest, the
-    /// finalists and anchors under the full policy. Measurements already in the log are reused.
-    fn race_key(
-        &mut self,
-        space: &[GemmConfig],
-        model: &crate::search::CostModel,
-        race_spec: &RaceSpec,
-        opts: &RaceOptions,
-        key: &TableKey,
-    ) -> Result<KeyResult, TuneError> {
-        let spec = self.spec;
-        let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
-        let legal = Self::legal(space, key);
-        let anchors = super::race_replay::anchors(key);
-        let shape = (key.n, key.k);
-        let carry = self.carry.get(&shape).cloned().unwrap_or_default();
-        let previous = self.previous_best.get(&shape).copied();
-        // What the log knows: screening times (a full timing counts too), full timings, failures.
-        let mut screen_time: std::collections::HashMap<GemmConfig, Option<f64>> =
-            std::collections::HashMap::new();
-        let mut full: std::collections::HashMap<GemmConfig, f64> = std::collections::HashMap::new();
-        let note = |c: GemmConfig,
-                    o: &Outcome,
-                    screen_time: &mut std::collections::HashMap<GemmConfig, Option<f64>>,
-                    full: &mut std::collections::HashMap<GemmConfig, f64>| {
-            let t = o.screen_us();
-            let e = screen_time.entry(c).or_insert(t);
-            if e.is_none() {
-                *e = t;
-            }
-            if let Outcome::Timed { time, .. } = o {
-                full.entry(c).or_insert(time.median);
-            }
-        };
-        for (c, o) in self.previous_of(key) {
-            note(c, &o, &mut screen_time, &mut full);
-        }
-        // The rounds see only what this key's rounds screened (the pool, then each refinement),
-        // so a resumed run walks the same rounds as the run it resumes.
-        let mut in_play: Vec<GemmConfig> = Vec::new();
-        let screened_list =
-            |in_play: &[GemmConfig],
-             screen_time: &std::collections::HashMap<GemmConfig, Option<f64>>| {
-                in_play
-                    .iter()
-                    .filter_map(|c| screen_time.get(c).copied().flatten().map(|t| (*c, t)))
-                    .collect::<Vec<(GemmConfig, f64)>>()
-            };
-        // The pool, then refinement rounds while they improve the fastest.
-        let mut round = race::pool(&legal, &problem, model, &anchors, &carry, previous, opts);
-        let opts = &race::for_pool(opts, round.len());
-        for r in 0..=opts.refine_rounds {
-            let before = race::fastest(&screened_list(&in_play, &screen_time));
-            let todo: Vec<GemmConfig> =
-                round.iter().copied().filter(|c| !screen_time.contains_key(c)).collect();
-            if r > 0 {
-                // Refinement kernels are not among the pools compiled in the background: compile
-                // them here (all cores) so the campaign counts what the cache lacked.
-                let sources: Vec<_> = todo.iter().filter_map(|c| c.render().ok()).collect();
-                self.stats.refined_cache += self.compiler.precompile(&sources);
-            }
-            for (c, o) in self.run_batch(key, &todo, &race_spec.screen, true)? {
-                note(c, &o, &mut screen_time, &mut full);
-            }
-            for c in todo {
-                screen_time.entry(c).or_insert(None);
-            }
-            in_play.extend(round.iter().copied());
-            let screened = screened_list(&in_play, &screen_time);
-            if r > 0 && race::fastest(&screened) >= before {
-                break;
-            }
-            round = race::refine(&legal, &screened, opts)
-                .into_iter()
-                .filter(|c| !in_play.contains(c))
-                .collect();
-            if round.is_empty() || r == opts.refine_rounds {
-                break;
-            }
-        }
-        let screened = screened_list(&in_play, &screen_time);
-        let finals = race::finalists(&screened, &anchors, opts);
-        let todo: Vec<GemmConfig> =
-            finals.iter().copied().filter(|c| !full.contains_key(c)).collect();
-        for (c, o) in self.run_batch(key, &todo, &spec.policy, false)? {
-            note(c, &o, &mut screen_time, &mut full);
-        }
-        self.carry.insert(shape, race::carry_out(&screened, opts.carry));
-        let best = finals
-            .iter()
-            .filter_map(|c| full.get(c).map(|t| (*c, *t)))
-            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-        if let Some((_, us)) = best {
-            self.previous_best.insert(shape, (key.m, us));
-        }
-        Ok(KeyResult { screened: in_play.len(), timed: full.len(), best })
-    }
-
-    /// Every key by racing, with the campaign's time budget shared out over the keys left.
-    fn race_keys(
-        &mut self,
-        space: &[GemmConfig],
-        model: &crate::search::CostModel,
-        race_spec: &RaceSpec,
-        keys: &[TableKey],
-        t0: Instant,
-    ) -> Result<(), TuneError> {
-        let (spec, progress) = (self.spec, self.progress);
-        let total = keys.len();
-        for (index, key) in keys.iter().enumerate() {
-            let mut opts = race_spec.options;
-            let mut short = false;
-            if let Some(budget) = spec.time_budget {
-                let left = budget.saturating_sub(t0.elapsed()).as_secs_f64();
-                // Screening is about half of a key's time (finals, set-up and the composite
-                // pass take the rest).
-                let share = 0.5 * left / (total - index) as f64;
-                if share < opts.key_seconds {
-                    opts.key_seconds = share.max(0.0);
-                    opts.refine_rounds = opts.refine_rounds.min(1);
-                    short = true;
-                }
-            }
-            progress(Event::Key { index, total, key: key.clone(), candidates: 0, done_before: 0 });
-            let KeyResult { screened, timed, best } =
-                self.race_key(space, model, race_spec, &opts, key)?;
-            // The dequantize-then-cuBLAS path while the worker still holds the key's operands.
-            let measured = self.previous.iter().any(|r| {
-                r.key == *key && !r.method.is_fused() && r.template_hash == self.template_hash
-            });
-            if let (Some(min_m), Some((fallback, _))) = (spec.composite_min_m, best) {
-                if key.m >= min_m && key.k % 16 == 0 && !measured {
-                    self.composite_key(key, fallback)?;
-                }
-            }
-            if short {
-                self.stats.short_keys.push(key.clone());
-            }
-            progress(Event::KeyDone {
-                index,
-                total,
-                key: key.clone(),
-                screened,
-                timed,
-                best,
-                elapsed: t0.elapsed(),
-                short,
-            });
-        }
-        Ok(())
     }
 
     /// The dequantize-then-cuBLAS path on the keys with M >= `min_m` that have a fused winner
@@ -1076,6 +915,10 @@ mod tests {
         assert_eq!(seen, space);
     }
 }
+
+/// Racing's side of the campaign (its keys in order, one key's rounds).
+#[path = "race_run.rs"]
+mod racing;
 
 #[cfg(all(test, unix))]
 #[path = "run_tests.rs"]
