@@ -218,14 +218,13 @@ pub fn finalists(
     anchors: &[GemmConfig],
     opts: &RaceOptions,
 ) -> Vec<GemmConfig> {
-    let mut ranked: Vec<(GemmConfig, f64)> =
-        screened.iter().filter(|(_, t)| t.is_finite() && *t > 0.0).copied().collect();
-    ranked.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-    let mut out: Vec<GemmConfig> = ranked.iter().take(opts.finalists).map(|r| r.0).collect();
-    let fastest = ranked.first().map_or(f64::INFINITY, |r| r.1);
+    let mut out = carry_out(screened, opts.finalists);
+    let fastest = fastest(screened);
+    let time = |c: &GemmConfig| {
+        screened.iter().find(|s| s.0 == *c && s.1.is_finite() && s.1 > 0.0).map(|s| s.1)
+    };
     for (i, a) in anchors.iter().enumerate() {
-        let t = ranked.iter().find(|r| r.0 == *a).map(|r| r.1);
-        if !out.contains(a) && t.is_some_and(|t| i == 0 || t <= ANCHOR_FACTOR * fastest) {
+        if !out.contains(a) && time(a).is_some_and(|t| i == 0 || t <= ANCHOR_FACTOR * fastest) {
             out.push(*a);
         }
     }

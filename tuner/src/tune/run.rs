@@ -827,18 +827,13 @@ pub fn run(
             let stop = std::sync::atomic::AtomicBool::new(false);
             let result = std::thread::scope(|scope| -> Result<(), TuneError> {
                 scope.spawn(|| {
-                    let mut seen = HashSet::new();
-                    for pool in &pools {
+                    // In key order (`distinct` keeps the pools' order), a chunk at a time so a
+                    // finished campaign stops it soon; what was cached is counted above.
+                    for chunk in distinct.chunks(64) {
                         if stop.load(std::sync::atomic::Ordering::Relaxed) {
                             break;
                         }
-                        let fresh: Vec<_> = pool
-                            .iter()
-                            .filter(|s| seen.insert(s.kernel_name.clone()))
-                            .cloned()
-                            .collect();
-                        // What was cached at the start is counted above; compiled ones show there.
-                        let _ = compiler.precompile(&fresh);
+                        let _ = compiler.precompile(chunk);
                     }
                 });
                 let r = campaign.race_keys(&space, &model, race_spec, &keys, t0);
