@@ -7,6 +7,7 @@ pub mod floors;
 pub mod gemm;
 pub mod moe;
 pub mod moe_report;
+pub mod moe_weights;
 pub mod peers;
 pub mod policy;
 pub mod report;

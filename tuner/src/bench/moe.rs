@@ -11,7 +11,8 @@
 //! quantized on the GPU byte for byte.
 
 use super::floors::Floors;
-use super::policy::{rotation_copies, TimingPolicy};
+use super::moe_weights::{copies_for, LayerWeights};
+use super::policy::TimingPolicy;
 use super::stats::Summary;
 use super::timer::{measure, LaunchFn};
 use crate::compile::Compiler;
@@ -26,6 +27,7 @@ use crate::template::Family;
 use half::bf16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Errors of a grouped measurement (a failed candidate is not one: it is data).
 #[derive(Debug, thiserror::Error)]
@@ -141,17 +143,11 @@ pub struct W4a4Inputs {
 pub struct StepData {
     pub step: MoeStep,
     pub schedule: RouteSchedule,
-    w13: ExpertWeights,
-    w2: ExpertWeights,
+    /// The layer's weights (shared by the steps of a run).
+    pub weights: Arc<LayerWeights>,
     x_host: Vec<bf16>,
     weights_host: Vec<f32>,
-    /// Codes and scales of every copy, one buffer each, copy c at c * (bytes of one copy).
-    w13_codes: DeviceBuf<u8>,
-    w13_sf: DeviceBuf<u8>,
-    w2_codes: DeviceBuf<u8>,
-    w2_sf: DeviceBuf<u8>,
-    alpha13: DeviceBuf<f32>,
-    alpha2: DeviceBuf<f32>,
+    /// Rotation copies this step's timed launches cycle through (at most the uploaded ones).
     pub copies13: usize,
     pub copies2: usize,
     x: DeviceBuf<u16>,
@@ -169,25 +165,40 @@ impl StepData {
         Self::new_for(gpu, step, AType::Bf16, policy)
     }
 
-    /// A step for activations of `a_type` (W4A4 steps can run W4A16 candidates too).
+    /// A step for activations of `a_type` (W4A4 steps can run W4A16 candidates too), with its
+    /// own upload of the layer's weights.
     pub fn new_for(
         gpu: &Gpu,
         step: MoeStep,
         a_type: AType,
         policy: &TimingPolicy,
     ) -> Result<Self, MoeBenchError> {
+        let schedule = RouteSchedule::build(&step.ids(), step.expert_begin, step.shape.experts);
+        let copies = copies_for(gpu, &step.shape, &schedule, policy);
+        let weights = Arc::new(LayerWeights::new(gpu, step.shape, copies)?);
+        Self::with_weights(gpu, step, a_type, policy, weights)
+    }
+
+    /// A step on weights already on the device (`weights.shape` must be the step's).
+    pub fn with_weights(
+        gpu: &Gpu,
+        step: MoeStep,
+        a_type: AType,
+        policy: &TimingPolicy,
+        weights: Arc<LayerWeights>,
+    ) -> Result<Self, MoeBenchError> {
         let shape = step.shape;
+        if weights.shape != shape {
+            return Err(MoeBenchError::Schedule(format!(
+                "a step of {shape} on the weights of {}",
+                weights.shape
+            )));
+        }
         let ids = step.ids();
         let schedule = RouteSchedule::build(&ids, step.expert_begin, shape.experts);
-        let (n13, k13) = shape.nk(MoeOp::GateUp);
-        let (n2, k2) = shape.nk(MoeOp::Down);
-        let e = shape.experts as usize;
-        let w13 = ExpertWeights::random(n13 as usize, k13 as usize, e, step.seed ^ 0x13);
-        let w2 = ExpertWeights::random(n2 as usize, k2 as usize, e, step.seed ^ 0x2);
-        let l2 = gpu.info().l2_bytes;
-        let touched = |op| (schedule.active_experts().max(1) as u64) * shape.expert_bytes(op);
-        let copies13 = rotation_copies(touched(MoeOp::GateUp), l2, policy.l2_multiple).clamp(1, 64);
-        let copies2 = rotation_copies(touched(MoeOp::Down), l2, policy.l2_multiple).clamp(1, 64);
+        let (need13, need2) = copies_for(gpu, &shape, &schedule, policy);
+        let copies13 = need13.min(weights.copies.0);
+        let copies2 = need2.min(weights.copies.1);
         let mut rng = SplitMix64(step.seed ^ 0x77);
         let x_host: Vec<bf16> = (0..shape.hidden as usize * step.tokens as usize)
             .map(|_| bf16::from_f32(rng.below(2001) as f32 / 500.0 - 2.0))
@@ -196,24 +207,19 @@ impl StepData {
             (0..ids.len()).map(|_| (1 + rng.below(100)) as f32 / 100.0).collect();
         let w4a4 = match a_type {
             AType::Bf16 => None,
-            AType::Nvfp4 => Some(W4a4Inputs::new(gpu, &step, &schedule, &w13, &w2, &x_host)?),
+            AType::Nvfp4 => {
+                Some(W4a4Inputs::new(gpu, &step, &schedule, &weights.w13, &weights.w2, &x_host)?)
+            }
         };
         Ok(StepData {
-            w13_codes: gpu.upload_repeated(&w13.codes, copies13)?,
-            w13_sf: gpu.upload_repeated(&w13.scales, copies13)?,
-            w2_codes: gpu.upload_repeated(&w2.codes, copies2)?,
-            w2_sf: gpu.upload_repeated(&w2.scales, copies2)?,
-            alpha13: gpu.upload(&w13.alpha)?,
-            alpha2: gpu.upload(&w2.alpha)?,
             x: gpu.upload(&x_host.iter().map(|v| v.to_bits()).collect::<Vec<u16>>())?,
             ids: gpu.upload(&ids)?,
             topk_weights: gpu.upload(&weights_host)?,
             y: gpu.alloc_zeros::<u16>(shape.hidden as usize * step.tokens as usize)?,
             ws: MoeWorkspace::new(gpu, shape, step.tokens)?,
+            weights,
             step,
             schedule,
-            w13,
-            w2,
             x_host,
             weights_host,
             copies13,
@@ -224,18 +230,18 @@ impl StepData {
 
     /// The W4A16 launch arguments with weight copy `c13` of gate_up and `c2` of down.
     pub fn args(&self, c13: usize, c2: usize) -> MoeArgs {
-        let b13 = (self.w13.codes.len(), self.w13.scales.len());
-        let b2 = (self.w2.codes.len(), self.w2.scales.len());
+        let (w13, w13_sf) = self.weights.w13_at(c13 % self.copies13);
+        let (w2, w2_sf) = self.weights.w2_at(c2 % self.copies2);
         MoeArgs {
             x: self.x.ptr(),
             topk_ids: self.ids.ptr(),
             topk_weights: self.topk_weights.ptr(),
-            w13: self.w13_codes.ptr() + (c13 % self.copies13 * b13.0) as u64,
-            w13_sf: self.w13_sf.ptr() + (c13 % self.copies13 * b13.1) as u64,
-            alpha13: self.alpha13.ptr(),
-            w2: self.w2_codes.ptr() + (c2 % self.copies2 * b2.0) as u64,
-            w2_sf: self.w2_sf.ptr() + (c2 % self.copies2 * b2.1) as u64,
-            alpha2: self.alpha2.ptr(),
+            w13,
+            w13_sf,
+            alpha13: self.weights.alpha13.ptr(),
+            w2,
+            w2_sf,
+            alpha2: self.weights.alpha2.ptr(),
             y: self.y.ptr(),
             tokens: self.step.tokens,
             expert_begin: self.step.expert_begin,
@@ -408,13 +414,19 @@ fn reference_rows(d: &StepData, op: MoeOp, a_type: AType, h_gpu: &Activations<'_
     let w4a4 = d.w4a4.as_ref().filter(|_| a_type == AType::Nvfp4);
     let (x, alpha13, alpha2) = match w4a4 {
         Some(q) => (Activations::Nvfp4(&q.x_q), &q.alpha13, &q.alpha2),
-        None => (Activations::Bf16 { x: &d.x_host, k: hidden }, &d.w13.alpha, &d.w2.alpha),
+        None => (
+            Activations::Bf16 { x: &d.x_host, k: hidden },
+            &d.weights.w13.alpha,
+            &d.weights.w2.alpha,
+        ),
     };
     let values = rows
         .par_iter()
         .map(|&r| match op {
-            MoeOp::GateUp => reference::gate_up_row(&d.w13, alpha13, &d.schedule, top_k, &x, r),
-            MoeOp::Down => reference::down_row(&d.w2, alpha2, &d.schedule, h_gpu, r),
+            MoeOp::GateUp => {
+                reference::gate_up_row(&d.weights.w13, alpha13, &d.schedule, top_k, &x, r)
+            }
+            MoeOp::Down => reference::down_row(&d.weights.w2, alpha2, &d.schedule, h_gpu, r),
         })
         .collect();
     Reference { rows, values }
@@ -847,16 +859,26 @@ pub fn run_moe_bench_for(
     let mut rows = Vec::new();
     let mut logs = Vec::new();
     for (label, shape, begin) in &plan.sets {
+        let step = |tokens: u32| MoeStep {
+            shape: *shape,
+            experts_total: plan.experts_total,
+            expert_begin: *begin,
+            tokens,
+            routing: Routing::Uniform,
+            seed: 1000 + tokens as u64,
+        };
+        // One upload of the set's weights, with the copies its sparsest step needs.
+        let mut copies = (1, 1);
         for &tokens in &plan.tokens {
-            let step = MoeStep {
-                shape: *shape,
-                experts_total: plan.experts_total,
-                expert_begin: *begin,
-                tokens,
-                routing: Routing::Uniform,
-                seed: 1000 + tokens as u64,
-            };
-            let d = StepData::new_for(gpu, step, a_type, &plan.policy)?;
+            let s = step(tokens);
+            let schedule = RouteSchedule::build(&s.ids(), s.expert_begin, shape.experts);
+            let c = copies_for(gpu, shape, &schedule, &plan.policy);
+            copies = (copies.0.max(c.0), copies.1.max(c.1));
+        }
+        let weights = Arc::new(LayerWeights::new(gpu, *shape, copies)?);
+        for &tokens in &plan.tokens {
+            let d =
+                StepData::with_weights(gpu, step(tokens), a_type, &plan.policy, weights.clone())?;
             if d.schedule.rows() == 0 {
                 continue;
             }

@@ -134,20 +134,20 @@ impl<'d> OpData<'d> {
         let top_k = d.step.shape.top_k as usize;
         let (weights, a_host) = match op {
             MoeOp::GateUp => {
-                let k = d.w13.k;
+                let k = d.weights.w13.k;
                 let mut a = Vec::with_capacity(rows * k);
                 for &id in &s.sorted_ids {
                     let token = id as usize / top_k;
                     a.extend_from_slice(&d.x_host[token * k..][..k]);
                 }
-                (&d.w13, a)
+                (&d.weights.w13, a)
             }
             MoeOp::Down => {
                 let mut rng = SplitMix64(d.step.seed ^ 0x100b);
-                let a = (0..rows * d.w2.k)
+                let a = (0..rows * d.weights.w2.k)
                     .map(|_| bf16::from_f32(rng.below(2001) as f32 / 1000.0 - 1.0))
                     .collect();
-                (&d.w2, a)
+                (&d.weights.w2, a)
             }
         };
         let bits: Vec<u16> = a_host.iter().map(|v| v.to_bits()).collect();

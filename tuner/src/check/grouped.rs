@@ -20,7 +20,7 @@ use crate::bench::timer::{measure as time_launches, LaunchFn};
 use crate::bench::{Summary, TimingPolicy};
 use crate::compile::Compiler;
 use crate::gpu::{Gpu, GpuError};
-use crate::moe::config::search_space;
+use crate::moe::config::search_space_for;
 use crate::moe::schedule::Routing;
 use crate::moe::{GroupedConfig, MoeOp};
 use crate::problem::AType;
@@ -42,13 +42,14 @@ pub fn step_of(e: &MoeEntry) -> MoeStep {
     }
 }
 
-/// Whether the grouped measurement runs `key`'s kernels (family sm90, W4A16); `Err` says why not.
+/// Whether the grouped measurement runs `key`'s kernels (family sm90, W4A16 or W4A4); `Err` says
+/// why not.
 pub fn measurable(key: &MoeKey) -> Result<(), String> {
-    if key.family == Family::Sm90 && key.a_type == AType::Bf16 {
+    if key.family == Family::Sm90 {
         Ok(())
     } else {
         Err(format!(
-            "the grouped measurement runs family sm90 W4A16 kernels only, this entry is {} {}",
+            "the grouped measurement runs family sm90 kernels only, this entry is {} {}",
             key.family, key.a_type
         ))
     }
@@ -70,11 +71,13 @@ fn outcome_of_failure(why: &str) -> Outcome {
 
 /// The gate_up kernel whose H the down entries of `step` read: the step's gate_up entry, else the
 /// first configuration of the gate_up space.
-fn gate_up_for(moe: &[MoeEntry], step: &MoeStep) -> Option<GroupedConfig> {
+fn gate_up_for(moe: &[MoeEntry], step: &MoeStep, a_type: AType) -> Option<GroupedConfig> {
     moe.iter()
-        .find(|e| e.key.op == MoeOp::GateUp && step_of(e) == *step)
+        .find(|e| e.key.op == MoeOp::GateUp && e.key.a_type == a_type && step_of(e) == *step)
         .map(|e| e.config)
-        .or_else(|| search_space(MoeOp::GateUp, &step.shape).first().copied())
+        .or_else(|| {
+            search_space_for(Family::Sm90, a_type, MoeOp::GateUp, &step.shape).first().copied()
+        })
 }
 
 /// The policy of the verification run (what `bench::moe::measure_op` times after verifying):
@@ -155,8 +158,14 @@ fn measure_step(
 ) -> Vec<Outcome> {
     let whole = |why: String| vec![Outcome::LaunchError { reason: why }; members.len()];
     let verification = verify_policy();
-    // Weight copies for the timing policy's cold L2 (two for verification alone).
-    let d = match StepData::new(gpu, *step, timing.unwrap_or(&verification)) {
+    // Weight copies for the timing policy's cold L2 (two for verification alone). A step with a
+    // W4A4 entry carries NVFP4 activations too (its W4A16 entries run on the same step).
+    let a_type = if members.iter().any(|&i| moe[i].key.a_type == AType::Nvfp4) {
+        AType::Nvfp4
+    } else {
+        AType::Bf16
+    };
+    let d = match StepData::new_for(gpu, *step, a_type, timing.unwrap_or(&verification)) {
         Ok(d) => d,
         Err(e) => return whole(format!("setting up the routed step: {e}")),
     };
@@ -169,7 +178,8 @@ fn measure_step(
     if let Err(e) = d.check_schedule(gpu, launcher) {
         return whole(e.to_string());
     }
-    let mut gate_up: Option<Result<GroupedKernel, String>> = None;
+    let mut gate_up: std::collections::HashMap<AType, Result<GroupedKernel, String>> =
+        std::collections::HashMap::new();
     let mut results = vec![None; members.len()];
     for op in MoeOp::ALL {
         for (slot, &i) in members.iter().enumerate() {
@@ -178,8 +188,8 @@ fn measure_step(
                 continue;
             }
             let input = if op == MoeOp::Down {
-                let k = gate_up.get_or_insert_with(|| {
-                    let config = gate_up_for(moe, step)
+                let k = gate_up.entry(e.key.a_type).or_insert_with(|| {
+                    let config = gate_up_for(moe, step, e.key.a_type)
                         .ok_or_else(|| "no gate_up configuration for this shape".to_string())?;
                     GroupedKernel::load(gpu, compiler, config).map_err(|e| {
                         format!("the gate_up kernel {} that writes H: {e}", config.name())
@@ -239,8 +249,11 @@ fn time_entry(
     };
     let stream = gpu.own_stream();
     let kernel = &kernel;
+    let Some(base) = d.args_for(config.a_type, 0, 0, false) else {
+        return Err(format!("the step has no {} activations", config.a_type));
+    };
     let launch: LaunchFn<'_> = Box::new(move |i: usize| {
-        let args = d.args(i % copies, i % copies);
+        let args = d.args_for(config.a_type, i % copies, i % copies, false).unwrap_or(base);
         // SAFETY: the step's buffers and workspace are this device's, sized for its tokens and
         // shape, and outlive the measurement; copy i % copies lies inside the weight buffers;
         // the Gpu's own stream, which `measure` synchronizes.
@@ -279,10 +292,16 @@ mod tests {
         let down =
             t.moe.iter().find(|d| d.key.op == MoeOp::Down && d.key.tokens == e.key.tokens).unwrap();
         assert_eq!(step_of(down), s, "the committed table tunes both ops of a B on one routing");
-        assert_eq!(gate_up_for(&t.moe, &s), Some(e.config));
+        assert_eq!(gate_up_for(&t.moe, &s, AType::Bf16), Some(e.config));
         assert_eq!(
-            gate_up_for(std::slice::from_ref(down), &s),
-            search_space(MoeOp::GateUp, &s.shape).first().copied()
+            gate_up_for(std::slice::from_ref(down), &s, AType::Bf16),
+            crate::moe::config::search_space(MoeOp::GateUp, &s.shape).first().copied()
+        );
+        // A W4A4 down entry reads the H of a W4A4 gate_up kernel, never of the W4A16 entry.
+        let w4a4 = gate_up_for(&t.moe, &s, AType::Nvfp4).unwrap();
+        assert_eq!(
+            (w4a4.op, w4a4.family, w4a4.a_type),
+            (MoeOp::GateUp, Family::Sm90, AType::Nvfp4)
         );
     }
 

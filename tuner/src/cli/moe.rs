@@ -4,7 +4,7 @@
 
 use super::bench::BenchArgs;
 use anyhow::{bail, Context, Result};
-use fp4tune::bench::moe::{run_moe_bench, MoeBenchPlan, MoeProgress};
+use fp4tune::bench::moe::{run_moe_bench_for, MoeBenchPlan, MoeProgress};
 use fp4tune::bench::{moe_report, report, TimingPolicy};
 use fp4tune::moe::MoeShape;
 use fp4tune::shapes::ShapeFile;
@@ -69,22 +69,27 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let started = std::time::Instant::now();
     // Progress on standard error, best effort: a closed stream must not stop the benchmark.
     use std::io::Write as _;
-    let (rows, _logs) = run_moe_bench(&gpu, &compiler, &plan, |p| match p {
-        MoeProgress::Step { set, tokens, active_experts } => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "[{:>6.1}s] {set} B={tokens}: {active_experts} active experts",
-                started.elapsed().as_secs_f64()
-            );
-        }
-        MoeProgress::Op { op, verified, failed, best } => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "          {op}: {verified} verified, {failed} failed{}",
-                best.map_or(String::new(), |(c, us)| format!(", best {us:.2} us {c}"))
-            );
-        }
-    })?;
+    let a_types = a.a_type.types();
+    let mut rows = Vec::new();
+    for &a_type in &a_types {
+        let (r, _logs) = run_moe_bench_for(&gpu, &compiler, &plan, a_type, |p| match p {
+            MoeProgress::Step { set, tokens, active_experts } => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "[{:>6.1}s] {set} B={tokens}: {active_experts} active experts",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            MoeProgress::Op { op, verified, failed, best } => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "          {op}: {verified} verified, {failed} failed{}",
+                    best.map_or(String::new(), |(c, us)| format!(", best {us:.2} us {c}"))
+                );
+            }
+        })?;
+        rows.extend(r);
+    }
     let provenance = format!(
         "Command: `{}`\n\nDevice: {} (compute capability {}.{}, {} SMs, driver {}.{}), NVRTC {}.{}; timing: {}; \
          grouped template hash {}; {}.\n\nRoofline: the bytes each projection must move (active experts' NVFP4 \
@@ -114,7 +119,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         },
     );
     let md = moe_report::markdown(
-        "fp4tune grouped MoE benchmark (sm90, W4A16)",
+        &format!(
+            "fp4tune grouped MoE benchmark (sm90, {})",
+            a_types.iter().map(|t| t.as_str().to_uppercase()).collect::<Vec<_>>().join(" + ")
+        ),
         &provenance,
         &rows,
         &peers,
@@ -144,6 +152,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 pub fn tune_phase(
     shape: MoeShape,
     experts_total: u32,
+    a_type: fp4tune::problem::AType,
     buckets: &[u32],
     device: usize,
     out: &std::path::Path,
@@ -166,6 +175,7 @@ pub fn tune_phase(
     let compiler = crate::default_compiler()?;
     let spec = MoeTuneSpec {
         shape,
+        a_type,
         experts_total,
         expert_begin: 0,
         buckets: if buckets.is_empty() { DEFAULT_BUCKETS.to_vec() } else { buckets.to_vec() },

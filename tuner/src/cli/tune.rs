@@ -141,7 +141,8 @@ pub fn run(args: TuneArgs) -> Result<()> {
         let Some((shape, total)) = moe_layer else {
             bail!("shape set `{}` has no routed expert layer to tune", set.name);
         };
-        return super::moe::tune_phase(shape, total, &moe_buckets, device, &out, None);
+        let a_type = a_type.unwrap_or(fp4tune::problem::AType::Bf16);
+        return super::moe::tune_phase(shape, total, a_type, &moe_buckets, device, &out, None);
     }
     if only_buckets.contains(&0) {
         bail!("--buckets: a token bucket must be at least 1");
@@ -287,8 +288,9 @@ pub fn run(args: TuneArgs) -> Result<()> {
     let moe = match moe_layer {
         Some((shape, total)) if !no_moe && output.family == fp4tune::template::Family::Sm90 => {
             let t = std::time::Instant::now();
-            super::moe::tune_phase(shape, total, &moe_buckets, device, &out, Some(table)).and_then(
-                |()| {
+            let a_type = a_type.unwrap_or(fp4tune::problem::AType::Bf16);
+            super::moe::tune_phase(shape, total, a_type, &moe_buckets, device, &out, Some(table))
+                .and_then(|()| {
                     // The campaign block gets the grouped phase's time and the whole wall time.
                     let mut t2 = fp4tune::table::Table::load(&path)?;
                     if let Some(c) = t2.campaign.as_mut() {
@@ -297,8 +299,7 @@ pub fn run(args: TuneArgs) -> Result<()> {
                     }
                     t2.save(&path)?;
                     Ok(())
-                },
-            )
+                })
         }
         _ => Ok(()),
     };

@@ -773,7 +773,9 @@ mod tests {
                     continue;
                 }
             };
-            let stats = k.stats.as_ref().expect("ptxas statistics");
+            let stats = k.stats.as_ref().unwrap_or_else(|| {
+                panic!("{c}: no ptxas statistics in the NVRTC log ({:?}):\n{}", k.origin, k.log)
+            });
             if stats.spills() || stats.registers > c.register_cap() || stats.registers < 32 {
                 problems.push(format!("{c}: {stats:?} (cap {})", c.register_cap()));
             }
@@ -815,7 +817,12 @@ mod tests {
         assert!(sources.len() >= 10);
         for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
             let k = r.unwrap_or_else(|e| panic!("{}: {e}", src.kernel_name));
-            let stats = k.stats.as_ref().expect("ptxas statistics");
+            let stats = k.stats.as_ref().unwrap_or_else(|| {
+                panic!(
+                    "{}: no ptxas statistics in the NVRTC log ({:?}):\n{}",
+                    src.kernel_name, k.origin, k.log
+                )
+            });
             assert!(!stats.spills(), "{}: spills", src.kernel_name);
             if let Ok(text) = sass::dump_sass(&src.kernel_name, &k.cubin) {
                 assert!(!sass::uses_local_memory(&text), "{}: local memory", src.kernel_name);

@@ -181,7 +181,12 @@ mod tests {
             let k = compiler
                 .compile(&source(arch).unwrap())
                 .unwrap_or_else(|e| panic!("{arch:?}: {e}"));
-            let stats = k.stats.unwrap_or_else(|| panic!("no ptxas statistics"));
+            let stats = k.stats.unwrap_or_else(|| {
+                panic!(
+                    "{arch:?}: no ptxas statistics in the NVRTC log ({:?}):\n{}",
+                    k.origin, k.log
+                )
+            });
             assert!(!stats.spills(), "{stats:?}");
         }
     }

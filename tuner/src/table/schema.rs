@@ -509,7 +509,8 @@ impl Table {
         Ok(())
     }
 
-    /// The grouped entries' rules: a template hash; sm90 W4A16 keys (the grouped family so far);
+    /// The grouped entries' rules: a template hash; sm90 keys (the grouped family tuned so far), W4A16
+    /// or W4A4, with a configuration of the key's family and activation type;
     /// the configuration's op equal to the key's and legal for the key's layer shape; finite,
     /// positive times with lo <= hi; no duplicate keys; the device of compute capability 9.0.
     fn validate_moe(&self, origin: &str) -> Result<(), TableError> {
@@ -531,10 +532,21 @@ impl Table {
         for (i, e) in self.moe.iter().enumerate() {
             let at = || format!("moe entry {} ({})", i + 1, e.key);
             let key = &e.key;
-            if key.family != Family::Sm90 || key.a_type != AType::Bf16 {
+            if key.family != Family::Sm90 {
                 return Err(invalid(
                     at(),
-                    "grouped kernels exist for family sm90 with bf16 activations".into(),
+                    "grouped entries exist for family sm90 (sm120 grouped kernels are compiled and \
+                     checked, not yet tuned)"
+                        .into(),
+                ));
+            }
+            if (e.config.family, e.config.a_type) != (key.family, key.a_type) {
+                return Err(invalid(
+                    at(),
+                    format!(
+                        "configuration {} is a {} {} kernel",
+                        e.config, e.config.family, e.config.a_type
+                    ),
                 ));
             }
             if self.device.compute_capability != (9, 0) {
@@ -943,6 +955,29 @@ pub(crate) mod tests {
         bad.moe[0].key.k = 200; // no whole block_k pass
         assert!(bad.validate("t.ron").is_err());
     }
+    #[test]
+    fn w4a4_grouped_entries_need_a_w4a4_configuration_of_their_family() {
+        let mut t = with_moe();
+        let shape = t.moe[0].key.shape();
+        let w4a4 =
+            crate::moe::config::search_space_for(Family::Sm90, AType::Nvfp4, MoeOp::Down, &shape)
+                [0];
+        t.moe[0].key.a_type = AType::Nvfp4;
+        t.moe[0].config = w4a4;
+        t.validate("t.ron").unwrap();
+        let text = t.to_ron_string();
+        assert_eq!(Table::from_ron_str(&text, "t.ron").unwrap().moe, t.moe);
+        // A W4A16 kernel under a W4A4 key, or a key of another family, is refused.
+        let mut bad = t.clone();
+        bad.moe[0].config = crate::moe::config::search_space(MoeOp::Down, &shape)[0];
+        let e = bad.validate("t.ron").unwrap_err().to_string();
+        assert!(e.contains("moe entry 1") && e.contains("sm90 w4a16 kernel"), "{e}");
+        let mut bad = t;
+        bad.moe[0].key.family = Family::Sm120;
+        let e = bad.validate("t.ron").unwrap_err().to_string();
+        assert!(e.contains("family sm90"), "{e}");
+    }
+
     #[test]
     fn the_campaign_block_round_trips_and_needs_version_4() {
         let mut t = sample();

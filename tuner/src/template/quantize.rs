@@ -228,7 +228,9 @@ mod tests {
         let c = Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
         for arch in [Arch::Sm90a, Arch::Sm120a] {
             let k = c.compile(&render(arch).unwrap()).unwrap_or_else(|e| panic!("{e}"));
-            let s = k.stats.expect("ptxas statistics");
+            let s = k.stats.unwrap_or_else(|| {
+                panic!("no ptxas statistics in the NVRTC log ({:?}):\n{}", k.origin, k.log)
+            });
             assert!(!s.spills(), "{arch}: {s:?}");
         }
     }

@@ -4,18 +4,20 @@
 //! collapses under skew (slower than `SKEW_GUARD` x the best skewed time, then the next one).
 
 use crate::bench::moe::{
-    measure_op, roofline_bytes, spread, Measured, MoeBenchError, MoeStep, Outcome, StepData,
+    measure_op, roofline_bytes_for, spread, Measured, MoeBenchError, MoeStep, Outcome, StepData,
 };
+use crate::bench::moe_weights::{copies_for, LayerWeights};
 use crate::bench::TimingPolicy;
 use crate::compile::Compiler;
 use crate::gpu::Gpu;
-use crate::moe::config::search_space;
-use crate::moe::schedule::Routing;
+use crate::moe::config::search_space_for;
+use crate::moe::schedule::{RouteSchedule, Routing};
 use crate::moe::{MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeLauncher};
 use crate::table::{MoeEntry, MoeKey};
 use crate::template::Family;
+use std::sync::Arc;
 
 /// A finalist may be at most this much slower than the best finalist on the skewed draw.
 pub const SKEW_GUARD: f64 = 1.25;
@@ -30,6 +32,8 @@ pub const FINALISTS: usize = 3;
 #[derive(Debug, Clone)]
 pub struct MoeTuneSpec {
     pub shape: MoeShape,
+    /// Activation type of the layer (bf16: W4A16; NVFP4: W4A4, gate_up also writing H as NVFP4).
+    pub a_type: AType,
     pub experts_total: u32,
     pub expert_begin: i32,
     pub buckets: Vec<u32>,
@@ -72,18 +76,33 @@ pub fn tune_moe(
     let mut entries = Vec::new();
     let mut logs = Vec::new();
     let total = spec.buckets.len() * 2;
-    for (bi, &tokens) in spec.buckets.iter().enumerate() {
-        let step = |routing, seed| MoeStep {
-            shape: spec.shape,
-            experts_total: spec.experts_total,
-            expert_begin: spec.expert_begin,
-            tokens,
-            routing,
-            seed,
-        };
+    let step = |tokens, routing, seed| MoeStep {
+        shape: spec.shape,
+        experts_total: spec.experts_total,
+        expert_begin: spec.expert_begin,
+        tokens,
+        routing,
+        seed,
+    };
+    let draws = |tokens| {
         let seed = routing_seed(tokens);
-        let uniform = StepData::new(gpu, step(Routing::Uniform, seed), &spec.policy)?;
-        let skewed = StepData::new(gpu, step(Routing::Skewed, seed + 1), &spec.policy)?;
+        [step(tokens, Routing::Uniform, seed), step(tokens, Routing::Skewed, seed + 1)]
+    };
+    // One upload of the layer's weights for every step, with the rotation copies the step that
+    // touches the fewest experts needs.
+    let mut copies = (1, 1);
+    for s in spec.buckets.iter().flat_map(|&b| draws(b)) {
+        let schedule = RouteSchedule::build(&s.ids(), s.expert_begin, s.shape.experts);
+        let c = copies_for(gpu, &spec.shape, &schedule, &spec.policy);
+        copies = (copies.0.max(c.0), copies.1.max(c.1));
+    }
+    let weights = Arc::new(LayerWeights::new(gpu, spec.shape, copies)?);
+    for (bi, &tokens) in spec.buckets.iter().enumerate() {
+        let [uniform, skewed] = draws(tokens);
+        let seed = uniform.seed;
+        let data = |s| StepData::with_weights(gpu, s, spec.a_type, &spec.policy, weights.clone());
+        let uniform = data(uniform)?;
+        let skewed = data(skewed)?;
         if uniform.schedule.rows() == 0 || skewed.schedule.rows() == 0 {
             continue;
         }
@@ -94,7 +113,7 @@ pub fn tune_moe(
             let key = MoeKey {
                 op,
                 family: Family::Sm90,
-                a_type: AType::Bf16,
+                a_type: spec.a_type,
                 n,
                 k,
                 experts: spec.shape.experts,
@@ -102,7 +121,8 @@ pub fn tune_moe(
                 tokens,
             };
             progress(MoeTuneEvent::Key { index: bi * 2 + oi, total, key });
-            let space = spread(search_space(op, &spec.shape), spec.screen);
+            let space =
+                spread(search_space_for(Family::Sm90, spec.a_type, op, &spec.shape), spec.screen);
             let screened = measure_op(
                 gpu,
                 compiler,
@@ -156,7 +176,7 @@ pub fn tune_moe(
                     MoeBenchError::NoCandidate(op, format!("{key}: no finalist verified"))
                 })?;
             let t = timed(&full[pick]).expect("picked a timed finalist");
-            let bytes = roofline_bytes(&spec.shape, op, &uniform.schedule, tokens);
+            let bytes = roofline_bytes_for(&spec.shape, op, spec.a_type, &uniform.schedule, tokens);
             let entry = MoeEntry {
                 key,
                 config: full[pick].config,

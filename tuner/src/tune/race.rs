@@ -74,7 +74,43 @@ impl RaceOptions {
             self.finalists,
             self.carry,
             self.screen_samples
+        ) + &format!(
+            "; a key whose previous bucket ran dequantize-then-cuBLAS >= {COMPOSITE_LEAD}x faster \
+             than its fastest fused kernel screens only the {} carried and the anchors, no \
+             refinement, 2 finalists",
+            self.carry
         )
+    }
+}
+
+/// A key is raced lean ([`lean`]) when the previous bucket of its weight shape ran the
+/// dequantize-then-cuBLAS path at least this much faster than its fastest fused kernel: the
+/// composite path's lead grows with M, so the entry takes it, and the fused search only has to
+/// name a correct, reasonable fallback.
+pub const COMPOSITE_LEAD: f64 = 1.5;
+
+/// Pool places of a lean key beyond the carried configurations (the anchors come right after
+/// them in a pool).
+const LEAN_ANCHOR_ROOM: usize = 8;
+
+/// The options of a lean key: the pool is the previous bucket's fastest (`carry`) and the
+/// anchors, no refinement, two finalists (plus the family default).
+pub fn lean(opts: &RaceOptions) -> RaceOptions {
+    RaceOptions {
+        pool_fraction: 0.0,
+        min_pool: opts.carry + LEAN_ANCHOR_ROOM,
+        refine_rounds: 0,
+        finalists: opts.finalists.min(2),
+        ..*opts
+    }
+}
+
+/// Whether a key is raced lean: `fused` is the previous bucket's (M, fastest fused full-policy
+/// time) and `composite` its (M, dequantize-then-cuBLAS time), both of the key's weight shape.
+pub fn is_lean(fused: Option<(u32, f64)>, composite: Option<(u32, f64)>) -> bool {
+    match (fused, composite) {
+        (Some((fm, f)), Some((cm, c))) => fm == cm && c > 0.0 && c * COMPOSITE_LEAD <= f,
+        _ => false,
     }
 }
 
@@ -271,6 +307,33 @@ mod tests {
             .into_iter()
             .filter(|c| c.check_problem(p).is_ok())
             .collect()
+    }
+
+    #[test]
+    fn a_key_is_lean_only_after_a_clear_composite_lead_on_the_previous_bucket() {
+        assert!(is_lean(Some((512, 30.0)), Some((512, 20.0))));
+        assert!(!is_lean(Some((512, 29.0)), Some((512, 20.0))));
+        // Measurements of different buckets, or one of them missing, say nothing.
+        assert!(!is_lean(Some((512, 90.0)), Some((256, 20.0))));
+        assert!(!is_lean(None, Some((512, 20.0))));
+        assert!(!is_lean(Some((512, 90.0)), None));
+        assert!(!is_lean(Some((512, 90.0)), Some((512, 0.0))));
+        // A lean pool is the carried configurations and the anchors, without refinement.
+        let model = CostModel::new(DeviceModel::h200());
+        let opts = RaceOptions::default();
+        let p = GemmProblem::new(4096, 3072, 6144, AType::Bf16);
+        let l = legal(&p);
+        let seeds = template::measured_seeds(Family::Sm90, AType::Bf16);
+        let carry: Vec<GemmConfig> = l.iter().rev().take(opts.carry).copied().collect();
+        let lean_opts = lean(&opts);
+        let pool_lean = pool(&l, &p, &model, &seeds, &carry, None, &lean_opts);
+        assert_eq!(pool_lean.len(), opts.carry + LEAN_ANCHOR_ROOM);
+        assert_eq!(&pool_lean[..opts.carry], &carry[..]);
+        let legal_seeds: Vec<GemmConfig> =
+            seeds.iter().filter(|c| l.contains(c)).copied().collect();
+        assert!(legal_seeds.iter().take(LEAN_ANCHOR_ROOM).all(|c| pool_lean.contains(c)));
+        assert_eq!((lean_opts.refine_rounds, lean_opts.finalists), (0, 2));
+        assert!(pool(&l, &p, &model, &seeds, &carry, None, &opts).len() > pool_lean.len());
     }
 
     #[test]

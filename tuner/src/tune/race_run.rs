@@ -141,18 +141,37 @@ impl Campaign<'_> {
                     short = true;
                 }
             }
+            let shape = (key.n, key.k);
+            if race::is_lean(
+                self.previous_best.get(&shape).copied(),
+                self.previous_composite.get(&shape).copied(),
+            ) {
+                opts = race::lean(&opts);
+            }
             progress(Event::Key { index, total, key: key.clone(), candidates: 0, done_before: 0 });
             let KeyResult { screened, timed, best } =
                 self.race_key(space, model, race_spec, &opts, key)?;
-            // The dequantize-then-cuBLAS path while the worker still holds the key's operands.
-            let measured = self.previous.iter().any(|r| {
-                r.key == *key && !r.method.is_fused() && r.template_hash == self.template_hash
-            });
-            if let (Some(min_m), Some((fallback, _))) = (spec.composite_min_m, best) {
-                if key.m >= min_m && key.k % 16 == 0 && !measured {
-                    self.composite_key(key, fallback)?;
+            // The dequantize-then-cuBLAS path while the worker still holds the key's operands
+            // (or its time from the log, when a resumed run measured it before).
+            let logged = self
+                .previous
+                .iter()
+                .rev()
+                .find(|r| {
+                    r.key == *key && !r.method.is_fused() && r.template_hash == self.template_hash
+                })
+                .map(|r| r.outcome.median_us());
+            let composite_us = match (logged, spec.composite_min_m, best) {
+                (Some(us), _, _) => us,
+                (None, Some(min_m), Some((fallback, _))) if key.m >= min_m && key.k % 16 == 0 => {
+                    self.composite_key(key, fallback)?
                 }
-            }
+                _ => None,
+            };
+            match composite_us {
+                Some(us) => self.previous_composite.insert(shape, (key.m, us)),
+                None => self.previous_composite.remove(&shape),
+            };
             if short {
                 self.stats.short_keys.push(key.clone());
             }

@@ -422,6 +422,8 @@ struct Campaign<'a> {
     carry: std::collections::HashMap<(u32, u32), Vec<GemmConfig>>,
     /// Per weight shape: the previous bucket's M and its best full-policy time.
     previous_best: std::collections::HashMap<(u32, u32), (u32, f64)>,
+    /// Per weight shape: the previous bucket's M and its dequantize-then-cuBLAS time.
+    previous_composite: std::collections::HashMap<(u32, u32), (u32, f64)>,
 }
 
 impl Campaign<'_> {
@@ -631,8 +633,12 @@ impl Campaign<'_> {
     }
 
     /// The dequantize-then-cuBLAS path on one key, `fallback` (its fastest fused kernel) named
-    /// as the entry's fallback.
-    fn composite_key(&mut self, key: &TableKey, fallback: GemmConfig) -> Result<(), TuneError> {
+    /// as the entry's fallback; its full-policy median when it was timed.
+    fn composite_key(
+        &mut self,
+        key: &TableKey,
+        fallback: GemmConfig,
+    ) -> Result<Option<f64>, TuneError> {
         let (spec, progress) = (self.spec, self.progress);
         let problem = GemmProblem::new(key.m, key.n, key.k, key.a_type);
         self.session.worker()?.send(&Request::Composite {
@@ -662,13 +668,11 @@ impl Campaign<'_> {
             progress(Event::WorkerRestart(format!("{f:?}")));
             self.session.restart();
         }
-        let Some(outcome) = failure.or(outcome) else { return Ok(()) };
-        progress(Event::Composite {
-            key: key.clone(),
-            outcome: outcome.label(),
-            median_us: outcome.median_us(),
-        });
-        self.append(key, Method::DequantCublasBf16, fallback, outcome)
+        let Some(outcome) = failure.or(outcome) else { return Ok(None) };
+        let median_us = outcome.median_us();
+        progress(Event::Composite { key: key.clone(), outcome: outcome.label(), median_us });
+        self.append(key, Method::DequantCublasBf16, fallback, outcome)?;
+        Ok(median_us)
     }
 }
 
@@ -780,6 +784,7 @@ pub fn run(
         stats: CampaignStats::default(),
         carry: std::collections::HashMap::new(),
         previous_best: std::collections::HashMap::new(),
+        previous_composite: std::collections::HashMap::new(),
     };
     let total = keys.len();
     match &spec.race {
