@@ -423,7 +423,7 @@ mod tests {
         let (measured, not) = grouped_split(&t);
         assert_eq!(measured.len(), t.moe.len() - 1);
         assert!(
-            matches!(&not[..], [w] if w.contains("sm120") && w.contains("sm90 W4A16")),
+            matches!(&not[..], [w] if w.contains("sm120") && w.contains("family sm90 kernels")),
             "{not:?}"
         );
         let b = baseline::from_table(&t, "t.ron");
