@@ -592,3 +592,7 @@ fn gpu_thread(
     c.session.restart();
     GpuResult { stats: c.stats, new_records: c.new_records, keys_done: finished.len(), failure }
 }
+
+#[cfg(all(test, unix))]
+#[path = "gpus_tests.rs"]
+mod fake_gpus_tests;
