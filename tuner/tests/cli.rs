@@ -456,3 +456,39 @@ fn compile_warns_once_about_a_shared_cache_folder() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("not used"));
     assert_eq!(std::fs::read_dir(&shared).unwrap().count(), 0);
 }
+
+/// `tune --shard auto` outside a scheduler, or with a bad variable, and a bad `--gpus` stop
+/// with one line naming what is wrong, before any GPU is looked for.
+#[test]
+fn bad_shard_and_gpu_selections_are_one_line_errors() {
+    let d = tempfile::tempdir().unwrap();
+    let tune = |env: &[(&str, &str)], args: &[&str]| {
+        let mut c = Command::new(fp4tune());
+        c.arg("tune").args(args).current_dir(d.path()).env_remove("RUST_BACKTRACE");
+        for v in [
+            "SLURM_ARRAY_TASK_ID",
+            "SLURM_ARRAY_TASK_COUNT",
+            "SLURM_ARRAY_TASK_MIN",
+            "SLURM_ARRAY_TASK_MAX",
+            "JOB_COMPLETION_INDEX",
+            "FP4TUNE_SHARD_COUNT",
+        ] {
+            c.env_remove(v);
+        }
+        c.envs(env.iter().copied());
+        let out = c.output().expect("the binary runs");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = tune(&[], &["--shard", "auto"]);
+    assert_clean_error(ok, &err, &["SLURM_ARRAY_TASK_ID", "JOB_COMPLETION_INDEX"]);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let (ok, err) = tune(
+        &[("SLURM_ARRAY_TASK_ID", "9"), ("SLURM_ARRAY_TASK_COUNT", "8")],
+        &["--shard", "auto"],
+    );
+    assert_clean_error(ok, &err, &["SLURM_ARRAY_TASK_ID=9", "count 8"]);
+    let (ok, err) = tune(&[("JOB_COMPLETION_INDEX", "1")], &["--shard", "auto"]);
+    assert_clean_error(ok, &err, &["FP4TUNE_SHARD_COUNT is not set"]);
+    let (ok, err) = tune(&[], &["--gpus", "0,0"]);
+    assert!(!ok && err.contains("named twice"), "{err}");
+}

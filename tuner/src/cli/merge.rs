@@ -1,11 +1,12 @@
 //! `fp4tune merge`: merge the logs of a sharded campaign, optionally into a dispatch table.
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct MergeArgs {
-    /// Logs to merge (one per shard).
+    /// Logs to merge (one per shard), or folders: a folder stands for the shard logs in it
+    /// (`*.shard-i-of-n.jsonl`, written by `tune --shard`).
     #[arg(required = true)]
     pub logs: Vec<PathBuf>,
     /// The merged log.
@@ -14,11 +15,57 @@ pub struct MergeArgs {
     /// Also write the dispatch table here (e.g. results/nvidia-h200.ron).
     #[arg(long)]
     pub table: Option<PathBuf>,
+    /// Merge even when shards are missing or unfinished (they are named either way).
+    #[arg(long)]
+    pub partial: bool,
+}
+
+/// The logs named, folders replaced by the shard logs in them (sorted).
+fn expand(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in inputs {
+        if !p.is_dir() {
+            out.push(p.clone());
+            continue;
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+            .with_context(|| format!("reading the folder {}", p.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| {
+                let name =
+                    f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                (name.ends_with(".jsonl") || name.ends_with(".jsonl.gz"))
+                    && fp4tune::tune::shard::Shard::of_file_name(&name).is_some()
+            })
+            .collect();
+        if found.is_empty() {
+            bail!("{}: no shard logs (*.shard-i-of-n.jsonl) in this folder", p.display());
+        }
+        found.sort();
+        out.extend(found);
+    }
+    Ok(out)
 }
 
 pub fn run(args: MergeArgs) -> Result<()> {
-    let MergeArgs { logs, out, table } = args;
+    let MergeArgs { logs, out, table, partial } = args;
     use fp4tune::tune::select::SelectRules;
+    let logs = expand(&logs)?;
+    let shards = fp4tune::tune::merge::check_shards(&logs)?;
+    let list = |v: &[u32]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    if !shards.missing.is_empty() || !shards.unfinished.is_empty() {
+        let mut why = Vec::new();
+        if !shards.missing.is_empty() {
+            why.push(format!("shards {} of {} are missing", list(&shards.missing), shards.count));
+        }
+        if !shards.unfinished.is_empty() {
+            why.push(format!("shards {} did not finish", list(&shards.unfinished)));
+        }
+        if !partial {
+            bail!("{}: run them (a shard resumes its log) or pass --partial", why.join("; "));
+        }
+        warnln!("{} (merging anyway: --partial)", why.join("; "));
+    }
     let merged = fp4tune::tune::merge::merge_logs(&logs)?;
     for w in &merged.warnings {
         warnln!("{w}");
@@ -29,13 +76,40 @@ pub fn run(args: MergeArgs) -> Result<()> {
     fp4tune::tune::merge::write(&out, &records)?;
     let selection = match &table {
         Some(path) => {
-            let (t, sel) = fp4tune::tune::emit::dispatch_table(&records, &SelectRules::default())?;
+            let (mut t, sel) =
+                fp4tune::tune::emit::dispatch_table(&records, &SelectRules::default())?;
+            // The grouped MoE entries of a sharded campaign are in shard 0's partial table.
+            for m in &shards.present {
+                let Some(dir) = logs.iter().find_map(|l| {
+                    let name = l.file_name()?.to_string_lossy().into_owned();
+                    (fp4tune::tune::shard::Shard::of_file_name(&name) == Some(m.shard))
+                        .then(|| l.parent().map(|p| p.to_path_buf()))
+                        .flatten()
+                }) else {
+                    continue;
+                };
+                let part = dir.join(&m.table);
+                if part.exists() {
+                    let p = fp4tune::table::Table::load(&part)?;
+                    if !p.moe.is_empty() && t.moe.is_empty() {
+                        t.moe = p.moe;
+                        t.moe_template_hash = p.moe_template_hash;
+                    }
+                }
+            }
             t.save(path)?;
             Some((path, sel))
         }
         None => None,
     };
     outln!("merged {} logs into {} ({} records)", logs.len(), out.display(), records.len())?;
+    if shards.count > 0 {
+        outln!(
+            "shards {} of {}",
+            list(&shards.present.iter().map(|m| m.shard.index).collect::<Vec<_>>()),
+            shards.count
+        )?;
+    }
     if let Some((path, sel)) = selection {
         super::tune::print_selection(&records, &sel)?;
         outln!("wrote the dispatch table {}", path.display())?;

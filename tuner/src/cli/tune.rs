@@ -1,4 +1,5 @@
-//! `fp4tune tune`: a tuning campaign on this GPU, with progress bars, and its dispatch table.
+//! `fp4tune tune`: a tuning campaign on this GPU (or several, or a shard of a cluster's), with
+//! progress bars, and its dispatch table.
 
 use super::ATypeArg;
 use anyhow::{bail, Context, Result};
@@ -25,9 +26,19 @@ pub struct TuneArgs {
     /// Activation type (default: w4a16 on SM90, w4a4 on SM120, whose family is W4A4 only).
     #[arg(long, value_enum)]
     pub a_type: Option<ATypeArg>,
-    /// This process's slice of the campaign, i/n (Slurm array index / count, ...).
-    #[arg(long, value_parser = fp4tune::tune::run::Shard::parse)]
-    pub shard: Option<fp4tune::tune::run::Shard>,
+    /// This process's slice of the campaign: i/n (0 <= i < n), or auto for the batch
+    /// scheduler's array index and count (Slurm: SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT
+    /// and SLURM_ARRAY_TASK_MIN; a Kubernetes indexed Job: JOB_COMPLETION_INDEX with the count
+    /// in FP4TUNE_SHARD_COUNT). Keys are dealt by predicted cost; the shard writes
+    /// <sku>-<a_type>.shard-i-of-n.jsonl, a manifest and a partial table <sku>.shard-i-of-n.ron
+    /// under --out, which `fp4tune merge` combines.
+    #[arg(long, value_parser = fp4tune::tune::shard::ShardArg::parse)]
+    pub shard: Option<fp4tune::tune::shard::ShardArg>,
+    /// GPUs to tune on at once: all, or device ordinals (0,1,3). One worker process per GPU,
+    /// keys dealt by predicted cost, one log and one table; GPUs of different models are
+    /// refused. Default: the one GPU of --device.
+    #[arg(long, value_parser = fp4tune::tune::gpus::GpuSelection::parse, conflicts_with = "device")]
+    pub gpus: Option<fp4tune::tune::gpus::GpuSelection>,
     /// Folder for the measurement log and the dispatch table.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -48,6 +59,7 @@ pub struct TuneArgs {
     /// A candidate that runs longer than this many seconds is recorded as a hang.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// The GPU of a one-GPU campaign (device ordinal; --gpus for several).
     #[arg(long, default_value_t = 0)]
     pub device: usize,
     /// Also measure the dequantize-then-cuBLAS path (W expanded to bf16, then cuBLAS BF16)
@@ -78,6 +90,7 @@ pub fn run(args: TuneArgs) -> Result<()> {
         buckets: only_buckets,
         a_type,
         shard,
+        gpus,
         out,
         strategy,
         budget,
@@ -115,8 +128,9 @@ pub fn run(args: TuneArgs) -> Result<()> {
     let budget = budget.unwrap_or(0.1);
     let composite_min_m = (composite_min_m > 0).then_some(composite_min_m);
     use fp4tune::bench::TimingPolicy;
+    use fp4tune::tune::gpus::GpuSelection;
     use fp4tune::tune::policy;
-    use fp4tune::tune::run::{self, Event, Shard, TuneSpec};
+    use fp4tune::tune::run::{self, Shard, TuneSpec};
     use fp4tune::tune::select::SelectRules;
     let file = match &shapes {
         Some(p) => ShapeFile::load(p)?,
@@ -141,6 +155,10 @@ pub fn run(args: TuneArgs) -> Result<()> {
         let Some((shape, total)) = moe_layer else {
             bail!("shape set `{}` has no routed expert layer to tune", set.name);
         };
+        let device = match &gpus {
+            Some(GpuSelection::List(v)) => v.first().copied().unwrap_or(device),
+            _ => device,
+        };
         let a_type = a_type.unwrap_or(fp4tune::problem::AType::Bf16);
         return super::moe::tune_phase(shape, total, a_type, &moe_buckets, device, &out, None);
     }
@@ -156,12 +174,17 @@ pub fn run(args: TuneArgs) -> Result<()> {
     }
     let seeds = policy::seeds(&dims, &buckets, a_type);
     let exhaustive = matches!(strategy, fp4tune::search::StrategyKind::Exhaustive);
+    let shard = match shard {
+        Some(s) => s.resolve()?,
+        None => Shard::all(),
+    };
+    let selection = gpus.unwrap_or(GpuSelection::List(vec![device]));
     let spec = TuneSpec {
         shapes: dims,
         buckets,
         a_type,
         policy: TimingPolicy::quick(),
-        shard: shard.unwrap_or(Shard::all()),
+        shard,
         out_dir: out.clone(),
         exe: std::env::current_exe().context("locating the fp4tune executable for workers")?,
         device,
@@ -188,73 +211,21 @@ pub fn run(args: TuneArgs) -> Result<()> {
             progress_line(format_args!("{line}"));
         }
     };
-    let keys_bar = mp.add(indicatif::ProgressBar::new(0));
-    keys_bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "keys       [{bar:30}] {pos}/{len} {msg} (eta {eta})",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let cand_bar = mp.add(indicatif::ProgressBar::new(0));
-    cand_bar.set_style(
-        indicatif::ProgressStyle::with_template("candidates {pos} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let counts = std::cell::RefCell::new(std::collections::BTreeMap::<&'static str, usize>::new());
-    let output = run::run(&spec, &compiler, &|e| match e {
-        Event::Device(d) => say(format!(
-            "device: {} (cc {}.{}, {} SMs)",
-            d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
-        )),
-        Event::Compiling(n) => keys_bar.set_message(format!("compiling {n} kernels")),
-        Event::Key { index, total, key, candidates: _, done_before } => {
-            keys_bar.set_length(total as u64);
-            keys_bar.set_position(index as u64);
-            keys_bar.set_message(format!("N={} K={} M={}", key.n, key.k, key.m));
-            cand_bar.set_position(done_before as u64);
-            counts.borrow_mut().clear();
-        }
-        Event::Result { outcome, .. } => {
-            cand_bar.inc(1);
-            *counts.borrow_mut().entry(outcome).or_default() += 1;
-            cand_bar.set_message(format!("{:?}", counts.borrow()));
-        }
-        Event::KeyDone { index, total, key, screened, timed, best, elapsed, short } => {
-            keys_bar.set_position(index as u64 + 1);
-            let done = (index + 1) as f64;
-            let eta = elapsed.as_secs_f64() / done * (total as f64 - done);
-            let best = best.map_or("no verified kernel".to_string(), |(c, us)| {
-                format!("{} {us:.2} us", c.name())
-            });
-            say(format!(
-                "[{}/{total}] N={} K={} M={}: {screened} screened, {timed} timed, best {best}{}, {:.1} s elapsed, eta {eta:.0} s",
-                index + 1,
-                key.n,
-                key.k,
-                key.m,
-                if short { " (pool cut by --time-budget)" } else { "" },
-                elapsed.as_secs_f64()
-            ));
-        }
-        Event::Precompiled(p) => say(format!(
-            "cubin cache: {} kernels of the first pools found, {} compiled in the background",
-            p.cached, p.compiled
-        )),
-        Event::Composite { key, outcome, median_us } => {
-            keys_bar.set_message(format!("N={} K={} M={}: dequant + cuBLAS", key.n, key.k, key.m));
-            if let Some(t) = median_us {
-                say(format!("N={} K={} M={}: dequant_cublas_bf16 {t:.2} us", key.n, key.k, key.m));
-            } else {
-                say(format!("N={} K={} M={}: dequant_cublas_bf16 {outcome}", key.n, key.k, key.m));
-            }
-        }
-        Event::WorkerRestart(why) => {
-            say(format!("worker restarted: {}", why.chars().take(200).collect::<String>()))
-        }
-        Event::TornTail(torn) => keys_bar.suspend(|| warnln!("{torn}")),
+    let multi = !matches!(&selection, GpuSelection::List(v) if v.len() == 1);
+    let progress = Progress::new(&mp, multi);
+    let output = fp4tune::tune::gpus::run(&spec, &selection, &compiler, &|gpu, e| {
+        progress.event(gpu, e, &say)
     })?;
-    keys_bar.finish_and_clear();
-    cand_bar.finish_and_clear();
+    progress.finish();
+    let fp4tune::tune::gpus::GpusOutput { output, gpus: ran_on } = output;
+    for g in ran_on.iter().filter(|g| g.failure.is_some()) {
+        warnln!(
+            "GPU {} failed after {} keys: {}",
+            g.ordinal,
+            g.keys_done,
+            g.failure.as_deref().unwrap_or_default()
+        );
+    }
     let (mut table, sel) =
         fp4tune::tune::emit::dispatch_table(&output.records, &SelectRules::default())?;
     let stats = &output.stats;
@@ -278,15 +249,26 @@ pub fn run(args: TuneArgs) -> Result<()> {
         },
         time_budget_s: time_budget.map(|d| d.as_secs_f64()),
         short_keys: stats.short_keys.clone(),
+        gpus: if ran_on.len() > 1 {
+            ran_on.iter().map(|g| g.ordinal).collect()
+        } else {
+            Vec::new()
+        },
+        shards: if shard.count > 1 { vec![shard.to_string()] } else { Vec::new() },
     });
     // The table is saved before anything is printed (a closed standard output must not lose it).
-    let path = out.join(format!("{}.ron", run::sku_slug(&output.device.name)));
+    let path = out.join(run::table_file_name(&output.device, shard));
     table.save(&path)?;
     let printed = print_summary(&output, &sel, &path);
     // A summary that could not be printed (`| head`) does not stop the grouped phase: its error
     // is returned once that phase has saved its entries too.
+    // The grouped phase runs on the campaign's first GPU, and of a sharded campaign on shard 0
+    // only (merge takes its entries from that shard's table).
+    let device = ran_on.first().map_or(device, |g| g.ordinal);
     let moe = match moe_layer {
-        Some((shape, total)) if !no_moe && output.family == fp4tune::template::Family::Sm90 => {
+        Some((shape, total))
+            if !no_moe && output.family == fp4tune::template::Family::Sm90 && shard.index == 0 =>
+        {
             let t = std::time::Instant::now();
             let a_type = a_type.unwrap_or(fp4tune::problem::AType::Bf16);
             super::moe::tune_phase(shape, total, a_type, &moe_buckets, device, &out, Some(table))
@@ -306,6 +288,165 @@ pub fn run(args: TuneArgs) -> Result<()> {
     let total = started.elapsed().as_secs_f64();
     progress_line(format_args!("fp4tune tune: {total:.1} s wall in all"));
     moe.and(printed)
+}
+
+/// The campaign's progress: on a terminal a campaign bar and, with several GPUs, a bar per GPU
+/// (with one GPU, a bar of the key's candidates); otherwise one line per finished key, prefixed
+/// by its GPU when there are several (`[gpu 1] [12/56] ...`).
+struct Progress<'a> {
+    mp: &'a indicatif::MultiProgress,
+    multi: bool,
+    keys_bar: indicatif::ProgressBar,
+    cand_bar: Option<indicatif::ProgressBar>,
+    gpu_bars: std::cell::RefCell<std::collections::BTreeMap<usize, indicatif::ProgressBar>>,
+    counts: std::cell::RefCell<std::collections::BTreeMap<&'static str, usize>>,
+    /// Keys finished in the campaign, and its keys (the GPUs' assignments summed).
+    done: std::cell::Cell<usize>,
+    total: std::cell::Cell<usize>,
+}
+
+fn bar_style(template: &str) -> indicatif::ProgressStyle {
+    indicatif::ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+}
+
+impl<'a> Progress<'a> {
+    fn new(mp: &'a indicatif::MultiProgress, multi: bool) -> Self {
+        let keys_bar = mp.add(indicatif::ProgressBar::new(0));
+        keys_bar.set_style(bar_style("keys       [{bar:30}] {pos}/{len} {msg} (eta {eta})"));
+        let cand_bar = (!multi).then(|| {
+            let b = mp.add(indicatif::ProgressBar::new(0));
+            b.set_style(bar_style("candidates {pos} {msg}"));
+            b
+        });
+        Self {
+            mp,
+            multi,
+            keys_bar,
+            cand_bar,
+            gpu_bars: Default::default(),
+            counts: Default::default(),
+            done: Default::default(),
+            total: Default::default(),
+        }
+    }
+
+    fn prefix(&self, gpu: usize) -> String {
+        if self.multi {
+            format!("[gpu {gpu}] ")
+        } else {
+            String::new()
+        }
+    }
+
+    fn gpu_bar(&self, gpu: usize) -> Option<indicatif::ProgressBar> {
+        if !self.multi {
+            return None;
+        }
+        let mut bars = self.gpu_bars.borrow_mut();
+        Some(
+            bars.entry(gpu)
+                .or_insert_with(|| {
+                    let b = self.mp.add(indicatif::ProgressBar::new(0));
+                    b.set_style(bar_style(&format!(
+                        "gpu {gpu:<6} [{{bar:30}}] {{pos}}/{{len}} {{msg}}"
+                    )));
+                    b
+                })
+                .clone(),
+        )
+    }
+
+    fn event(&self, gpu: usize, e: fp4tune::tune::run::Event, say: &dyn Fn(String)) {
+        use fp4tune::tune::run::Event;
+        let p = self.prefix(gpu);
+        let key_text = |k: &fp4tune::table::TableKey| format!("N={} K={} M={}", k.n, k.k, k.m);
+        match e {
+            Event::Device(d) => say(format!(
+                "{p}device: {} (cc {}.{}, {} SMs)",
+                d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
+            )),
+            Event::Compiling(n) => self.keys_bar.set_message(format!("compiling {n} kernels")),
+            Event::Assigned { keys, predicted_s } => {
+                self.total.set(self.total.get() + keys);
+                self.keys_bar.set_length(self.total.get() as u64);
+                if self.multi {
+                    if let Some(b) = self.gpu_bar(gpu) {
+                        b.set_length(keys as u64);
+                    }
+                    say(format!("{p}{keys} keys, {predicted_s:.0} s of predicted screening"));
+                }
+            }
+            Event::Key { index, total, key, candidates: _, done_before } => {
+                if let Some(b) = self.gpu_bar(gpu) {
+                    b.set_length(total as u64);
+                    b.set_position(index as u64);
+                    b.set_message(key_text(&key));
+                } else {
+                    self.keys_bar.set_message(key_text(&key));
+                }
+                if let Some(c) = &self.cand_bar {
+                    c.set_position(done_before as u64);
+                }
+                self.counts.borrow_mut().clear();
+            }
+            Event::Result { outcome, .. } => {
+                if let Some(c) = &self.cand_bar {
+                    c.inc(1);
+                    *self.counts.borrow_mut().entry(outcome).or_default() += 1;
+                    c.set_message(format!("{:?}", self.counts.borrow()));
+                }
+            }
+            Event::KeyDone { index, key, screened, timed, best, elapsed, short, .. } => {
+                self.done.set(self.done.get() + 1);
+                let (done, total) = (self.done.get(), self.total.get().max(self.done.get()));
+                self.keys_bar.set_position(done as u64);
+                if let Some(b) = self.gpu_bar(gpu) {
+                    b.set_position(index as u64 + 1);
+                }
+                let eta = elapsed.as_secs_f64() / done as f64 * (total - done) as f64;
+                let best = best.map_or("no verified kernel".to_string(), |(c, us)| {
+                    format!("{} {us:.2} us", c.name())
+                });
+                say(format!(
+                    "{p}[{done}/{total}] {}: {screened} screened, {timed} timed, best {best}{}, {:.1} s elapsed, eta {eta:.0} s",
+                    key_text(&key),
+                    if short { " (pool cut by --time-budget)" } else { "" },
+                    elapsed.as_secs_f64()
+                ));
+            }
+            Event::Precompiled(c) => say(format!(
+                "cubin cache: {} kernels of the first pools found, {} compiled in the background",
+                c.cached, c.compiled
+            )),
+            Event::Composite { key, outcome, median_us } => {
+                self.keys_bar.set_message(format!("{}: dequant + cuBLAS", key_text(&key)));
+                match median_us {
+                    Some(t) => say(format!("{p}{}: dequant_cublas_bf16 {t:.2} us", key_text(&key))),
+                    None => say(format!("{p}{}: dequant_cublas_bf16 {outcome}", key_text(&key))),
+                }
+            }
+            Event::WorkerRestart(why) => {
+                say(format!("{p}worker restarted: {}", why.chars().take(200).collect::<String>()))
+            }
+            Event::GpuFailed { reason, keys_left } => say(format!(
+                "{p}GPU failed, {keys_left} keys left to the other GPUs: {}",
+                reason.chars().take(200).collect::<String>()
+            )),
+            Event::Adopted { keys } => say(format!("{p}takes over {keys} keys of a failed GPU")),
+            Event::TornTail(torn) => self.keys_bar.suspend(|| warnln!("{torn}")),
+        }
+    }
+
+    fn finish(&self) {
+        self.keys_bar.finish_and_clear();
+        if let Some(c) = &self.cand_bar {
+            c.finish_and_clear();
+        }
+        for b in self.gpu_bars.borrow().values() {
+            b.finish_and_clear();
+        }
+    }
 }
 
 /// A progress line on standard error (a closed one is ignored: progress must not stop the run).

@@ -91,6 +91,15 @@ pub struct Gpu {
     info: DeviceInfo,
 }
 
+/// How many CUDA devices the driver reports (0 without a driver).
+pub fn device_count() -> Result<usize, GpuError> {
+    if !loader::driver_present() {
+        return Ok(0);
+    }
+    let n = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))?;
+    Ok(n.max(0) as usize)
+}
+
 impl Gpu {
     /// Open device `ordinal`. Fails cleanly (no panic) when there is no driver or device.
     pub fn open(ordinal: usize) -> Result<Self, GpuError> {

@@ -41,6 +41,13 @@ pub struct Campaign {
     pub time_budget_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub short_keys: Vec<TableKey>,
+    /// The device ordinals of a campaign run on several GPUs of one host (absent: one GPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<usize>,
+    /// The shards (`i/n`) whose keys the table holds, for a shard's partial table or tables
+    /// merged from shards (absent: the whole campaign in one run).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<String>,
 }
 
 impl Campaign {
@@ -994,10 +1001,19 @@ pub(crate) mod tests {
             budget: "pool 8%".into(),
             time_budget_s: Some(300.0),
             short_keys: vec![t.entries[0].key.clone()],
+            gpus: vec![0, 1],
+            shards: vec!["3/8".into()],
         });
         let text = t.to_ron_string();
         let back = Table::from_ron_str(&text, "t.ron").unwrap();
         assert_eq!(back.campaign, t.campaign);
+        // A one-GPU campaign's block has neither field; older tables read without them.
+        let mut c = t.campaign.clone().unwrap();
+        (c.gpus, c.shards) = (Vec::new(), Vec::new());
+        t.campaign = Some(c);
+        let plain = t.to_ron_string();
+        assert!(!plain.contains("gpus") && !plain.contains("shards"), "{plain}");
+        assert_eq!(Table::from_ron_str(&plain, "t.ron").unwrap().campaign, t.campaign);
         assert_eq!(Campaign::cache_label(812, 0), "warm");
         assert_eq!(Campaign::cache_label(3, 2), "partial");
         let old = text.replace("schema_version: 4", "schema_version: 3");

@@ -153,6 +153,95 @@ pub fn merge_logs(paths: &[PathBuf]) -> Result<Merged, MergeError> {
     Ok(Merged { records: out, warnings })
 }
 
+/// The shards among the logs being merged (logs named `*.shard-i-of-n.jsonl` with their
+/// manifest next to them), checked to be of one campaign.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ShardReport {
+    /// The shard count of the campaign (0: no shard logs among the inputs).
+    pub count: u32,
+    /// The shards present, with their manifests.
+    pub present: Vec<super::shard::Manifest>,
+    /// Shard indices with no log among the inputs.
+    pub missing: Vec<u32>,
+    /// Shards whose campaign did not run to its end (killed, or still running).
+    pub unfinished: Vec<u32>,
+}
+
+/// Why shards cannot be merged (one line each, naming both files).
+#[derive(Debug, thiserror::Error)]
+pub enum ShardMergeError {
+    #[error(transparent)]
+    Manifest(#[from] super::shard::ManifestError),
+    #[error("{} and {}: shards of different campaigns ({what} differs: {a} vs {b}); merge each campaign's shards on their own", first.display(), other.display())]
+    Mismatch { first: PathBuf, other: PathBuf, what: &'static str, a: String, b: String },
+}
+
+/// Read the manifests of the shard logs among `paths` and check they belong to one campaign:
+/// the same shard count, GPU model, template version and campaign keys (shape set and buckets).
+/// Logs that are not a shard's are left alone.
+pub fn check_shards(paths: &[PathBuf]) -> Result<ShardReport, ShardMergeError> {
+    use super::shard::Manifest;
+    let mut report = ShardReport::default();
+    let mut first: Option<(PathBuf, Manifest)> = None;
+    for p in paths {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if super::shard::Shard::of_file_name(&name).is_none() {
+            continue;
+        }
+        let mp = Manifest::path_of_log(p);
+        let Some(m) = Manifest::load(&mp)? else { continue };
+        if let Some((fp, f)) = &first {
+            let mismatch = |what, a: String, b: String| ShardMergeError::Mismatch {
+                first: fp.clone(),
+                other: mp.clone(),
+                what,
+                a,
+                b,
+            };
+            if f.shard.count != m.shard.count {
+                return Err(mismatch(
+                    "shard count",
+                    f.shard.count.to_string(),
+                    m.shard.count.to_string(),
+                ));
+            }
+            if (&f.device, f.compute_capability) != (&m.device, m.compute_capability) {
+                return Err(mismatch("GPU model", f.device.clone(), m.device.clone()));
+            }
+            if f.template_hash != m.template_hash {
+                let short = |h: &str| h[..h.len().min(16)].to_string();
+                return Err(mismatch(
+                    "template version",
+                    short(&f.template_hash),
+                    short(&m.template_hash),
+                ));
+            }
+            if f.campaign_keys != m.campaign_keys {
+                return Err(mismatch(
+                    "shape set",
+                    format!("{} keys", f.campaign_keys.len()),
+                    format!("{} keys", m.campaign_keys.len()),
+                ));
+            }
+        } else {
+            first = Some((mp.clone(), m.clone()));
+        }
+        if !report.present.iter().any(|x| x.shard == m.shard) {
+            report.present.push(m);
+        }
+    }
+    if let Some((_, f)) = first {
+        report.count = f.shard.count;
+        report.present.sort_by_key(|m| m.shard.index);
+        report.missing = (0..f.shard.count)
+            .filter(|i| !report.present.iter().any(|m| m.shard.index == *i))
+            .collect();
+        report.unfinished =
+            report.present.iter().filter(|m| !m.finished).map(|m| m.shard.index).collect();
+    }
+    Ok(report)
+}
+
 /// Write records as a new log at `path` (atomically: temporary file, then rename; through a
 /// symbolic link to its target), gzip-compressed when `path` ends in `.gz`.
 pub fn write(path: &Path, records: &[Record]) -> Result<(), MergeError> {
@@ -299,6 +388,49 @@ mod tests {
             e.contains("g.jsonl:2: a record from NVIDIA H100") && e.contains("a.jsonl:1"),
             "{e}"
         );
+    }
+
+    /// Shards of one campaign: missing and unfinished ones are named; shards of another shape
+    /// set, GPU model or template version are refused in one line naming both manifests.
+    #[test]
+    fn shard_manifests_are_checked() {
+        use crate::tune::shard::{Manifest, Shard, MANIFEST_SCHEMA_VERSION};
+        let d = tempfile::tempdir().unwrap();
+        let keys: Vec<_> = [1, 2, 4].iter().map(|m| record(*m, None).key).collect();
+        let shard = |index: u32, finished: bool| {
+            let s = Shard { index, count: 4 };
+            let log = d.path().join(s.file_name("x-w4a16", "jsonl"));
+            let m = Manifest {
+                schema_version: MANIFEST_SCHEMA_VERSION,
+                shard: s,
+                device: "NVIDIA H200".into(),
+                compute_capability: (9, 0),
+                template_hash: "h".into(),
+                campaign_keys: keys.clone(),
+                keys: vec![keys[index as usize % 3].clone()],
+                finished,
+                table: s.file_name("x", "ron"),
+            };
+            m.save(&Manifest::path_of_log(&log)).unwrap();
+            (log, m)
+        };
+        let (a, _) = shard(0, true);
+        let (b, _) = shard(2, false);
+        let plain = d.path().join("plain.jsonl");
+        let r = check_shards(&[a.clone(), b.clone(), plain.clone()]).unwrap();
+        assert_eq!((r.count, r.missing.clone(), r.unfinished.clone()), (4, vec![1, 3], vec![2]));
+        assert_eq!(check_shards(&[plain]).unwrap(), ShardReport::default());
+        let (c, mut m) = shard(3, true);
+        m.campaign_keys.pop();
+        m.save(&Manifest::path_of_log(&c)).unwrap();
+        let e = check_shards(&[a.clone(), c]).unwrap_err().to_string();
+        assert!(e.contains("shape set differs: 3 keys vs 2 keys") && !e.contains('\n'), "{e}");
+        let (c, mut m) = shard(3, true);
+        m.device = "NVIDIA H100".into();
+        m.save(&Manifest::path_of_log(&c)).unwrap();
+        let e = check_shards(&[a, c]).unwrap_err().to_string();
+        assert!(e.contains("GPU model differs: NVIDIA H200 vs NVIDIA H100"), "{e}");
+        assert!(e.contains("x-w4a16.shard-0-of-4.manifest.json"), "{e}");
     }
 
     #[test]

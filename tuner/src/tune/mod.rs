@@ -1,6 +1,7 @@
-//! The tuning campaign: measurement log, workers, resume, shards, merge, selection, and
+//! The tuning campaign: measurement log, workers (one per GPU), resume, shards, merge, selection, and
 //! replay of search strategies against a measurement log.
 
+pub mod assign;
 pub mod emit;
 pub mod log;
 pub mod merge;
@@ -11,4 +12,7 @@ pub mod race_replay;
 pub mod replay;
 pub mod run;
 pub mod select;
+pub mod shard;
 pub mod worker;
+
+pub use run::gpus;

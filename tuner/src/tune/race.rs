@@ -132,6 +132,22 @@ pub fn pool_size(legal: usize, best_us: f64, opts: &RaceOptions) -> usize {
     by_fraction.min(by_time.max(opts.min_pool / 2).max(opts.finalists)).min(legal)
 }
 
+/// What racing one key is predicted to cost, microseconds: its pool and one refinement round
+/// screened, its finalists timed under the full policy (counted as [`FULL_OVER_SCREEN`]
+/// screenings each). Only the ratios between keys matter: this balances keys over GPUs and shards.
+pub fn predicted_key_us(legal: usize, best_us: f64, opts: &RaceOptions) -> f64 {
+    let screened = pool_size(legal, best_us, opts) + opts.refine_max.min(legal);
+    (screened as f64 + FULL_OVER_SCREEN * opts.finalists as f64) * screen_candidate_us(best_us)
+}
+
+/// What screening one candidate whose kernel takes `best_us` costs, microseconds.
+pub fn screen_candidate_us(best_us: f64) -> f64 {
+    SCREEN_OVERHEAD_US + SCREEN_LAUNCHES * best_us.max(0.0)
+}
+
+/// A full-policy timing costs about this many screenings (more samples, the same set-up).
+pub const FULL_OVER_SCREEN: f64 = 4.0;
+
 /// The time a key's best kernel is expected to take: the model's best prediction, or the
 /// previous bucket's measured best scaled by the token ratio when that is larger (the model is
 /// optimistic on large problems).

@@ -1,5 +1,5 @@
-//! Racing's side of a campaign (see `tune::race`): every key in increasing M with the time budget
-//! shared out, and one key's pool, refinement rounds and finals, reusing what the log holds.
+//! Racing's side of a campaign (see `tune::race`): one key with the time budget shared out over
+//! the keys left, its pool, refinement rounds and finals, reusing what the log holds.
 
 use super::{Campaign, Event, Outcome, RaceSpec, TuneError};
 use crate::problem::GemmProblem;
@@ -116,76 +116,77 @@ impl Campaign<'_> {
         Ok(KeyResult { screened: in_play.len(), timed: full.len(), best })
     }
 
-    /// Every key by racing, with the campaign's time budget shared out over the keys left.
-    pub(super) fn race_keys(
+    /// One key by racing, then its dequantize-then-cuBLAS measurement, with the campaign's
+    /// time budget shared out over this GPU's `keys_left` keys (this one included); `index` and
+    /// `total` are the key's place among this GPU's keys.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn race_one(
         &mut self,
         space: &[GemmConfig],
         model: &crate::search::CostModel,
         race_spec: &RaceSpec,
-        keys: &[TableKey],
+        key: &TableKey,
+        (index, total, keys_left): (usize, usize, usize),
         t0: Instant,
     ) -> Result<(), TuneError> {
         let (spec, progress) = (self.spec, self.progress);
-        let total = keys.len();
-        for (index, key) in keys.iter().enumerate() {
-            let mut opts = race_spec.options;
-            let mut short = false;
-            if let Some(budget) = spec.time_budget {
-                let left = budget.saturating_sub(t0.elapsed()).as_secs_f64();
-                // Screening is about half of a key's time (finals, set-up and the composite
-                // pass take the rest).
-                let share = 0.5 * left / (total - index) as f64;
-                if share < opts.key_seconds {
-                    opts.key_seconds = share.max(0.0);
-                    opts.refine_rounds = opts.refine_rounds.min(1);
-                    short = true;
-                }
+        let mut opts = race_spec.options;
+        let mut short = false;
+        if let Some(budget) = spec.time_budget {
+            let left = budget.saturating_sub(t0.elapsed()).as_secs_f64();
+            // Screening is about half of a key's time (finals, set-up and the composite
+            // pass take the rest).
+            let share = 0.5 * left / keys_left.max(1) as f64;
+            if share < opts.key_seconds {
+                opts.key_seconds = share.max(0.0);
+                opts.refine_rounds = opts.refine_rounds.min(1);
+                short = true;
             }
-            let shape = (key.n, key.k);
-            if race::is_lean(
-                self.previous_best.get(&shape).copied(),
-                self.previous_composite.get(&shape).copied(),
-            ) {
-                opts = race::lean(&opts);
-            }
-            progress(Event::Key { index, total, key: key.clone(), candidates: 0, done_before: 0 });
-            let KeyResult { screened, timed, best } =
-                self.race_key(space, model, race_spec, &opts, key)?;
-            // The dequantize-then-cuBLAS path while the worker still holds the key's operands
-            // (or its time from the log, when a resumed run measured it before).
-            let logged = self
-                .previous
-                .iter()
-                .rev()
-                .find(|r| {
-                    r.key == *key && !r.method.is_fused() && r.template_hash == self.template_hash
-                })
-                .map(|r| r.outcome.median_us());
-            let composite_us = match (logged, spec.composite_min_m, best) {
-                (Some(us), _, _) => us,
-                (None, Some(min_m), Some((fallback, _))) if key.m >= min_m && key.k % 16 == 0 => {
-                    self.composite_key(key, fallback)?
-                }
-                _ => None,
-            };
-            match composite_us {
-                Some(us) => self.previous_composite.insert(shape, (key.m, us)),
-                None => self.previous_composite.remove(&shape),
-            };
-            if short {
-                self.stats.short_keys.push(key.clone());
-            }
-            progress(Event::KeyDone {
-                index,
-                total,
-                key: key.clone(),
-                screened,
-                timed,
-                best,
-                elapsed: t0.elapsed(),
-                short,
-            });
         }
+        let shape = (key.n, key.k);
+        if race::is_lean(
+            self.previous_best.get(&shape).copied(),
+            self.previous_composite.get(&shape).copied(),
+        ) {
+            opts = race::lean(&opts);
+        }
+        progress(Event::Key { index, total, key: key.clone(), candidates: 0, done_before: 0 });
+        let KeyResult { screened, timed, best } =
+            self.race_key(space, model, race_spec, &opts, key)?;
+        // The dequantize-then-cuBLAS path while the worker still holds the key's operands
+        // (or its time from the log, when a resumed run measured it before).
+        let logged = self
+            .previous
+            .iter()
+            .rev()
+            .find(|r| {
+                r.key == *key && !r.method.is_fused() && r.template_hash == self.template_hash
+            })
+            .map(|r| r.outcome.median_us());
+        let composite_us = match (logged, spec.composite_min_m, best) {
+            (Some(us), _, _) => us,
+            (None, Some(min_m), Some((fallback, _))) if key.m >= min_m && key.k % 16 == 0 => {
+                self.composite_key(key, fallback)?
+            }
+            _ => None,
+        };
+        match composite_us {
+            Some(us) => self.previous_composite.insert(shape, (key.m, us)),
+            None => self.previous_composite.remove(&shape),
+        };
+        if short {
+            self.stats.short_keys.push(key.clone());
+        }
+        progress(Event::KeyDone {
+            index,
+            total,
+            key: key.clone(),
+            screened,
+            timed,
+            best,
+            elapsed: t0.elapsed(),
+            short,
+        });
         Ok(())
     }
 }

@@ -97,42 +97,13 @@ impl Planner {
     }
 }
 
-/// Which slice of a campaign this process runs (`--shard i/n`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shard {
-    pub index: u32,
-    pub count: u32,
-}
-
-impl Shard {
-    pub fn all() -> Self {
-        Self { index: 0, count: 1 }
-    }
-
-    /// Parse "i/n" (0 <= i < n).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let (i, n) = s.split_once('/').ok_or_else(|| format!("--shard `{s}`: expected i/n"))?;
-        let (index, count): (u32, u32) = (
-            i.trim().parse().map_err(|_| format!("--shard `{s}`: `{i}` is not a number"))?,
-            n.trim().parse().map_err(|_| format!("--shard `{s}`: `{n}` is not a number"))?,
-        );
-        if count == 0 || index >= count {
-            return Err(format!("--shard `{s}`: need 0 <= i < n"));
-        }
-        Ok(Self { index, count })
-    }
-
-    /// Keys are dealt round-robin in their sorted order, so shards are balanced and disjoint.
-    pub fn owns(&self, position: usize) -> bool {
-        position as u32 % self.count == self.index
-    }
-}
+pub use super::shard::Shard;
 
 /// Everything a campaign needs.
 /// Builds the planner of one key from its legal configurations, the device and what was measured
 /// on it at the start of the campaign.
 pub type PlannerFactory =
-    Box<dyn Fn(&TableKey, Vec<GemmConfig>, &DeviceInfo, &log::Context) -> Planner>;
+    Box<dyn Fn(&TableKey, Vec<GemmConfig>, &DeviceInfo, &log::Context) -> Planner + Send + Sync>;
 
 pub struct TuneSpec {
     /// (N, K) weight shapes (deduplicated) and the token buckets to tune each at.
@@ -144,7 +115,8 @@ pub struct TuneSpec {
     pub shard: Shard,
     /// Folder of the log; the file is `<sku>-<a_type>.jsonl` (see [`log_file_name`]).
     pub out_dir: PathBuf,
-    /// The fp4tune executable to start workers from, and the device ordinal.
+    /// The fp4tune executable to start workers from, and the device ordinal (of a one-GPU
+    /// campaign: [`run`]; `gpus::run` takes the GPUs to use).
     pub exe: PathBuf,
     pub device: usize,
     /// A candidate (verification or its timing batch) that takes longer than this is a hang.
@@ -200,6 +172,14 @@ pub enum TuneError {
     Log(#[from] log::LogError),
     #[error(transparent)]
     Compile(#[from] crate::compile::CompileError),
+    #[error(transparent)]
+    Manifest(#[from] super::shard::ManifestError),
+    /// GPUs of different models among those asked for (their timings are not comparable).
+    #[error("{0}")]
+    MixedModels(String),
+    /// Every GPU of a several-GPU campaign failed before its keys were done.
+    #[error("{0}")]
+    AllGpusFailed(String),
     #[error("{0}")]
     Other(String),
 }
@@ -246,6 +226,22 @@ pub enum Event {
     /// The log being resumed ended in a torn record (a killed run's last line, no newline): it
     /// is not read, its candidate is measured again.
     TornTail(log::TornTail),
+    /// The keys a GPU starts with (several-GPU campaigns, `gpus::run`): how many, and their
+    /// predicted cost.
+    Assigned {
+        keys: usize,
+        predicted_s: f64,
+    },
+    /// The GPU's worker could not be brought back: its in-flight candidate is recorded as
+    /// failed and its `keys_left` go to the other GPUs.
+    GpuFailed {
+        reason: String,
+        keys_left: usize,
+    },
+    /// The GPU takes over `keys` keys a failed GPU left.
+    Adopted {
+        keys: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -295,6 +291,18 @@ pub fn log_file_name(device: &DeviceInfo, a_type: AType) -> String {
     format!("{}-{}.jsonl", sku_slug(&device.name), a_type)
 }
 
+/// The log file of `shard` of a campaign: [`log_file_name`] for the whole campaign,
+/// `<sku>-<a_type>.shard-i-of-n.jsonl` for a shard (shards sharing a folder never collide).
+pub fn shard_log_file_name(device: &DeviceInfo, a_type: AType, shard: Shard) -> String {
+    shard.file_name(&format!("{}-{}", sku_slug(&device.name), a_type), "jsonl")
+}
+
+/// The dispatch table of `shard` of a campaign on `device`: `<sku>.ron`, or
+/// `<sku>.shard-i-of-n.ron` for a shard (a partial table; `fp4tune merge` makes the whole one).
+pub fn table_file_name(device: &DeviceInfo, shard: Shard) -> String {
+    shard.file_name(&sku_slug(&device.name), "ron")
+}
+
 fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -318,19 +326,37 @@ struct Session {
     device: usize,
 }
 
+/// A worker opened on device `device`, and what the device is.
+fn hello(exe: &std::path::Path, device: usize) -> Result<(WorkerHandle, DeviceInfo), TuneError> {
+    let mut w = WorkerHandle::spawn(exe, &[])?;
+    w.send(&Request::Hello { device })?;
+    match w.recv(Duration::from_secs(120))? {
+        Reply::Device(d) => Ok((w, d)),
+        Reply::Fatal(e) => Err(WorkerError::Fatal(e).into()),
+        other => Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
+    }
+}
+
+/// Ask for the floors (read bandwidth, tensor peak, launch floor), measured under `policy`.
+fn send_floors(w: &mut WorkerHandle, policy: TimingPolicy) -> Result<(), TuneError> {
+    Ok(w.send(&Request::Floors { policy })?)
+}
+
+/// The floors asked for by [`send_floors`].
+fn recv_floors(w: &mut WorkerHandle) -> Result<(f64, f64, f64), TuneError> {
+    match w.recv(Duration::from_secs(120))? {
+        Reply::Floors { bandwidth_gbps, tensor_peak_tflops, launch_floor_us } => {
+            Ok((bandwidth_gbps, tensor_peak_tflops, launch_floor_us))
+        }
+        Reply::Fatal(e) => Err(WorkerError::Fatal(e).into()),
+        other => Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
+    }
+}
+
 impl Session {
     fn worker(&mut self) -> Result<&mut WorkerHandle, TuneError> {
         if self.worker.is_none() {
-            let mut w = WorkerHandle::spawn(&self.exe, &[])?;
-            w.send(&Request::Hello { device: self.device })?;
-            match w.recv(Duration::from_secs(120))? {
-                Reply::Device(_) => {}
-                Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
-                other => {
-                    return Err(TuneError::Other(format!("unexpected worker reply {other:?}")))
-                }
-            }
-            self.worker = Some(w);
+            self.worker = Some(hello(&self.exe, self.device)?.0);
         }
         Ok(self.worker.as_mut().expect("just set"))
     }
@@ -340,35 +366,6 @@ impl Session {
             w.kill();
         }
     }
-}
-
-/// What the first worker reports: the device and its floors (measured under the campaign's policy).
-fn start_session(
-    spec: &TuneSpec,
-    session: &mut Session,
-) -> Result<(DeviceInfo, (f64, f64, f64)), TuneError> {
-    let info = {
-        let mut w = WorkerHandle::spawn(&spec.exe, &[])?;
-        w.send(&Request::Hello { device: spec.device })?;
-        match w.recv(Duration::from_secs(120))? {
-            Reply::Device(d) => {
-                session.worker = Some(w);
-                d
-            }
-            Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
-            other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
-        }
-    };
-    let w = session.worker()?;
-    w.send(&Request::Floors { policy: spec.policy })?;
-    let floors = match w.recv(Duration::from_secs(120))? {
-        Reply::Floors { bandwidth_gbps, tensor_peak_tflops, launch_floor_us } => {
-            (bandwidth_gbps, tensor_peak_tflops, launch_floor_us)
-        }
-        Reply::Fatal(e) => return Err(WorkerError::Fatal(e).into()),
-        other => return Err(TuneError::Other(format!("unexpected worker reply {other:?}"))),
-    };
-    Ok((info, floors))
 }
 
 /// The family of the device and the activation type to tune (the family's own when not given).
@@ -389,8 +386,8 @@ fn family_and_a_type(spec: &TuneSpec, info: &DeviceInfo) -> Result<(Family, ATyp
     Ok((family, a_type))
 }
 
-/// This shard's keys, in key order.
-fn shard_keys(spec: &TuneSpec, family: Family, a_type: AType) -> Vec<TableKey> {
+/// Every key of the campaign (all shards), sorted.
+fn campaign_keys(spec: &TuneSpec, family: Family, a_type: AType) -> Vec<TableKey> {
     let mut keys = Vec::new();
     for &(n, k) in &spec.shapes {
         for &m in &spec.buckets {
@@ -398,7 +395,27 @@ fn shard_keys(spec: &TuneSpec, family: Family, a_type: AType) -> Vec<TableKey> {
         }
     }
     keys.sort();
-    keys.into_iter().enumerate().filter(|(i, _)| spec.shard.owns(*i)).map(|(_, k)| k).collect()
+    keys.dedup();
+    keys
+}
+
+/// This shard's keys, in key order: the shard's bin of the campaign's keys dealt by predicted
+/// cost over the shards (`assign::distribute`, the same on every shard).
+fn shard_keys(
+    spec: &TuneSpec,
+    all: &[TableKey],
+    space: &[GemmConfig],
+    device_name: &str,
+) -> Vec<TableKey> {
+    if spec.shard.count <= 1 {
+        return all.to_vec();
+    }
+    let model = super::assign::model_for(device_name);
+    let costs =
+        super::assign::key_costs(all, space, &model, spec.race.as_ref().map(|r| &r.options));
+    super::assign::distribute(all, &costs, spec.shard.count as usize)
+        .swap_remove(spec.shard.index as usize)
+        .keys
 }
 
 /// The campaign's state while it measures: the worker session, the log writer, what the log
@@ -408,7 +425,8 @@ struct Campaign<'a> {
     compiler: &'a Compiler,
     progress: &'a dyn Fn(Event),
     session: Session,
-    writer: log::Writer,
+    /// The log every GPU's campaign appends to.
+    sink: &'a gpus::Sink,
     info: DeviceInfo,
     template_hash: String,
     context: log::Context,
@@ -447,7 +465,7 @@ impl Campaign<'_> {
             at: now(),
             context: Some(self.context.clone()),
         };
-        self.writer.append(&record)?;
+        self.sink.append(record)?;
         self.new_records += 1;
         Ok(())
     }
@@ -514,7 +532,7 @@ impl Campaign<'_> {
                         outcome_of_failure = Some(Outcome::LaunchError { reason: e });
                         break;
                     }
-                    Ok(Reply::Device(_) | Reply::Floors { .. }) => {}
+                    Ok(Reply::Device(_) | Reply::Devices(_) | Reply::Floors { .. }) => {}
                     Err(e) => {
                         outcome_of_failure = Some(worker_failure(e));
                         break;
@@ -606,14 +624,13 @@ impl Campaign<'_> {
 
     /// The dequantize-then-cuBLAS path on the keys with M >= `min_m` that have a fused winner
     /// and no composite record yet, each with that winner as its fallback.
-    fn composite_pass(
-        &mut self,
-        keys: &[TableKey],
-        min_m: u32,
-        log_path: &std::path::Path,
-    ) -> Result<(), TuneError> {
-        let records: Vec<Record> = log::read(log_path)?
-            .into_iter()
+    fn composite_pass(&mut self, keys: &[TableKey], min_m: u32) -> Result<(), TuneError> {
+        // What the log held at the start and what every GPU appended since.
+        let records: Vec<Record> = self
+            .previous
+            .iter()
+            .cloned()
+            .chain(self.sink.records())
             .filter(|r| r.template_hash == self.template_hash)
             .collect();
         let fused = super::select::timed_table(&records);
@@ -690,189 +707,15 @@ fn race_model_for(info: &DeviceInfo, ctx: &log::Context) -> crate::search::CostM
     }))
 }
 
-/// The campaign, in phases: the device and its floors from a first worker; the family and the
-/// space; resume from the log; this shard's keys; an optional parallel precompile; every key
-/// through its planner; the composite pass on large-M keys; the log's records of this run's
-/// templates and activation type.
+/// A campaign on the one GPU `spec.device`: [`gpus::run`] with that GPU (see there for the
+/// phases).
 pub fn run(
     spec: &TuneSpec,
     compiler: &Compiler,
     progress: &dyn Fn(Event),
 ) -> Result<TuneOutput, TuneError> {
-    let t0 = Instant::now();
-    let mut session = Session { worker: None, exe: spec.exe.clone(), device: spec.device };
-    let (info, (bandwidth_gbps, tensor_peak_tflops, launch_floor_us)) =
-        start_session(spec, &mut session)?;
-    progress(Event::Device(info.clone()));
-    let (family, a_type) = family_and_a_type(spec, &info)?;
-    let log_path = spec.out_dir.join(log_file_name(&info, a_type));
-    let template_hash = template::family_template_hash(family);
-    let context = log::Context {
-        sm_count: info.sm_count,
-        driver_version: info.driver_version,
-        nvrtc_version: compiler.nvrtc_version(),
-        bandwidth_gbps,
-        tensor_peak_tflops,
-        launch_floor_us,
-        timing_policy: spec.policy.describe(),
-    };
-    let space = template::search_space(family, a_type);
-    if space.is_empty() {
-        return Err(TuneError::Other(format!("the {family} family has no {} variants", a_type)));
-    }
-
-    // Earlier records: must be from this GPU model and these templates. A torn last line is
-    // reported, and cut off when the writer opens the log.
-    let resumed = log::read_log(&log_path)?;
-    if let Some(torn) = resumed.torn_tail {
-        progress(Event::TornTail(torn));
-    }
-    let previous = resumed.records;
-    if let Some(r) = previous
-        .iter()
-        .find(|r| r.device != info.name || r.compute_capability != info.compute_capability)
-    {
-        return Err(TuneError::Other(format!(
-            "{}: has records from {} (cc {}.{}); this GPU is {}: use another --log",
-            log_path.display(),
-            r.device,
-            r.compute_capability.0,
-            r.compute_capability.1,
-            info.name
-        )));
-    }
-    // Fused candidates already measured (composite records name a fallback config, not a run of it).
-    let done: HashSet<(TableKey, GemmConfig)> = previous
-        .iter()
-        .filter(|r| r.template_hash == template_hash && r.method.is_fused())
-        .map(|r| (r.key.clone(), r.config))
-        .collect();
-
-    let mut keys = shard_keys(spec, family, a_type);
-    if spec.race.is_some() {
-        // Decode first: a time budget cuts the large-M keys, and every shape's buckets come in
-        // increasing M (each pool starts from the previous bucket's fastest).
-        keys.sort_by(|a, b| a.m.cmp(&b.m).then(a.cmp(b)));
-    }
-    if spec.precompile {
-        // Everything any key may need, in parallel, into the disk cache (workers load from it).
-        let needed: Vec<GemmConfig> = space
-            .iter()
-            .copied()
-            .filter(|c| {
-                keys.iter()
-                    .any(|k| c.check_problem(&GemmProblem::new(k.m, k.n, k.k, k.a_type)).is_ok())
-            })
-            .collect();
-        progress(Event::Compiling(needed.len()));
-        let sources: Vec<_> = needed.iter().filter_map(|c| c.render().ok()).collect();
-        let _ = compiler.compile_many(&sources);
-    }
-
-    let mut campaign = Campaign {
-        spec,
-        compiler,
-        progress,
-        session,
-        writer: log::Writer::open(&log_path)?,
-        info,
-        template_hash,
-        context,
-        previous,
-        done,
-        new_records: 0,
-        stats: CampaignStats::default(),
-        carry: std::collections::HashMap::new(),
-        previous_best: std::collections::HashMap::new(),
-        previous_composite: std::collections::HashMap::new(),
-    };
-    let total = keys.len();
-    match &spec.race {
-        None => {
-            for (index, key) in keys.iter().enumerate() {
-                campaign.tune_key(&space, index, total, key)?;
-                progress(Event::KeyDone {
-                    index,
-                    total,
-                    key: key.clone(),
-                    screened: 0,
-                    timed: campaign.done.iter().filter(|(k, _)| k == key).count(),
-                    best: None,
-                    elapsed: t0.elapsed(),
-                    short: false,
-                });
-            }
-        }
-        Some(race_spec) => {
-            let model = race_model_for(&campaign.info, &campaign.context);
-            // The pools without their carried part are known now: compile them into the cubin
-            // cache in key order while the worker measures (it loads what is there, compiles
-            // the rest itself).
-            let pools: Vec<Vec<crate::template::KernelSource>> = keys
-                .iter()
-                .map(|k| {
-                    let legal = Campaign::legal(&space, k);
-                    let p = GemmProblem::new(k.m, k.n, k.k, k.a_type);
-                    let anchors = super::race_replay::anchors(k);
-                    race::pool(&legal, &p, &model, &anchors, &[], None, &race_spec.options)
-                        .into_iter()
-                        .filter_map(|c| c.render().ok())
-                        .collect()
-                })
-                .collect();
-            // Whether the cache is cold or warm is decided before anything compiles.
-            let mut seen = HashSet::new();
-            let distinct: Vec<crate::template::KernelSource> = pools
-                .iter()
-                .flatten()
-                .filter(|s| seen.insert(s.kernel_name.clone()))
-                .cloned()
-                .collect();
-            let cached_at_start = compiler.count_cached(&distinct);
-            let stop = std::sync::atomic::AtomicBool::new(false);
-            let result = std::thread::scope(|scope| -> Result<(), TuneError> {
-                scope.spawn(|| {
-                    // In key order (`distinct` keeps the pools' order), a chunk at a time so a
-                    // finished campaign stops it soon; what was cached is counted above.
-                    for chunk in distinct.chunks(64) {
-                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                            break;
-                        }
-                        let _ = compiler.precompile(chunk);
-                    }
-                });
-                let r = campaign.race_keys(&space, &model, race_spec, &keys, t0);
-                stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                r
-            });
-            result?;
-            campaign.stats.cache = Precompiled {
-                cached: cached_at_start,
-                compiled: distinct.len() - cached_at_start.min(distinct.len()),
-            };
-            progress(Event::Precompiled(campaign.stats.cache));
-        }
-    }
-    if let (Some(min_m), None) = (spec.composite_min_m, &spec.race) {
-        campaign.composite_pass(&keys, min_m, &log_path)?;
-    }
-    campaign.session.restart();
-    let records: Vec<Record> = log::read(&log_path)?
-        .into_iter()
-        .filter(|r| r.template_hash == campaign.template_hash && r.key.a_type == a_type)
-        .collect();
-    Ok(TuneOutput {
-        device: campaign.info,
-        log_path,
-        bandwidth_gbps,
-        tensor_peak_tflops,
-        family,
-        template_hash: campaign.template_hash,
-        records,
-        new_records: campaign.new_records,
-        wall: t0.elapsed(),
-        stats: campaign.stats,
-    })
+    gpus::run(spec, &gpus::GpuSelection::List(vec![spec.device]), compiler, &|_, e| progress(e))
+        .map(|o| o.output)
 }
 
 #[cfg(test)]
@@ -888,16 +731,43 @@ mod tests {
         );
     }
 
+    /// Over all shards every key of the campaign is tuned exactly once, and a shard's keys are
+    /// the same whoever computes them.
     #[test]
-    fn shards_partition_keys() {
-        assert!(Shard::parse("2/2").is_err());
-        assert!(Shard::parse("x/2").is_err());
-        assert!(Shard::parse("1").is_err());
-        let shards: Vec<Shard> = (0..3).map(|i| Shard::parse(&format!("{i}/3")).unwrap()).collect();
-        for pos in 0..20 {
-            assert_eq!(shards.iter().filter(|s| s.owns(pos)).count(), 1);
+    fn shards_cover_every_key_exactly_once() {
+        let space = template::search_space(Family::Sm90, AType::Bf16);
+        let mk = |shard: Shard| TuneSpec {
+            shapes: vec![(512, 6144), (6144, 256), (6144, 2048), (4096, 6144)],
+            buckets: vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192],
+            a_type: Some(AType::Bf16),
+            policy: TimingPolicy::quick(),
+            shard,
+            out_dir: PathBuf::new(),
+            exe: PathBuf::new(),
+            device: 0,
+            candidate_timeout: Duration::from_secs(1),
+            planner: Box::new(|_, legal, _, _| Planner::exhaustive(legal)),
+            batch: 1,
+            precompile: false,
+            composite_min_m: None,
+            race: Some(RaceSpec::default()),
+            time_budget: None,
+        };
+        let all = campaign_keys(&mk(Shard::all()), Family::Sm90, AType::Bf16);
+        assert_eq!(all.len(), 56);
+        assert_eq!(shard_keys(&mk(Shard::all()), &all, &space, "NVIDIA H200"), all);
+        for count in [2, 3, 8] {
+            let mut seen: Vec<TableKey> = Vec::new();
+            for index in 0..count {
+                let spec = mk(Shard { index, count });
+                let mine = shard_keys(&spec, &all, &space, "NVIDIA H200");
+                assert_eq!(mine, shard_keys(&spec, &all, &space, "NVIDIA H200"));
+                assert!(!mine.is_empty(), "{index}/{count}");
+                seen.extend(mine);
+            }
+            seen.sort();
+            assert_eq!(seen, all, "{count} shards");
         }
-        assert!(Shard::all().owns(7));
     }
 
     #[test]
@@ -919,6 +789,10 @@ mod tests {
 /// Racing's side of the campaign (its keys in order, one key's rounds).
 #[path = "race_run.rs"]
 mod racing;
+
+/// The campaign's engine: one worker per GPU, one log, keys dealt by predicted cost.
+#[path = "gpus.rs"]
+pub mod gpus;
 
 #[cfg(all(test, unix))]
 #[path = "run_tests.rs"]

@@ -20,6 +20,8 @@ use std::io::{BufRead, Write};
 pub enum Request {
     /// Open the device and report what it is.
     Hello { device: usize },
+    /// How many GPUs the driver reports (`tune --gpus all`).
+    Devices,
     /// Measure read bandwidth (GB/s) and bf16 tensor peak (TFLOP/s) for roofline fractions.
     Floors { policy: TimingPolicy },
     /// Verify every config on `problem` (random operands from `seed`), then time the correct ones.
@@ -32,6 +34,8 @@ pub enum Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Reply {
     Device(DeviceInfo),
+    /// The number of GPUs ([`Request::Devices`]).
+    Devices(usize),
     Floors {
         bandwidth_gbps: f64,
         tensor_peak_tflops: f64,
@@ -82,6 +86,10 @@ pub fn serve(compiler: &Compiler) -> ! {
                     send(&Reply::Device(g.info().clone()));
                     gpu = Some(g);
                 }
+                Err(e) => send(&Reply::Fatal(e.to_string())),
+            },
+            Request::Devices => match crate::gpu::device::device_count() {
+                Ok(n) => send(&Reply::Devices(n)),
                 Err(e) => send(&Reply::Fatal(e.to_string())),
             },
             Request::Floors { policy } => {
