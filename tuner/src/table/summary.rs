@@ -56,6 +56,60 @@ pub fn summary(table: &Table) -> String {
             configs.len(),
         );
     }
+    if !table.moe.is_empty() {
+        let hash = table.moe_template_hash.as_deref().unwrap_or("");
+        type Layer = (String, String, String, u32, u32, u32, u32);
+        let mut layers: BTreeMap<Layer, Vec<&super::MoeEntry>> = BTreeMap::new();
+        for e in &table.moe {
+            let k = &e.key;
+            let layer = (
+                k.op.to_string(),
+                k.family.to_string(),
+                k.a_type.to_string(),
+                k.n,
+                k.k,
+                k.experts,
+                k.top_k,
+            );
+            layers.entry(layer).or_default().push(e);
+        }
+        let _ = writeln!(
+            out,
+            "grouped entries: {} over {} projections, templates {}",
+            table.moe.len(),
+            layers.len(),
+            &hash[..hash.len().min(16)]
+        );
+        for ((op, family, a_type, n, k, experts, top_k), mut entries) in layers {
+            entries.sort_by_key(|e| e.key.tokens);
+            let buckets: Vec<String> = entries.iter().map(|e| e.key.tokens.to_string()).collect();
+            let mut configs: Vec<_> = entries.iter().map(|e| e.config).collect();
+            configs.sort();
+            configs.dedup();
+            let lo = entries.iter().map(|e| e.median_us).fold(f64::INFINITY, f64::min);
+            let hi = entries.iter().map(|e| e.median_us).fold(0.0, f64::max);
+            let _ = writeln!(
+                out,
+                "  {op} {family} {a_type} N={n} K={k} E={experts} top_k={top_k}: {} entries, B [{}], {} distinct configs, median {lo:.2}..{hi:.2} us",
+                entries.len(),
+                buckets.join(", "),
+                configs.len(),
+            );
+        }
+    }
+    if let Some(c) = &table.campaign {
+        let _ = writeln!(
+            out,
+            "campaign: {:.1} s wall ({:.1} s GEMM keys{}), {} cache, {} screened, {} timed, strategy {}",
+            c.wall_s,
+            c.gemm_wall_s,
+            c.moe_wall_s.map(|s| format!(", {s:.1} s grouped")).unwrap_or_default(),
+            c.cache,
+            c.screened,
+            c.timed,
+            c.strategy
+        );
+    }
     out
 }
 
@@ -72,5 +126,19 @@ mod tests {
         assert!(s.contains("gemm sm90 w4a16 N=512 K=6144: 3 entries, buckets [1, 16, 256]"), "{s}");
         assert!(s.contains("N=6144 K=256: 1 entries, buckets [1]"), "{s}");
         assert!(s.contains("median 3.25..9.00 us"), "{s}");
+        assert!(!s.contains("grouped entries"), "{s}");
+    }
+
+    #[test]
+    fn summary_lists_grouped_projections_and_the_campaign() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+        let t = Table::load(&root.join("h200/tune-default/nvidia-h200.ron")).unwrap();
+        let s = summary(&t);
+        assert!(s.contains("grouped entries: 22 over 2 projections"), "{s}");
+        assert!(
+            s.contains("moe_gate_up sm90 w4a16 N=512 K=6144 E=256 top_k=8: 11 entries, B [1, 2, 4"),
+            "{s}"
+        );
+        assert!(s.contains("campaign: ") && s.contains("strategy race"), "{s}");
     }
 }
