@@ -975,7 +975,8 @@ pub fn run_moe_bench_for(
                     failed: 0,
                 });
             }
-            if let Some(dispatcher) = &plan.expert_loop {
+            // The per-expert loop launches the table's W4A16 GEMMs: a peer of the W4A16 layer.
+            if let Some(dispatcher) = plan.expert_loop.as_ref().filter(|_| a_type == AType::Bf16) {
                 let peer =
                     moe_loop::rows(gpu, dispatcher, &plan.policy, &d, label, read_gbps, &floors);
                 rows.extend(peer?);

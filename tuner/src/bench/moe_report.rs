@@ -84,12 +84,16 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
     let is_loop = |r: &&MoeRow| r.implementation == super::moe::moe_loop::IMPL;
     let peers: Vec<MoeRow> = peers.iter().chain(rows.iter().filter(is_loop)).cloned().collect();
     let peers = &peers[..];
-    let mut groups: BTreeMap<(String, String), Vec<&MoeRow>> = BTreeMap::new();
-    for r in rows
-        .iter()
-        .filter(|r| r.implementation == "fp4tune_grouped" || r.implementation == "fp4tune_layer")
-    {
-        groups.entry((r.set.clone(), r.op.clone())).or_default().push(r);
+    // One table per (set, op, activation type): W4A16 rows are `fp4tune_grouped` /
+    // `fp4tune_layer`, W4A4 rows carry the `_w4a4` suffix.
+    let mut groups: BTreeMap<(String, String, &str), Vec<&MoeRow>> = BTreeMap::new();
+    for r in rows.iter() {
+        let a_type = match r.implementation.as_str() {
+            "fp4tune_grouped" | "fp4tune_layer" => "",
+            "fp4tune_grouped_w4a4" | "fp4tune_layer_w4a4" => " w4a4",
+            _ => continue,
+        };
+        groups.entry((r.set.clone(), r.op.clone(), a_type)).or_default().push(r);
     }
     let peer_names: Vec<String> = {
         let mut v: Vec<String> = peers.iter().map(|p| p.implementation.clone()).collect();
@@ -97,13 +101,18 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
         v.dedup();
         v
     };
-    for ((set, op), list) in groups {
+    for ((set, op, a_type), list) in groups {
         let first = list[0];
         let _ = writeln!(
             md,
-            "\n## {set} {op} (N {} x K {}, {} experts, top-{})\n",
+            "\n## {set} {op}{a_type} (N {} x K {}, {} experts, top-{})\n",
             first.n, first.k, first.experts, first.top_k
         );
+        // fp4tune's per-expert loop runs W4A16 GEMMs: no peer of a W4A4 layer.
+        let peer_names: Vec<&String> = peer_names
+            .iter()
+            .filter(|p| a_type.is_empty() || p.as_str() != super::moe::moe_loop::IMPL)
+            .collect();
         let mut head =
             String::from("| B | active | fp4tune us (95% CI) | x roofline | x read floor |");
         let mut rule = String::from("|---|---|---|---|---|");
@@ -131,7 +140,10 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
             );
             for p in &peer_names {
                 match peers.iter().find(|x| {
-                    &x.implementation == p && x.set == r.set && x.op == r.op && x.tokens == r.tokens
+                    &x.implementation == *p
+                        && x.set == r.set
+                        && x.op == r.op
+                        && x.tokens == r.tokens
                 }) {
                     Some(x) => {
                         let _ = write!(
@@ -217,6 +229,24 @@ mod tests {
         let md = markdown("t", "p", &rows, &[]);
         assert!(md.contains(" fp4tune_loop us (fp4tune x faster) |"), "{md}");
         assert!(md.contains("| 1 | 8 | 8.25 (8.17-8.33) | 2.50 | 1.38 | 33.0 (4.00x) |"), "{md}");
+    }
+
+    #[test]
+    fn w4a4_rows_get_their_own_tables_without_the_w4a16_loop_peer() {
+        let rows = [
+            row("fp4tune_grouped", 1, 8.25),
+            row("fp4tune_grouped_w4a4", 1, 11.0),
+            row("fp4tune_loop", 1, 33.0),
+        ];
+        let md = markdown("t", "p", &rows, &[row("torch_grouped_mm_bf16", 1, 37.8)]);
+        let (w4a16, w4a4) = md.split_once("## tp8 moe_gate_up w4a4 (").expect("a W4A4 table");
+        assert!(w4a16.contains("## tp8 moe_gate_up (N 512 x K 6144"), "{md}");
+        assert!(w4a16.contains("| 1 | 8 | 8.25 (8.17-8.33) | 2.50 | 1.38 | 33.0 (4.00x) | 37.8"));
+        assert!(!w4a4.contains("fp4tune_loop"), "{md}");
+        assert!(
+            w4a4.contains("| 1 | 8 | 11.00 (10.89-11.11) | 3.33 | 1.83 | 37.8 (3.44x) |"),
+            "{md}"
+        );
     }
 
     #[test]

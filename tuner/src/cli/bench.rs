@@ -94,6 +94,10 @@ pub struct BenchArgs {
     /// defaults.
     #[arg(long = "table", value_delimiter = ',')]
     pub tables: Vec<PathBuf>,
+    /// With --moe: measure nothing, re-render bench-moe.md at --out from this bench-moe.csv,
+    /// keeping the title and provenance lines of the bench-moe.md already there (no GPU needed).
+    #[arg(long, requires = "moe")]
+    pub render: Option<PathBuf>,
 }
 
 /// Distinct (label, N, K) weight shapes of the chosen sets.

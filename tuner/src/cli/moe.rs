@@ -13,6 +13,9 @@ use fp4tune::shapes::ShapeFile;
 pub const DEFAULT_TOKENS: &[u32] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096];
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(csv) = &a.render {
+        return render(csv, &a.out);
+    }
     let file = match &a.shapes {
         Some(p) => ShapeFile::load(p)?,
         None => ShapeFile::glm5()?,
@@ -144,6 +147,36 @@ pub fn run(a: BenchArgs) -> Result<()> {
         stem.with_extension("csv").display(),
         stem.with_extension("md").display()
     )
+}
+
+/// `--render`: bench-moe.md at `out` rendered again from `csv` (a bench-moe.csv), with the title
+/// and provenance lines of the report already there.
+fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
+    let rows =
+        moe_report::parse_csv(&text, &csv.display().to_string()).map_err(anyhow::Error::msg)?;
+    let md_path = out.join("bench-moe.md");
+    let old = std::fs::read_to_string(&md_path).with_context(|| {
+        format!("reading {} (its provenance lines are kept)", md_path.display())
+    })?;
+    let head = old.split("\n## ").next().unwrap_or("");
+    let Some((title, provenance)) = head.strip_prefix("# ").and_then(|h| h.split_once("\n\n"))
+    else {
+        bail!("{}: no `# title` line followed by provenance lines", md_path.display());
+    };
+    let peers: Vec<_> = rows
+        .iter()
+        .filter(|r| {
+            !r.implementation.starts_with("fp4tune_")
+                && !["moe_align", "moe_finalize"].contains(&r.implementation.as_str())
+        })
+        .cloned()
+        .collect();
+    let md = moe_report::markdown(title, provenance.trim_end(), &rows, &peers);
+    fp4tune::compile::cache::write_atomic(&md_path, md.as_bytes())
+        .with_context(|| format!("writing {}", md_path.display()))?;
+    outln!("rendered {} from {}", md_path.display(), csv.display())
 }
 
 /// The grouped phase of `fp4tune tune`: tune the layer, then write its entries into `table` (the
