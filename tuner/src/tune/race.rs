@@ -8,8 +8,8 @@
 //! streamed pipelines poorly against each other, not within one). Its size is a fraction of the
 //! key's legal configurations, capped by what screening the key may cost (predicted from the
 //! model's best time: slow kernels are screened fewer at a time). The same functions build the
-//! pools of a campaign and of its offline replay (`fp4tune simulate --strategy race`), so the
-//! replay measures the strategy that ships.
+//! pools of a campaign and of its offline replay (`fp4tune simulate --strategy race`) and walk
+//! their screening rounds ([`screen_rounds`]), so the replay measures the strategy that ships.
 
 use crate::problem::GemmProblem;
 use crate::search::space::Grid;
@@ -262,6 +262,68 @@ pub fn for_pool(opts: &RaceOptions, pool: usize) -> RaceOptions {
     RaceOptions { refine_max: opts.refine_max.min((pool / 2).max(16)), ..*opts }
 }
 
+/// A round of a key's screening.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// The key's pool.
+    Pool,
+    /// The n-th refinement round (from 1).
+    Refinement(usize),
+}
+
+/// What a key's screening rounds put in play.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rounds {
+    /// Every configuration screened: the pool, then each refinement round's new ones.
+    pub in_play: Vec<GemmConfig>,
+    /// The configurations of `in_play` that have a screening time, in the same order.
+    pub screened: Vec<(GemmConfig, f64)>,
+}
+
+impl Rounds {
+    /// Puts `round` in play with its screening `times` (one per configuration, in order).
+    fn add(&mut self, round: &[GemmConfig], times: &[Option<f64>]) {
+        debug_assert_eq!(round.len(), times.len(), "one screening time per configuration");
+        self.in_play.extend_from_slice(round);
+        self.screened.extend(round.iter().zip(times).filter_map(|(c, t)| t.map(|t| (*c, t))));
+    }
+}
+
+/// The screening rounds of one key: its `pool`, then up to `opts.refine_rounds` refinement
+/// rounds ([`refine`] over `legal`, sized by [`for_pool`]), each of configurations not yet in
+/// play. The rounds end at the first refinement round that does not improve the [`fastest`]
+/// screening time, or when a round has nothing new to screen.
+///
+/// `screen` gives the screening time of every configuration of a round, one per configuration
+/// in order (`None`: no time, e.g. the candidate failed). The rounds see only what they screened
+/// themselves, so a campaign that reuses logged times walks the same rounds as the one that
+/// measured them. The first error of `screen` ends the rounds and is returned.
+pub fn screen_rounds<E>(
+    legal: &[GemmConfig],
+    pool: &[GemmConfig],
+    opts: &RaceOptions,
+    mut screen: impl FnMut(Round, &[GemmConfig]) -> Result<Vec<Option<f64>>, E>,
+) -> Result<Rounds, E> {
+    let opts = &for_pool(opts, pool.len());
+    let mut rounds = Rounds::default();
+    rounds.add(pool, &screen(Round::Pool, pool)?);
+    for n in 1..=opts.refine_rounds {
+        let round: Vec<GemmConfig> = refine(legal, &rounds.screened, opts)
+            .into_iter()
+            .filter(|c| !rounds.in_play.contains(c))
+            .collect();
+        if round.is_empty() {
+            break;
+        }
+        let before = fastest(&rounds.screened);
+        rounds.add(&round, &screen(Round::Refinement(n), &round)?);
+        if fastest(&rounds.screened) >= before {
+            break;
+        }
+    }
+    Ok(rounds)
+}
+
 /// The finalists of a screened key: the `opts.finalists` fastest by screening median (ties by
 /// configuration order), then the first anchor (the family default) and every other anchor
 /// within [`ANCHOR_FACTOR`] of the fastest, if screened correct and not among them.
@@ -425,6 +487,84 @@ mod tests {
         assert_eq!(r[0], l[grid.neighbours(10, 1)[0]], "one step before two");
         let capped = refine(&l, &screened, &RaceOptions { refine_max: 2, ..opts });
         assert_eq!(capped, r[..2].to_vec());
+    }
+
+    /// A scripted screening over `l`: configuration i screens at `time(i)`; every round asked
+    /// for is recorded.
+    fn scripted(
+        l: &[GemmConfig],
+        time: impl Fn(usize) -> Option<f64>,
+        asked: &mut Vec<(Round, Vec<GemmConfig>)>,
+    ) -> Rounds {
+        let opts = RaceOptions::default();
+        let pool = &l[..40];
+        let Ok(rounds) = screen_rounds(l, pool, &opts, |round, configs| {
+            asked.push((round, configs.to_vec()));
+            let index = |c: &GemmConfig| l.iter().position(|x| x == c).unwrap();
+            Ok::<_, std::convert::Infallible>(configs.iter().map(|c| time(index(c))).collect())
+        });
+        rounds
+    }
+
+    #[test]
+    fn screening_rounds_refine_while_they_improve_the_fastest() {
+        let p = GemmProblem::new(16, 6144, 256, AType::Bf16);
+        let l = legal(&p);
+        // The fastest is in the pool: one refinement round, which does not improve it, ends them.
+        let mut asked = Vec::new();
+        let fails = |i: usize| (i % 7 != 3).then_some(1.0 + i as f64);
+        let rounds = scripted(&l, fails, &mut asked);
+        let kinds: Vec<Round> = asked.iter().map(|a| a.0).collect();
+        assert_eq!(kinds, vec![Round::Pool, Round::Refinement(1)]);
+        assert_eq!(asked[0].1, l[..40].to_vec());
+        assert!(!asked[1].1.is_empty() && asked[1].1.iter().all(|c| !l[..40].contains(c)));
+        let in_play: Vec<GemmConfig> = asked.iter().flat_map(|a| a.1.clone()).collect();
+        assert_eq!(rounds.in_play, in_play);
+        let position = |c: &GemmConfig| l.iter().position(|x| x == c).unwrap();
+        let expected: Vec<(GemmConfig, f64)> =
+            in_play.iter().filter_map(|c| fails(position(c)).map(|t| (*c, t))).collect();
+        assert_eq!(rounds.screened, expected, "in play order, failures left out");
+        // Later configurations faster: rounds go on while each improves the fastest, at most
+        // `refine_rounds` of them, each of configurations not yet in play.
+        let mut asked = Vec::new();
+        let rounds = scripted(&l, |i| Some(1.0 / (1.0 + i as f64)), &mut asked);
+        let opts = RaceOptions::default();
+        assert!(asked.len() > 2 && asked.len() <= 1 + opts.refine_rounds, "{}", asked.len());
+        let mut seen: Vec<(GemmConfig, f64)> = Vec::new();
+        for (n, (round, configs)) in asked.iter().enumerate() {
+            assert_eq!(*round, if n == 0 { Round::Pool } else { Round::Refinement(n) });
+            assert!(configs.iter().all(|c| seen.iter().all(|s| s.0 != *c)));
+            let before = fastest(&seen);
+            seen.extend(configs.iter().map(|c| (*c, 1.0 / (1.0 + position(c) as f64))));
+            if n > 0 && n + 1 < asked.len() {
+                assert!(fastest(&seen) < before, "round {n} improved");
+            }
+        }
+        assert_eq!(rounds.screened, seen);
+    }
+
+    #[test]
+    fn screening_rounds_stop_at_the_first_error_and_without_refinement_rounds() {
+        let p = GemmProblem::new(16, 6144, 256, AType::Bf16);
+        let l = legal(&p);
+        let mut asked = Vec::new();
+        let opts = RaceOptions { refine_rounds: 0, ..RaceOptions::default() };
+        let rounds = screen_rounds(&l, &l[..40], &opts, |round, configs| {
+            asked.push(round);
+            Ok::<_, ()>(vec![Some(1.0); configs.len()])
+        });
+        assert_eq!(asked, vec![Round::Pool]);
+        assert_eq!(rounds.map(|r| r.in_play), Ok(l[..40].to_vec()));
+        let mut asked = Vec::new();
+        let failed = screen_rounds(&l, &l[..40], &RaceOptions::default(), |round, configs| {
+            asked.push(round);
+            match round {
+                Round::Pool => Ok(vec![Some(1.0); configs.len()]),
+                Round::Refinement(_) => Err("worker lost"),
+            }
+        });
+        assert_eq!(failed, Err("worker lost"));
+        assert_eq!(asked, vec![Round::Pool, Round::Refinement(1)]);
     }
 
     #[test]

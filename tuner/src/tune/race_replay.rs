@@ -1,17 +1,19 @@
 //! Racing replayed over an exhaustive measurement log (`fp4tune simulate --strategy race`): per
-//! shape, buckets in increasing M, each key's pool built exactly as a campaign builds it (the
-//! previous bucket's carry, the seeds, the model's ranking), screened with the first samples of
-//! the logged full-policy measurements, its finalists judged by their logged medians. The pick is
-//! compared with the log's best.
+//! shape, buckets in increasing M, each key's pool built and its screening rounds walked exactly
+//! as a campaign does (the previous bucket's carry, the seeds, the model's ranking; the same
+//! refinement rounds and stop rule), screened with the first samples of the logged full-policy
+//! measurements, its finalists judged by their logged medians. The pick is compared with the
+//! log's best.
 
 use super::log::{Outcome, Record};
-use super::race::{self, RaceOptions};
+use super::race::{self, RaceOptions, Round};
 use crate::problem::GemmProblem;
 use crate::search::{CostModel, DeviceModel};
 use crate::table::TableKey;
 use crate::template::{self, GemmConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
 
 /// A pick counts as the best when within this much of the exhaustive best.
 pub const RACE_TARGET: f64 = 0.02;
@@ -188,48 +190,29 @@ pub fn replay(records: &[Record], opts: &RaceOptions) -> RaceReplay {
         legal.sort();
         let anchors = anchors(key);
         let pool = race::pool(&legal, &problem, &model, &anchors, &carry, previous, opts);
-        let opts = &race::for_pool(opts, pool.len());
-        let screen = |list: &[GemmConfig]| -> Vec<(GemmConfig, f64)> {
-            list.iter().filter_map(|c| times.get(c).copied().flatten().map(|t| (*c, t.1))).collect()
+        let logged = |_: Round, round: &[GemmConfig]| -> Result<_, Infallible> {
+            Ok(round.iter().map(|c| times.get(c).copied().flatten().map(|t| t.1)).collect())
         };
-        let mut screened = screen(&pool);
-        let mut in_play: Vec<GemmConfig> = pool.clone();
-        let mut refined = Vec::new();
-        for _ in 0..opts.refine_rounds {
-            let before = race::fastest(&screened);
-            let round: Vec<GemmConfig> = race::refine(&legal, &screened, opts)
-                .into_iter()
-                .filter(|c| !in_play.contains(c))
-                .collect();
-            if round.is_empty() {
-                break;
-            }
-            screened.extend(screen(&round));
-            in_play.extend(round.iter().copied());
-            refined.extend(round);
-            if race::fastest(&screened) >= before {
-                break;
-            }
-        }
-        let finals = race::finalists(&screened, &anchors, opts);
+        let Ok(rounds) = race::screen_rounds(&legal, &pool, opts, logged);
+        let finals = race::finalists(&rounds.screened, &anchors, opts);
         let pick = finals
             .iter()
             .filter_map(|c| times.get(c).copied().flatten().map(|t| (*c, t.0)))
             .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-        carry = race::carry_out(&screened, opts.carry);
+        carry = race::carry_out(&rounds.screened, opts.carry);
         previous = pick.map(|p| (key.m, p.1));
         keys.push(RaceKeyReport {
             key: key.clone(),
             logged: times.values().filter(|t| t.is_some()).count(),
-            pool: pool.len() + refined.len(),
-            pool_timed: screened.len(),
+            pool: rounds.in_play.len(),
+            pool_timed: rounds.screened.len(),
             finalists: finals.len(),
             best,
             best_us,
             pick: pick.map(|p| p.0),
             pick_us: pick.map_or(f64::INFINITY, |p| p.1),
             regret: pick.map_or(f64::INFINITY, |p| p.1 / best_us - 1.0),
-            best_in_pool: pool.contains(&best) || refined.contains(&best),
+            best_in_pool: rounds.in_play.contains(&best),
         });
     }
     RaceReplay { options: *opts, keys }

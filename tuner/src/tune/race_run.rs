@@ -5,7 +5,8 @@ use super::{Campaign, Event, Outcome, RaceSpec, TuneError};
 use crate::problem::GemmProblem;
 use crate::table::TableKey;
 use crate::template::GemmConfig;
-use crate::tune::race::{self, RaceOptions};
+use crate::tune::race::{self, RaceOptions, Round};
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// What racing one key found: configurations screened, timed under the full policy, and the
@@ -14,6 +15,31 @@ struct KeyResult {
     screened: usize,
     timed: usize,
     best: Option<(GemmConfig, f64)>,
+}
+
+/// What is known of a key's configurations, from the log and from this run.
+#[derive(Default)]
+struct Known {
+    /// Screening median per measured configuration (a full-policy timing counts too; `None`:
+    /// measured without a time).
+    screen: HashMap<GemmConfig, Option<f64>>,
+    /// Full-policy median per timed configuration.
+    full: HashMap<GemmConfig, f64>,
+}
+
+impl Known {
+    /// Takes in one measurement of `c`: the first screening time and the first full-policy median
+    /// known of a configuration stay (a time fills one measured without).
+    fn note(&mut self, c: GemmConfig, o: &Outcome) {
+        let t = o.screen_us();
+        let e = self.screen.entry(c).or_insert(t);
+        if e.is_none() {
+            *e = t;
+        }
+        if let Outcome::Timed { time, .. } = o {
+            self.full.entry(c).or_insert(time.median);
+        }
+    }
 }
 
 impl Campaign<'_> {
@@ -35,85 +61,57 @@ impl Campaign<'_> {
         let shape = (key.n, key.k);
         let carry = self.carry.get(&shape).cloned().unwrap_or_default();
         let previous = self.previous_best.get(&shape).copied();
-        // What the log knows: screening times (a full timing counts too), full timings, failures.
-        let mut screen_time: std::collections::HashMap<GemmConfig, Option<f64>> =
-            std::collections::HashMap::new();
-        let mut full: std::collections::HashMap<GemmConfig, f64> = std::collections::HashMap::new();
-        let note = |c: GemmConfig,
-                    o: &Outcome,
-                    screen_time: &mut std::collections::HashMap<GemmConfig, Option<f64>>,
-                    full: &mut std::collections::HashMap<GemmConfig, f64>| {
-            let t = o.screen_us();
-            let e = screen_time.entry(c).or_insert(t);
-            if e.is_none() {
-                *e = t;
-            }
-            if let Outcome::Timed { time, .. } = o {
-                full.entry(c).or_insert(time.median);
-            }
-        };
+        let mut known = Known::default();
         for (c, o) in self.previous_of(key) {
-            note(c, &o, &mut screen_time, &mut full);
+            known.note(c, &o);
         }
-        // The rounds see only what this key's rounds screened (the pool, then each refinement),
-        // so a resumed run walks the same rounds as the run it resumes.
-        let mut in_play: Vec<GemmConfig> = Vec::new();
-        let screened_list =
-            |in_play: &[GemmConfig],
-             screen_time: &std::collections::HashMap<GemmConfig, Option<f64>>| {
-                in_play
-                    .iter()
-                    .filter_map(|c| screen_time.get(c).copied().flatten().map(|t| (*c, t)))
-                    .collect::<Vec<(GemmConfig, f64)>>()
-            };
-        // The pool, then refinement rounds while they improve the fastest.
-        let mut round = race::pool(&legal, &problem, model, &anchors, &carry, previous, opts);
-        let opts = &race::for_pool(opts, round.len());
-        for r in 0..=opts.refine_rounds {
-            let before = race::fastest(&screened_list(&in_play, &screen_time));
-            let todo: Vec<GemmConfig> =
-                round.iter().copied().filter(|c| !screen_time.contains_key(c)).collect();
-            if r > 0 {
-                // Refinement kernels are not among the pools compiled in the background: compile
-                // them here (all cores) so the campaign counts what the cache lacked.
-                let sources: Vec<_> = todo.iter().filter_map(|c| c.render().ok()).collect();
-                self.stats.refined_cache += self.compiler.precompile(&sources);
-            }
-            for (c, o) in self.run_batch(key, &todo, &race_spec.screen, true)? {
-                note(c, &o, &mut screen_time, &mut full);
-            }
-            for c in todo {
-                screen_time.entry(c).or_insert(None);
-            }
-            in_play.extend(round.iter().copied());
-            let screened = screened_list(&in_play, &screen_time);
-            if r > 0 && race::fastest(&screened) >= before {
-                break;
-            }
-            round = race::refine(&legal, &screened, opts)
-                .into_iter()
-                .filter(|c| !in_play.contains(c))
-                .collect();
-            if round.is_empty() || r == opts.refine_rounds {
-                break;
-            }
-        }
-        let screened = screened_list(&in_play, &screen_time);
-        let finals = race::finalists(&screened, &anchors, opts);
+        let pool = race::pool(&legal, &problem, model, &anchors, &carry, previous, opts);
+        let rounds = race::screen_rounds(&legal, &pool, opts, |round, configs| {
+            self.screen_round(key, race_spec, round, configs, &mut known)
+        })?;
+        let finals = race::finalists(&rounds.screened, &anchors, opts);
         let todo: Vec<GemmConfig> =
-            finals.iter().copied().filter(|c| !full.contains_key(c)).collect();
+            finals.iter().copied().filter(|c| !known.full.contains_key(c)).collect();
         for (c, o) in self.run_batch(key, &todo, &spec.policy, false)? {
-            note(c, &o, &mut screen_time, &mut full);
+            known.note(c, &o);
         }
-        self.carry.insert(shape, race::carry_out(&screened, opts.carry));
+        self.carry.insert(shape, race::carry_out(&rounds.screened, opts.carry));
         let best = finals
             .iter()
-            .filter_map(|c| full.get(c).map(|t| (*c, *t)))
+            .filter_map(|c| known.full.get(c).map(|t| (*c, *t)))
             .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         if let Some((_, us)) = best {
             self.previous_best.insert(shape, (key.m, us));
         }
-        Ok(KeyResult { screened: in_play.len(), timed: full.len(), best })
+        Ok(KeyResult { screened: rounds.in_play.len(), timed: known.full.len(), best })
+    }
+
+    /// The screening times of one round of a key's configurations, one per configuration: what
+    /// `known` holds is reused, the rest is screened by the worker (a refinement round's kernels,
+    /// which the pools compiled in the background do not hold, compiled first on all cores so
+    /// the campaign counts what the cache lacked). A configuration measured without a time is
+    /// known as such and not screened again.
+    fn screen_round(
+        &mut self,
+        key: &TableKey,
+        race_spec: &RaceSpec,
+        round: Round,
+        configs: &[GemmConfig],
+        known: &mut Known,
+    ) -> Result<Vec<Option<f64>>, TuneError> {
+        let todo: Vec<GemmConfig> =
+            configs.iter().copied().filter(|c| !known.screen.contains_key(c)).collect();
+        if let Round::Refinement(_) = round {
+            let sources: Vec<_> = todo.iter().filter_map(|c| c.render().ok()).collect();
+            self.stats.refined_cache += self.compiler.precompile(&sources);
+        }
+        for (c, o) in self.run_batch(key, &todo, &race_spec.screen, true)? {
+            known.note(c, &o);
+        }
+        for c in todo {
+            known.screen.entry(c).or_insert(None);
+        }
+        Ok(configs.iter().map(|c| known.screen.get(c).copied().flatten()).collect())
     }
 
     /// One key by racing, then its dequantize-then-cuBLAS measurement, with the campaign's
