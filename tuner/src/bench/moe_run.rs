@@ -1,0 +1,218 @@
+//! One grouped MoE benchmark run (`fp4tune bench --moe`): the plan, the report rows, and per
+//! set and token count the grouped space of both ops verified and timed, the whole layer with the
+//! best of each, align and finalize alone, and the per-expert loop peer (a child of `moe.rs`).
+
+use super::*;
+
+/// What `fp4tune bench --moe` measures.
+#[derive(Debug, Clone)]
+pub struct MoeBenchPlan {
+    /// (label, shape, expert_begin) per layer shape, e.g. ("tp8", GLM5_TP8, 0).
+    pub sets: Vec<(String, MoeShape, i32)>,
+    pub experts_total: u32,
+    pub tokens: Vec<u32>,
+    pub policy: TimingPolicy,
+    /// At most this many candidates per op and step (0: the whole space), taken evenly.
+    pub max_candidates: usize,
+    /// The dispatcher whose GEMM routes the per-expert loop peer `fp4tune_loop` launches
+    /// ([`moe_loop`]); `None`: no loop peer.
+    pub expert_loop: Option<std::sync::Arc<crate::runtime::Dispatcher>>,
+}
+
+/// One row of the report (columns of `bench-moe.csv`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoeRow {
+    pub set: String,
+    pub op: String,
+    pub n: u32,
+    pub k: u32,
+    pub experts: u32,
+    pub top_k: u32,
+    pub tokens: u32,
+    pub active_experts: u32,
+    /// `fp4tune_grouped`, `fp4tune_layer`, `moe_align`, `moe_finalize`, or a peer's name.
+    pub implementation: String,
+    pub config: String,
+    pub median_us: f64,
+    pub lo_us: f64,
+    pub hi_us: f64,
+    pub roofline_us: f64,
+    pub read_floor_us: f64,
+    pub verified: usize,
+    pub failed: usize,
+}
+
+/// Progress of a benchmark run, for the caller to show (the library never prints).
+#[derive(Debug, Clone)]
+pub enum MoeProgress {
+    Step { set: String, tokens: u32, active_experts: u32 },
+    Op { op: MoeOp, verified: usize, failed: usize, best: Option<(GroupedConfig, f64)> },
+}
+
+/// An evenly spaced subset of `space` of at most `max` configurations (all when max is 0).
+pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
+    if max == 0 || space.len() <= max {
+        return space;
+    }
+    (0..max).map(|i| space[i * space.len() / max]).collect()
+}
+
+/// Every candidate measured for one (set, tokens, op).
+pub type OpLog = (String, u32, MoeOp, Vec<Measured>);
+
+/// Run the plan: per set and token count, verify and time the grouped space of both ops, the
+/// whole layer with the best of each, align and finalize alone, and the read floor of each op's
+/// bytes; read bandwidth measured once for the rooflines.
+pub fn run_moe_bench(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    plan: &MoeBenchPlan,
+    progress: impl FnMut(MoeProgress),
+) -> Result<(Vec<MoeRow>, Vec<OpLog>), MoeBenchError> {
+    run_moe_bench_for(gpu, compiler, plan, AType::Bf16, progress)
+}
+
+/// [`run_moe_bench`] for activations of `a_type` (family sm90): W4A4 rows name their
+/// implementation `fp4tune_grouped_w4a4` and `fp4tune_layer_w4a4` (the layer includes the
+/// quantization of X).
+pub fn run_moe_bench_for(
+    gpu: &Gpu,
+    compiler: &Compiler,
+    plan: &MoeBenchPlan,
+    a_type: AType,
+    mut progress: impl FnMut(MoeProgress),
+) -> Result<(Vec<MoeRow>, Vec<OpLog>), MoeBenchError> {
+    let suffix = if a_type == AType::Nvfp4 { "_w4a4" } else { "" };
+    let floors = Floors::new(gpu, compiler)?;
+    let read_gbps = floors.read_bandwidth(&plan.policy, 2 << 30)?;
+    let kernels = MoeKernels::load(gpu, compiler)?;
+    let launcher = MoeLauncher { gpu, kernels: &kernels };
+    let mut rows = Vec::new();
+    let mut logs = Vec::new();
+    for (label, shape, begin) in &plan.sets {
+        let step = |tokens: u32| MoeStep {
+            shape: *shape,
+            experts_total: plan.experts_total,
+            expert_begin: *begin,
+            tokens,
+            routing: Routing::Uniform,
+            seed: 1000 + tokens as u64,
+        };
+        // One upload of the set's weights, with the copies its sparsest step needs.
+        let mut copies = (1, 1);
+        for &tokens in &plan.tokens {
+            let s = step(tokens);
+            let schedule = RouteSchedule::build(&s.ids(), s.expert_begin, shape.experts);
+            let c = copies_for(gpu, shape, &schedule, &plan.policy);
+            copies = (copies.0.max(c.0), copies.1.max(c.1));
+        }
+        let weights = Arc::new(LayerWeights::new(gpu, *shape, copies)?);
+        for &tokens in &plan.tokens {
+            let d =
+                StepData::with_weights(gpu, step(tokens), a_type, &plan.policy, weights.clone())?;
+            if d.schedule.rows() == 0 {
+                continue;
+            }
+            progress(MoeProgress::Step {
+                set: label.clone(),
+                tokens,
+                active_experts: d.schedule.active_experts(),
+            });
+            d.check_schedule(gpu, &launcher)?;
+            let mut chosen: Vec<GroupedKernel> = Vec::new();
+            for op in MoeOp::ALL {
+                let space = spread(
+                    crate::moe::config::search_space_for(Family::Sm90, a_type, op, shape),
+                    plan.max_candidates,
+                );
+                let measured = measure_op(
+                    gpu,
+                    compiler,
+                    &plan.policy,
+                    &launcher,
+                    &d,
+                    op,
+                    &space,
+                    chosen.first(),
+                )?;
+                let verified = measured.iter().filter(|m| m.median().is_some()).count();
+                let failed = measured.len() - verified;
+                let top = best(&measured).cloned();
+                progress(MoeProgress::Op {
+                    op,
+                    verified,
+                    failed,
+                    best: top.as_ref().map(|m| (m.config, m.median().unwrap())),
+                });
+                let top = top
+                    .ok_or_else(|| MoeBenchError::NoCandidate(op, format!("{label} B={tokens}")))?;
+                let Outcome::Timed(t) = top.outcome else { unreachable!("best() is timed") };
+                let bytes = roofline_bytes_for(shape, op, a_type, &d.schedule, tokens);
+                let (n, k) = shape.nk(op);
+                rows.push(MoeRow {
+                    set: label.clone(),
+                    op: op.as_str().into(),
+                    n,
+                    k,
+                    experts: shape.experts,
+                    top_k: shape.top_k,
+                    tokens,
+                    active_experts: d.schedule.active_experts(),
+                    implementation: format!("fp4tune_grouped{suffix}"),
+                    config: top.config.name(),
+                    median_us: t.median,
+                    lo_us: t.lo,
+                    hi_us: t.hi,
+                    roofline_us: bytes as f64 / (read_gbps * 1e3),
+                    read_floor_us: floors.read_floor(&plan.policy, bytes)?.time.median,
+                    verified,
+                    failed,
+                });
+                chosen.push(GroupedKernel::load(gpu, compiler, top.config)?);
+                logs.push((label.clone(), tokens, op, measured));
+            }
+            let layer = measure_layer(gpu, &plan.policy, &launcher, &d, &chosen[0], &chosen[1])?;
+            let both: u64 = MoeOp::ALL
+                .iter()
+                .map(|&op| roofline_bytes_for(shape, op, a_type, &d.schedule, tokens))
+                .sum();
+            let layer_name = format!("fp4tune_layer{suffix}");
+            for (name, t, roof) in [
+                (layer_name.as_str(), layer.layer, both as f64 / (read_gbps * 1e3)),
+                ("moe_align", layer.align, 0.0),
+                ("moe_finalize", layer.finalize, 0.0),
+            ] {
+                rows.push(MoeRow {
+                    set: label.clone(),
+                    op: "moe_layer".into(),
+                    n: shape.hidden,
+                    k: shape.inter,
+                    experts: shape.experts,
+                    top_k: shape.top_k,
+                    tokens,
+                    active_experts: d.schedule.active_experts(),
+                    implementation: name.into(),
+                    config: if name == layer_name {
+                        format!("{} + {}", chosen[0].config, chosen[1].config)
+                    } else {
+                        String::new()
+                    },
+                    median_us: t.median,
+                    lo_us: t.lo,
+                    hi_us: t.hi,
+                    roofline_us: roof,
+                    read_floor_us: 0.0,
+                    verified: 1,
+                    failed: 0,
+                });
+            }
+            // The per-expert loop launches the table's W4A16 GEMMs: a peer of the W4A16 layer.
+            if let Some(dispatcher) = plan.expert_loop.as_ref().filter(|_| a_type == AType::Bf16) {
+                let peer =
+                    moe_loop::rows(gpu, dispatcher, &plan.policy, &d, label, read_gbps, &floors);
+                rows.extend(peer?);
+            }
+        }
+    }
+    Ok((rows, logs))
+}
