@@ -23,7 +23,6 @@ use crate::moe::{GroupedConfig, MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeArgs, MoeKernels, MoeLauncher, MoeWorkspace};
 use crate::runtime::RuntimeError;
-use crate::template::Family;
 use half::bf16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};

@@ -83,6 +83,8 @@ pub fn run_moe_bench_for(
     mut progress: impl FnMut(MoeProgress),
 ) -> Result<(Vec<MoeRow>, Vec<OpLog>), MoeBenchError> {
     let suffix = if a_type == AType::Nvfp4 { "_w4a4" } else { "" };
+    // The device's kernel family (sm120: W4A4 only, on the native block-scaled MMA).
+    let family = crate::runtime::family_for(gpu.info())?;
     let floors = Floors::new(gpu, compiler)?;
     let read_gbps = floors.read_bandwidth(&plan.policy, 2 << 30)?;
     let kernels = MoeKernels::load(gpu, compiler)?;
@@ -122,7 +124,7 @@ pub fn run_moe_bench_for(
             let mut chosen: Vec<GroupedKernel> = Vec::new();
             for op in MoeOp::ALL {
                 let space = spread(
-                    crate::moe::config::search_space_for(Family::Sm90, a_type, op, shape),
+                    crate::moe::config::search_space_for(family, a_type, op, shape),
                     plan.max_candidates,
                 );
                 let measured = measure_op(

@@ -42,16 +42,16 @@ pub fn step_of(e: &MoeEntry) -> MoeStep {
     }
 }
 
-/// Whether the grouped measurement runs `key`'s kernels (family sm90, W4A16 or W4A4); `Err` says
-/// why not.
+/// Whether the grouped measurement runs `key`'s kernels (family sm90, W4A16 or W4A4; family
+/// sm120, W4A4); `Err` says why not. Whether the GPU at hand runs the key's family is the
+/// check's preflight.
 pub fn measurable(key: &MoeKey) -> Result<(), String> {
-    if key.family == Family::Sm90 {
-        Ok(())
-    } else {
-        Err(format!(
-            "the grouped measurement runs family sm90 kernels only, this entry is {} {}",
+    match (key.family, key.a_type) {
+        (Family::Sm90, _) | (Family::Sm120, AType::Nvfp4) => Ok(()),
+        _ => Err(format!(
+            "the grouped measurement runs sm90 kernels and sm120 W4A4 kernels, this entry is {} {}",
             key.family, key.a_type
-        ))
+        )),
     }
 }
 
@@ -71,13 +71,20 @@ fn outcome_of_failure(why: &str) -> Outcome {
 
 /// The gate_up kernel whose H the down entries of `step` read: the step's gate_up entry, else the
 /// first configuration of the gate_up space.
-fn gate_up_for(moe: &[MoeEntry], step: &MoeStep, a_type: AType) -> Option<GroupedConfig> {
+fn gate_up_for(
+    moe: &[MoeEntry],
+    step: &MoeStep,
+    family: Family,
+    a_type: AType,
+) -> Option<GroupedConfig> {
     moe.iter()
-        .find(|e| e.key.op == MoeOp::GateUp && e.key.a_type == a_type && step_of(e) == *step)
-        .map(|e| e.config)
-        .or_else(|| {
-            search_space_for(Family::Sm90, a_type, MoeOp::GateUp, &step.shape).first().copied()
+        .find(|e| {
+            e.key.op == MoeOp::GateUp
+                && (e.key.family, e.key.a_type) == (family, a_type)
+                && step_of(e) == *step
         })
+        .map(|e| e.config)
+        .or_else(|| search_space_for(family, a_type, MoeOp::GateUp, &step.shape).first().copied())
 }
 
 /// The policy of the verification run (what `bench::moe::measure_op` times after verifying):
@@ -189,7 +196,7 @@ fn measure_step(
             }
             let input = if op == MoeOp::Down {
                 let k = gate_up.entry(e.key.a_type).or_insert_with(|| {
-                    let config = gate_up_for(moe, step, e.key.a_type)
+                    let config = gate_up_for(moe, step, e.key.family, e.key.a_type)
                         .ok_or_else(|| "no gate_up configuration for this shape".to_string())?;
                     GroupedKernel::load(gpu, compiler, config).map_err(|e| {
                         format!("the gate_up kernel {} that writes H: {e}", config.name())
@@ -285,20 +292,21 @@ mod tests {
         assert_eq!((s.tokens, s.seed, s.routing), (e.key.tokens, e.routing_seed, Routing::Uniform));
         assert_eq!((s.experts_total, s.expert_begin), (e.key.experts, 0));
         assert!(measurable(&e.key).is_ok());
-        let other = MoeKey { family: Family::Sm120, a_type: AType::Nvfp4, ..e.key };
-        assert!(measurable(&other).unwrap_err().contains("sm120"));
+        let other = MoeKey { family: Family::Sm120, a_type: AType::Bf16, ..e.key };
+        assert!(measurable(&other).unwrap_err().contains("this entry is sm120 w4a16"));
+        assert!(measurable(&MoeKey { a_type: AType::Nvfp4, ..other }).is_ok());
         // Down reads the H of its step's gate_up entry; without one, of the gate_up space's first
         // kernel.
         let down =
             t.moe.iter().find(|d| d.key.op == MoeOp::Down && d.key.tokens == e.key.tokens).unwrap();
         assert_eq!(step_of(down), s, "the committed table tunes both ops of a B on one routing");
-        assert_eq!(gate_up_for(&t.moe, &s, AType::Bf16), Some(e.config));
+        assert_eq!(gate_up_for(&t.moe, &s, Family::Sm90, AType::Bf16), Some(e.config));
         assert_eq!(
-            gate_up_for(std::slice::from_ref(down), &s, AType::Bf16),
+            gate_up_for(std::slice::from_ref(down), &s, Family::Sm90, AType::Bf16),
             crate::moe::config::search_space(MoeOp::GateUp, &s.shape).first().copied()
         );
         // A W4A4 down entry reads the H of a W4A4 gate_up kernel, never of the W4A16 entry.
-        let w4a4 = gate_up_for(&t.moe, &s, AType::Nvfp4).unwrap();
+        let w4a4 = gate_up_for(&t.moe, &s, Family::Sm90, AType::Nvfp4).unwrap();
         assert_eq!(
             (w4a4.op, w4a4.family, w4a4.a_type),
             (MoeOp::GateUp, Family::Sm90, AType::Nvfp4)

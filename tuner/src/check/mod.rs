@@ -418,12 +418,12 @@ mod tests {
         assert!(preflight(&stale, Ok(&h200), None).is_empty());
         let mut other = t.moe[0].clone();
         other.key.family = Family::Sm120;
-        other.key.a_type = crate::problem::AType::Nvfp4;
+        other.key.a_type = crate::problem::AType::Bf16;
         t.moe.push(other);
         let (measured, not) = grouped_split(&t);
         assert_eq!(measured.len(), t.moe.len() - 1);
         assert!(
-            matches!(&not[..], [w] if w.contains("sm120") && w.contains("family sm90 kernels")),
+            matches!(&not[..], [w] if w.contains("sm120") && w.contains("sm120 W4A4 kernels")),
             "{not:?}"
         );
         let b = baseline::from_table(&t, "t.ron");

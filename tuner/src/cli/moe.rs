@@ -7,7 +7,9 @@ use anyhow::{bail, Context, Result};
 use fp4tune::bench::moe::{run_moe_bench_for, MoeBenchPlan, MoeProgress};
 use fp4tune::bench::{moe_report, report, TimingPolicy};
 use fp4tune::moe::MoeShape;
+use fp4tune::problem::AType;
 use fp4tune::shapes::ShapeFile;
+use fp4tune::template::Family;
 
 /// Token counts of a MoE benchmark without `--m`: decode 1..256 and two prefill sizes.
 pub const DEFAULT_TOKENS: &[u32] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096];
@@ -48,13 +50,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let gpu = fp4tune::gpu::Gpu::open(a.device)?;
     let info = gpu.info().clone();
-    if info.compute_capability != (9, 0) {
-        bail!(
-            "{} (compute capability {}.{}): the grouped MoE kernels run on the sm90 family (9.0) so far",
-            info.name,
-            info.compute_capability.0,
-            info.compute_capability.1
-        );
+    let family = fp4tune::runtime::family_for(&info)?;
+    // sm120 grouped kernels are W4A4 (the native block-scaled MMA); sm90 runs both.
+    let a_types: Vec<AType> = a
+        .a_type
+        .types()
+        .into_iter()
+        .filter(|t| family == Family::Sm90 || *t == AType::Nvfp4)
+        .collect();
+    if a_types.is_empty() {
+        bail!("{}: the {family} grouped MoE kernels are W4A4 (use --a-type w4a4)", info.name);
     }
     let compiler = crate::default_compiler()?;
     // The per-expert loop peer launches through the runtime dispatcher of the given tables.
@@ -72,7 +77,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let started = std::time::Instant::now();
     // Progress on standard error, best effort: a closed stream must not stop the benchmark.
     use std::io::Write as _;
-    let a_types = a.a_type.types();
     let mut rows = Vec::new();
     for &a_type in &a_types {
         let (r, _logs) = run_moe_bench_for(&gpu, &compiler, &plan, a_type, |p| match p {
@@ -123,7 +127,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     let md = moe_report::markdown(
         &format!(
-            "fp4tune grouped MoE benchmark (sm90, {})",
+            "fp4tune grouped MoE benchmark ({family}, {})",
             a_types.iter().map(|t| t.as_str().to_uppercase()).collect::<Vec<_>>().join(" + ")
         ),
         &provenance,
@@ -185,7 +189,7 @@ fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
 pub fn tune_phase(
     shape: MoeShape,
     experts_total: u32,
-    a_type: fp4tune::problem::AType,
+    a_type: Option<AType>,
     buckets: &[u32],
     device: usize,
     out: &std::path::Path,
@@ -199,12 +203,15 @@ pub fn tune_phase(
     };
     let gpu = fp4tune::gpu::Gpu::open(device)?;
     let info = gpu.info().clone();
-    if info.compute_capability != (9, 0) {
-        bail!(
-            "{}: the grouped MoE kernels run on the sm90 family (compute capability 9.0) so far",
-            info.name
-        );
-    }
+    let family = fp4tune::runtime::family_for(&info)?;
+    // sm120 grouped kernels are W4A4 (the native block-scaled MMA); sm90 defaults to W4A16.
+    let a_type = match (family, a_type) {
+        (Family::Sm120, Some(AType::Bf16)) => {
+            bail!("{}: the sm120 grouped MoE kernels are W4A4 (use --a-type w4a4)", info.name)
+        }
+        (Family::Sm120, _) => AType::Nvfp4,
+        (_, a) => a.unwrap_or(AType::Bf16),
+    };
     let compiler = crate::default_compiler()?;
     let spec = MoeTuneSpec {
         shape,

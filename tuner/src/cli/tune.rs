@@ -159,7 +159,6 @@ pub fn run(args: TuneArgs) -> Result<()> {
             Some(GpuSelection::List(v)) => v.first().copied().unwrap_or(device),
             _ => device,
         };
-        let a_type = a_type.unwrap_or(fp4tune::problem::AType::Bf16);
         return super::moe::tune_phase(shape, total, a_type, &moe_buckets, device, &out, None);
     }
     if only_buckets.contains(&0) {
@@ -266,11 +265,10 @@ pub fn run(args: TuneArgs) -> Result<()> {
     // only (merge takes its entries from that shard's table).
     let device = ran_on.first().map_or(device, |g| g.ordinal);
     let moe = match moe_layer {
-        Some((shape, total))
-            if !no_moe && output.family == fp4tune::template::Family::Sm90 && shard.index == 0 =>
-        {
+        Some((shape, total)) if !no_moe && shard.index == 0 => {
             let t = std::time::Instant::now();
-            let a_type = a_type.unwrap_or(fp4tune::problem::AType::Bf16);
+            // The campaign's activation type (sm120 campaigns are W4A4).
+            let a_type = a_type.or_else(|| output.records.first().map(|r| r.key.a_type));
             super::moe::tune_phase(shape, total, a_type, &moe_buckets, device, &out, Some(table))
                 .and_then(|()| {
                     // The campaign block gets the grouped phase's time and the whole wall time.

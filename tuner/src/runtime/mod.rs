@@ -69,7 +69,7 @@ mod gpu_tests;
 
 pub use dispatcher::{Dispatcher, GemmArgs, Options, StartupReport};
 pub use error::RuntimeError;
-pub use plan::{Plan, PlannedKernel};
+pub use plan::{family_for, Plan, PlannedKernel};
 pub use route::{
     moe_unavailable, MoeLayerRoute, MoeRoute, MoeRouteKind, MoeRouteTable, Route, RouteKind,
 };

@@ -19,7 +19,7 @@ use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
 use crate::moe::config::{align_source, finalize_source, ALIGN_THREADS, FINALIZE_THREADS};
 use crate::moe::{max_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
-use crate::template::{quantize, Arch, Family};
+use crate::template::{quantize, Arch};
 
 /// A grouped kernel, loaded.
 #[derive(Debug)]
@@ -430,9 +430,10 @@ impl MoeLauncher<'_> {
         let c = &kernel.config;
         let shape = &ws.shape;
         let (n, k) = shape.nk(c.op);
-        if c.a_type != args.a_type() || c.family != Family::Sm90 {
+        let family = crate::runtime::family_for(self.gpu.info())?;
+        if c.a_type != args.a_type() || c.family != family {
             return Err(RuntimeError::InvalidArgument(format!(
-                "{c}: a {} {} kernel cannot run a {} call on this device",
+                "{c}: a {} {} kernel cannot run a {} call on this device (family {family})",
                 c.family,
                 c.a_type,
                 args.a_type()
@@ -578,15 +579,16 @@ impl MoeRoutes {
                 "{shape}: hidden and inter must be multiples of 16"
             )));
         }
+        let family = crate::runtime::family_for(gpu.info())?;
         let mut configs: Vec<GroupedConfig> = Vec::new();
         for (_, _, c) in choices {
             c.check(&shape)
                 .map_err(|e| RuntimeError::Render { config: c.name(), reason: e.reason })?;
-            if c.a_type != a_type || c.family != Family::Sm90 {
+            if c.a_type != a_type || c.family != family {
                 return Err(RuntimeError::Render {
                     config: c.name(),
                     reason: format!(
-                        "a {} {} kernel in the {} sm90 routes",
+                        "a {} {} kernel in the {} {family} routes",
                         c.family, c.a_type, a_type
                     ),
                 });
@@ -801,9 +803,13 @@ impl MoeRuntime {
         if table.moe.is_empty() {
             return Ok(None);
         }
-        if gpu.info().compute_capability != (9, 0) {
+        // The entries of this device's family (a table is measured on one device, so all of
+        // them or none).
+        let family = crate::runtime::family_for(gpu.info())?;
+        if table.moe.iter().any(|e| e.key.family != family) {
             warnings.push(format!(
-                "the table's grouped MoE entries are for the sm90 family; {} cannot run them",
+                "the table's grouped MoE entries are not all for the {family} family of {}: the \
+                 grouped layer is not available",
                 gpu.info().name
             ));
             return Ok(None);

@@ -516,10 +516,10 @@ impl Table {
         Ok(())
     }
 
-    /// The grouped entries' rules: a template hash; sm90 keys (the grouped family tuned so far), W4A16
-    /// or W4A4, with a configuration of the key's family and activation type;
+    /// The grouped entries' rules: a template hash; keys of the device's family (sm90: W4A16 or
+    /// W4A4; sm120: W4A4), with a configuration of the key's family and activation type;
     /// the configuration's op equal to the key's and legal for the key's layer shape; finite,
-    /// positive times with lo <= hi; no duplicate keys; the device of compute capability 9.0.
+    /// positive times with lo <= hi; no duplicate keys.
     fn validate_moe(&self, origin: &str) -> Result<(), TableError> {
         let invalid = |at: String, reason: String| TableError::Invalid {
             origin: origin.to_string(),
@@ -539,13 +539,8 @@ impl Table {
         for (i, e) in self.moe.iter().enumerate() {
             let at = || format!("moe entry {} ({})", i + 1, e.key);
             let key = &e.key;
-            if key.family != Family::Sm90 {
-                return Err(invalid(
-                    at(),
-                    "grouped entries exist for family sm90 (sm120 grouped kernels are compiled and \
-                     checked, not yet tuned)"
-                        .into(),
-                ));
+            if key.family == Family::Sm120 && key.a_type != AType::Nvfp4 {
+                return Err(invalid(at(), "sm120 grouped kernels are W4A4 (a_type Nvfp4)".into()));
             }
             if (e.config.family, e.config.a_type) != (key.family, key.a_type) {
                 return Err(invalid(
@@ -556,12 +551,15 @@ impl Table {
                     ),
                 ));
             }
-            if self.device.compute_capability != (9, 0) {
+            let (major, minor) = self.device.compute_capability;
+            let device_family =
+                crate::template::Arch::for_compute_capability(major, minor).map(Family::for_arch);
+            if device_family != Some(key.family) {
                 return Err(invalid(
                     at(),
                     format!(
-                        "the sm90 family does not run on compute capability {:?}",
-                        self.device.compute_capability
+                        "the {} family does not run on compute capability {:?}",
+                        key.family, self.device.compute_capability
                     ),
                 ));
             }
@@ -979,10 +977,30 @@ pub(crate) mod tests {
         bad.moe[0].config = crate::moe::config::search_space(MoeOp::Down, &shape)[0];
         let e = bad.validate("t.ron").unwrap_err().to_string();
         assert!(e.contains("moe entry 1") && e.contains("sm90 w4a16 kernel"), "{e}");
-        let mut bad = t;
+        let mut bad = t.clone();
         bad.moe[0].key.family = Family::Sm120;
         let e = bad.validate("t.ron").unwrap_err().to_string();
-        assert!(e.contains("family sm90"), "{e}");
+        assert!(e.contains("is a sm90 w4a4 kernel"), "{e}");
+        // An sm120 table (compute capability 12.0) holds sm120 W4A4 grouped entries; an sm90
+        // device does not run them, and sm120 W4A16 keys do not exist.
+        let sm120 =
+            crate::moe::config::search_space_for(Family::Sm120, AType::Nvfp4, MoeOp::Down, &shape)
+                [0];
+        let mut t120 = t.clone();
+        t120.device.compute_capability = (12, 0);
+        t120.entries.clear();
+        t120.template_hashes.clear();
+        t120.moe[0].key.family = Family::Sm120;
+        t120.moe[0].config = sm120;
+        t120.validate("t.ron").unwrap();
+        let mut bad = t120.clone();
+        bad.device.compute_capability = (9, 0);
+        let e = bad.validate("t.ron").unwrap_err().to_string();
+        assert!(e.contains("the sm120 family does not run on compute capability (9, 0)"), "{e}");
+        let mut bad = t120;
+        bad.moe[0].key.a_type = AType::Bf16;
+        let e = bad.validate("t.ron").unwrap_err().to_string();
+        assert!(e.contains("sm120 grouped kernels are W4A4"), "{e}");
     }
 
     #[test]

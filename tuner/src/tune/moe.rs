@@ -16,7 +16,6 @@ use crate::moe::{MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeLauncher};
 use crate::table::{MoeEntry, MoeKey};
-use crate::template::Family;
 use std::sync::Arc;
 
 /// A finalist may be at most this much slower than the best finalist on the skewed draw.
@@ -73,6 +72,8 @@ pub fn tune_moe(
     read_gbps: f64,
     progress: &dyn Fn(MoeTuneEvent),
 ) -> Result<(Vec<MoeEntry>, Vec<KeyLog>), MoeBenchError> {
+    // The device's kernel family (sm120: W4A4 only, on the native block-scaled MMA).
+    let family = crate::runtime::family_for(gpu.info())?;
     let mut entries = Vec::new();
     let mut logs = Vec::new();
     let total = spec.buckets.len() * 2;
@@ -112,7 +113,7 @@ pub fn tune_moe(
             let (n, k) = spec.shape.nk(op);
             let key = MoeKey {
                 op,
-                family: Family::Sm90,
+                family,
                 a_type: spec.a_type,
                 n,
                 k,
@@ -121,8 +122,7 @@ pub fn tune_moe(
                 tokens,
             };
             progress(MoeTuneEvent::Key { index: bi * 2 + oi, total, key });
-            let space =
-                spread(search_space_for(Family::Sm90, spec.a_type, op, &spec.shape), spec.screen);
+            let space = spread(search_space_for(family, spec.a_type, op, &spec.shape), spec.screen);
             let screened = measure_op(
                 gpu,
                 compiler,
