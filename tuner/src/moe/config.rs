@@ -477,11 +477,11 @@ pub fn search_space_for(
     out
 }
 
-/// The routing and finalize kernels (fixed code, one instantiation each).
-pub fn align_source() -> KernelSource {
+/// The routing and finalize kernels (fixed code, one instantiation each), for the device's `arch`.
+pub fn align_source(arch: Arch) -> KernelSource {
     KernelSource::from_unit(
         "fp4tune_moe_align".to_string(),
-        Arch::Sm90a,
+        arch,
         "#include \"moe/align.cuh\"\n\
          extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::ALIGN_THREADS) fp4tune_moe_align(const fp4tune::moe::AlignParams p) {\n\
          \x20   fp4tune::moe::moe_align(p);\n\
@@ -490,10 +490,10 @@ pub fn align_source() -> KernelSource {
     .expect("moe/align.cuh is embedded")
 }
 
-pub fn finalize_source() -> KernelSource {
+pub fn finalize_source(arch: Arch) -> KernelSource {
     KernelSource::from_unit(
         "fp4tune_moe_finalize".to_string(),
-        Arch::Sm90a,
+        arch,
         "#include \"moe/finalize.cuh\"\n\
          extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::FINALIZE_THREADS) fp4tune_moe_finalize(const fp4tune::moe::FinalizeParams p) {\n\
          \x20   fp4tune::moe::moe_finalize(p);\n\
@@ -803,7 +803,11 @@ mod tests {
         let compiler =
             Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
         let shape = MoeShape::GLM5_TP8;
-        let mut sources = vec![align_source(), finalize_source()];
+        // The fixed kernels for both families' architectures.
+        let mut sources = Vec::new();
+        for arch in [Arch::Sm90a, Arch::Sm120a] {
+            sources.extend([align_source(arch), finalize_source(arch)]);
+        }
         for op in MoeOp::ALL {
             let space = search_space(op, &shape);
             // a spread of the space: every 13th kernel (distinct kernels only)

@@ -19,7 +19,7 @@ use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
 use crate::moe::config::{align_source, finalize_source, ALIGN_THREADS, FINALIZE_THREADS};
 use crate::moe::{max_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
-use crate::template::{quantize, Arch};
+use crate::template::quantize;
 
 /// A grouped kernel, loaded.
 #[derive(Debug)]
@@ -74,14 +74,15 @@ impl MoeKernels {
             })?;
             Ok(gpu.load(&k, 0)?)
         };
-        let quantizer = quantize::render(Arch::Sm90a).map_err(|e| RuntimeError::Render {
+        let arch = crate::runtime::family_for(gpu.info())?.arch();
+        let quantizer = quantize::render(arch).map_err(|e| RuntimeError::Render {
             config: quantize::QUANTIZE_KERNEL.into(),
             reason: e.to_string(),
         })?;
         Ok(Self {
-            align: load(align_source())?,
+            align: load(align_source(arch))?,
             quantize: load(quantizer)?,
-            finalize: load(finalize_source())?,
+            finalize: load(finalize_source(arch))?,
         })
     }
 }
