@@ -155,6 +155,11 @@ impl Dispatch {
         }
     }
 
+    /// Keys still queued for GPU `g` (only `g`'s own thread changes that queue).
+    fn own_left(&self, g: usize) -> usize {
+        self.lock().own[g].len()
+    }
+
     /// GPU `g` failed on `current`: it and the keys `g` had left go to the others.
     fn fail(&self, g: usize, current: Option<TableKey>, busy: &mut bool) -> usize {
         let mut q = self.lock();
@@ -575,8 +580,12 @@ fn gpu_thread(
         match r {
             Ok(()) => finished.push(key),
             Err(e) => {
-                let keys_left = dispatch.fail(g, Some(key), &mut busy);
+                // Said before the keys are handed over, so no adoption is reported before the
+                // failure it follows (only this GPU's thread changes its own queue).
+                let keys_left = dispatch.own_left(g) + 1;
                 progress(Event::GpuFailed { reason: e.to_string(), keys_left });
+                let handed = dispatch.fail(g, Some(key), &mut busy);
+                debug_assert_eq!(handed, keys_left);
                 failure = Some(e);
                 break;
             }
