@@ -101,14 +101,8 @@ pub fn run_moe_bench_for(
             seed: 1000 + tokens as u64,
         };
         // One upload of the set's weights, with the copies its sparsest step needs.
-        let mut copies = (1, 1);
-        for &tokens in &plan.tokens {
-            let s = step(tokens);
-            let schedule = RouteSchedule::build(&s.ids(), s.expert_begin, shape.experts);
-            let c = copies_for(gpu, shape, &schedule, &plan.policy);
-            copies = (copies.0.max(c.0), copies.1.max(c.1));
-        }
-        let weights = Arc::new(LayerWeights::new(gpu, *shape, copies)?);
+        let steps = plan.tokens.iter().map(|&t| step(t));
+        let weights = Arc::new(LayerWeights::for_steps(gpu, *shape, steps, &plan.policy)?);
         for &tokens in &plan.tokens {
             let d =
                 StepData::with_weights(gpu, step(tokens), a_type, &plan.policy, weights.clone())?;

@@ -3,6 +3,7 @@
 //! function of the layer's shape only, so every step of a run (each token count, each routing)
 //! shares one upload: a step uses as many of the copies as its touched experts need.
 
+use super::moe::MoeStep;
 use super::policy::{rotation_copies, TimingPolicy};
 use crate::gpu::{DeviceBuf, Gpu, GpuError};
 use crate::moe::reference::ExpertWeights;
@@ -70,6 +71,23 @@ impl LayerWeights {
             w2,
             copies,
         })
+    }
+
+    /// The shape's weights with the rotation copies the sparsest of `steps` needs (one upload
+    /// for all of them; each step uses as many copies as it needs itself).
+    pub fn for_steps(
+        gpu: &Gpu,
+        shape: MoeShape,
+        steps: impl IntoIterator<Item = MoeStep>,
+        policy: &TimingPolicy,
+    ) -> Result<Self, GpuError> {
+        let mut copies = (1, 1);
+        for s in steps {
+            let schedule = RouteSchedule::build(&s.ids(), s.expert_begin, shape.experts);
+            let c = copies_for(gpu, &shape, &schedule, policy);
+            copies = (copies.0.max(c.0), copies.1.max(c.1));
+        }
+        Self::new(gpu, shape, copies)
     }
 
     /// Device addresses of gate_up's codes and scales in copy `c` (modulo the copies uploaded).

@@ -21,7 +21,7 @@ use crate::template::sm120::fragments::{
     self, a_frag_offset, b_frag_offset, code_offset, execute_mma, ldmatrix, selectors,
     tmpl_sfa_row, tmpl_sfb_row, warp_position, MmaOperands, Nvfp4Matrix, LANES,
 };
-use crate::template::sm120::report::OMMA_SF_NVFP4;
+use crate::template::sm120::report::{counts_line, OMMA_SF_NVFP4};
 use crate::template::sm120::{self as gemm, Sm120Layout, SMEM_LIMIT};
 use crate::template::{Family, GemmConfig};
 use rayon::prelude::*;
@@ -540,19 +540,7 @@ pub fn variant_report(results: &[Result<GroupedVariant, String>], toolchain: &st
          dynamic shared memory (the cp.async stages), `static B` the static shared memory ptxas \
          reports (the tile's source rows).\n\n"
     ));
-    out.push_str(&format!(
-        "{} variants: {} compiled, {} clean (native block-scaled MMA in the expected count, no \
-         spills, no local memory), {} failed.\n",
-        results.len(),
-        ok.len(),
-        clean,
-        results.len() - ok.len()
-    ));
-    if let (Some(lo), Some(hi)) =
-        (ok.iter().map(|v| v.registers).min(), ok.iter().map(|v| v.registers).max())
-    {
-        out.push_str(&format!("Registers per thread: {lo}..{hi}.\n"));
-    }
+    out.push_str(&counts_line(results.len(), clean, ok.iter().map(|v| v.registers)));
     out.push_str(
         "\n| variant | kernel | threads | smem B | static B | regs | spill B | OMMA.SF | expected | local mem |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---|\n",

@@ -19,7 +19,7 @@ use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
 use crate::moe::config::{align_source, finalize_source, ALIGN_THREADS, FINALIZE_THREADS};
 use crate::moe::{max_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
-use crate::template::quantize;
+use crate::template::{quantize, Family};
 
 /// A grouped kernel, loaded.
 #[derive(Debug)]
@@ -60,6 +60,8 @@ impl GroupedKernel {
 /// The fixed kernels of the layer (routing, the activation quantizer of W4A4, finalize).
 #[derive(Debug)]
 pub struct MoeKernels {
+    /// The device's kernel family: the grouped kernels a launcher runs must be of it.
+    pub family: Family,
     align: Kernel,
     quantize: Kernel,
     finalize: Kernel,
@@ -74,12 +76,14 @@ impl MoeKernels {
             })?;
             Ok(gpu.load(&k, 0)?)
         };
-        let arch = crate::runtime::family_for(gpu.info())?.arch();
+        let family = crate::runtime::family_for(gpu.info())?;
+        let arch = family.arch();
         let quantizer = quantize::render(arch).map_err(|e| RuntimeError::Render {
             config: quantize::QUANTIZE_KERNEL.into(),
             reason: e.to_string(),
         })?;
         Ok(Self {
+            family,
             align: load(align_source(arch))?,
             quantize: load(quantizer)?,
             finalize: load(finalize_source(arch))?,
@@ -431,7 +435,7 @@ impl MoeLauncher<'_> {
         let c = &kernel.config;
         let shape = &ws.shape;
         let (n, k) = shape.nk(c.op);
-        let family = crate::runtime::family_for(self.gpu.info())?;
+        let family = self.kernels.family;
         if c.a_type != args.a_type() || c.family != family {
             return Err(RuntimeError::InvalidArgument(format!(
                 "{c}: a {} {} kernel cannot run a {} call on this device (family {family})",

@@ -6,12 +6,12 @@
 use crate::bench::moe::{
     measure_op, roofline_bytes_for, spread, Measured, MoeBenchError, MoeStep, Outcome, StepData,
 };
-use crate::bench::moe_weights::{copies_for, LayerWeights};
+use crate::bench::moe_weights::LayerWeights;
 use crate::bench::TimingPolicy;
 use crate::compile::Compiler;
 use crate::gpu::Gpu;
 use crate::moe::config::search_space_for;
-use crate::moe::schedule::{RouteSchedule, Routing};
+use crate::moe::schedule::Routing;
 use crate::moe::{MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeLauncher};
@@ -91,13 +91,8 @@ pub fn tune_moe(
     };
     // One upload of the layer's weights for every step, with the rotation copies the step that
     // touches the fewest experts needs.
-    let mut copies = (1, 1);
-    for s in spec.buckets.iter().flat_map(|&b| draws(b)) {
-        let schedule = RouteSchedule::build(&s.ids(), s.expert_begin, s.shape.experts);
-        let c = copies_for(gpu, &spec.shape, &schedule, &spec.policy);
-        copies = (copies.0.max(c.0), copies.1.max(c.1));
-    }
-    let weights = Arc::new(LayerWeights::new(gpu, spec.shape, copies)?);
+    let steps = spec.buckets.iter().flat_map(|&b| draws(b));
+    let weights = Arc::new(LayerWeights::for_steps(gpu, spec.shape, steps, &spec.policy)?);
     for (bi, &tokens) in spec.buckets.iter().enumerate() {
         let [uniform, skewed] = draws(tokens);
         let seed = uniform.seed;

@@ -104,6 +104,25 @@ pub fn inspect_variants(
         .collect()
 }
 
+/// The summary lines of a variant report: how many of `total` variants compiled (one register
+/// count each in `registers`), how many are clean, how many failed, and the register range.
+pub(crate) fn counts_line(
+    total: usize,
+    clean: usize,
+    registers: impl Iterator<Item = u32> + Clone,
+) -> String {
+    let compiled = registers.clone().count();
+    let mut out = format!(
+        "{total} variants: {compiled} compiled, {clean} clean (native block-scaled MMA in the \
+         expected count, no spills, no local memory), {} failed.\n",
+        total - compiled
+    );
+    if let (Some(lo), Some(hi)) = (registers.clone().min(), registers.max()) {
+        out.push_str(&format!("Registers per thread: {lo}..{hi}.\n"));
+    }
+    out
+}
+
 /// Markdown report (for `results/sm120-variants.md`): a summary, then one row per variant with
 /// threads, shared memory, registers, spills, OMMA.SF count (and the count the tile implies),
 /// then the failures with their messages.
@@ -120,19 +139,7 @@ pub fn variant_report(
          with cuobjdump. `OMMA.SF` counts `{OMMA_SF_NVFP4}` instructions; `expected` is MMA tiles \
          per warp x 64-wide k-steps per warp of one k-tile (the mainloop body).\n\n"
     ));
-    out.push_str(&format!(
-        "{} variants: {} compiled, {} clean (native block-scaled MMA in the expected count, no \
-         spills, no local memory), {} failed.\n",
-        results.len(),
-        ok.len(),
-        clean,
-        results.len() - ok.len()
-    ));
-    if let (Some(lo), Some(hi)) =
-        (ok.iter().map(|v| v.registers).min(), ok.iter().map(|v| v.registers).max())
-    {
-        out.push_str(&format!("Registers per thread: {lo}..{hi}.\n"));
-    }
+    out.push_str(&counts_line(results.len(), clean, ok.iter().map(|v| v.registers)));
     out.push_str(
         "\n| variant | threads | smem B | regs | spill B | OMMA.SF | expected | local mem |\n\
          |---|---:|---:|---:|---:|---:|---:|---|\n",
