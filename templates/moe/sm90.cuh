@@ -15,6 +15,13 @@
 // H = SiLU(gate) * up straight from registers.
 // OP_DOWN: plain rows (n = n0 + p0 + 16 i + 8 h + g), output Y_rows in sorted order.
 //
+// Where the weights wait between their load and their decode (GroupedConfig::WARP_RING):
+// - the register ring: DEPTH chunks of weights and activations in each lane's registers;
+// - the warp ring: the weights of DEPTH chunks in the warp's own shared memory, filled by the
+//   lanes' cp.async copies (each lane copies exactly the bytes it later reads, so nothing but
+//   cp.async.wait_group orders them: no barrier), DEPTH - 1 chunks in flight; the activations stay
+//   in a register ring of DEPTH entries. The registers the weights leave free buy occupancy.
+//
 // Launch contract (moe::GroupedConfig in Rust): grid (ceil(N / BLOCK_N), grid_y, SPLIT_K), THREADS
 // threads, SMEM_BYTES of dynamic shared memory, cluster (1, 1, SPLIT_K) when SPLIT_K > 1.
 #pragma once
@@ -24,6 +31,43 @@
 
 namespace fp4tune {
 namespace moe {
+
+// The grouped kernel's configuration. The tile, its warps, the chunk walk and the split-K slots
+// are those of the register-streamed GEMM (sm90::DirectConfig with its activations in registers,
+// A_GLOBAL); the ring (its depth, where the weights wait, the register and shared-memory budgets
+// of MIN_CTAS CTAs per SM) is the grouped kernel's own and is checked here. The base is
+// instantiated with a ring of depth 1 for one CTA per SM, so that only these checks apply.
+template <int BLOCK_M_, int BLOCK_N_, int BLOCK_K_, int WARPS_N_, int WARPS_K_, int DEPTH_, int SPLIT_K_, bool A_FP4_,
+          bool WARP_RING_, int MIN_CTAS_>
+struct GroupedConfig
+    : sm90::DirectConfig<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_N_, WARPS_K_, 1, SPLIT_K_, A_FP4_, false, true, 1> {
+    using Tile = sm90::DirectConfig<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_N_, WARPS_K_, 1, SPLIT_K_, A_FP4_, false, true, 1>;
+    static constexpr int DEPTH = DEPTH_;
+    static constexpr bool WARP_RING = WARP_RING_;
+    static constexpr int MIN_CTAS = MIN_CTAS_;
+    static constexpr int REGISTER_CAP = sm90::cmin(65536 / (Tile::THREADS * MIN_CTAS) / 8 * 8, 255);  // per lane
+    // Registers of the register ring: DEPTH entries of the weights (register ring only: per m16
+    // tile 2 x (4 code words + 1 scale half-word pair)) and the activations (per n8 tile the
+    // lane's 32-k run: 16 words of bf16, or 4 code words + 1 scale word).
+    static constexpr int RING_REGS =
+        ((WARP_RING ? 0 : Tile::P_TILES * 10) + Tile::Q_TILES * (A_FP4_ ? 5 : 16)) * DEPTH;
+    // The warp ring (sm90::WarpRing's layout): per stage, per m16 tile and row half, 32 lanes x 16
+    // bytes of codes, then 32 lanes x 4 bytes of scale words; behind the split-K slots.
+    static constexpr int RING_STAGE_BYTES = WARP_RING ? Tile::P_TILES * 2 * (512 + 128) : 0;
+    static constexpr int OFF_RING = sm90::align128(Tile::SLOT_BYTES);
+    static constexpr int RING_BYTES = Tile::WARPS * DEPTH * RING_STAGE_BYTES;
+    static constexpr int SMEM_BYTES = sm90::cmax(WARP_RING ? OFF_RING + RING_BYTES : Tile::SLOT_BYTES, 16);
+
+    static_assert(DEPTH >= (WARP_RING ? 2 : 1) && DEPTH <= 8,
+                  "DEPTH must be 1..8 chunks (register ring) or 2..8 stages (warp ring)");
+    static_assert(MIN_CTAS >= 1 && MIN_CTAS <= 16 && Tile::THREADS * MIN_CTAS <= 2048,
+                  "MIN_CTAS CTAs of THREADS threads must fit in one SM (2048 threads)");
+    static_assert(RING_REGS <= sm90::cmin(112, REGISTER_CAP - 64),
+                  "the register ring over its budget (112 registers per lane, and 64 below the register cap of "
+                  "MIN_CTAS CTAs of THREADS threads)");
+    static_assert(MIN_CTAS * (SMEM_BYTES + 1024) <= 233472,
+                  "MIN_CTAS CTAs' shared memory (ring and split-K slots) over the 228 KiB of an SM");
+};
 
 template <class Cfg, int OP>
 struct Grouped {
@@ -65,8 +109,11 @@ struct Grouped {
                         row = min(n0 + p0 + 16 * i + 8 * h + g, p.n - 1);
                     }
                     code_row[i][h] = ptx::opaque_ptr(w + static_cast<size_t>(row) * (p.k / 2) + 16 * t);
-                    sf_row[i][h] =
-                        ptx::opaque_ptr(w_sf + swizzled_sf_offset(static_cast<uint32_t>(row), 2 * t, ksf_pad));
+                    // register ring: the lane's two scale bytes (blocks 2t, 2t + 1); warp ring: the
+                    // 4-byte word that holds them (blocks 4 (t / 2) ..), which cp.async copies whole
+                    sf_row[i][h] = ptx::opaque_ptr(w_sf + swizzled_sf_offset(static_cast<uint32_t>(row),
+                                                                             Cfg::WARP_RING ? 4 * (t >> 1) : 2 * t,
+                                                                             ksf_pad));
                 }
 #pragma unroll
             for (int q = 0; q < Cfg::Q_TILES; ++q) {
@@ -96,95 +143,170 @@ struct Grouped {
     }
 
     // The CTA walks tiles y0, y0 + gridDim.y, ... as one stream of chunks: every tile has the same
-    // CPT chunks per warp (same K slice), and chunk c + DEPTH is requested as soon as chunk c is
-    // consumed, also when it belongs to the next tile, so a warp never waits for a tile to start.
-    // The issue side runs at most one tile ahead (DEPTH <= CPT); the tile after it (info and, for
-    // the gather, its token rows) is fetched one tile earlier still, so a switch does not stall.
+    // CPT chunks per warp (same K slice), and a chunk is requested as soon as its ring entry is
+    // free, also when it belongs to the next tile, so a warp never waits for a tile to start. The
+    // issue side runs at most one tile ahead (DEPTH <= CPT); the tile after it (info and, for the
+    // gather, its token rows) is fetched one tile earlier still, so a switch does not stall.
+    struct Walk {
+        const int4* tiles;
+        int count;  // tiles in the list
+        int step;   // gridDim.y
+        int cpt;    // chunks per tile of this warp
+        sm90::ChunkCursor<Cfg> first;  // this warp's first chunk of every tile
+        int p0;
+
+        // The issue side.
+        int iy;         // the tile being issued
+        int4 it;        // its info
+        int4 it_next;   // the next tile's info
+        int src_next[Cfg::Q_TILES];
+        TilePointers ptr;
+        sm90::ChunkCursor<Cfg> ahead;  // the next chunk to issue
+        int ic;                        // chunks of tile iy issued
+        bool issuing;
+        int4 pending;  // the tile the issue side moved to (consumed next)
+
+        // false: nothing for this CTA, or a configuration the Rust-side check refuses.
+        __device__ __forceinline__ bool begin(const GroupedParams& p, int wk, int wmn, int lane) {
+            if (p.k % Cfg::BLOCK_K != 0 || (p.n & 15) != 0 || p.n <= 0) return false;
+            tiles = reinterpret_cast<const int4*>(p.tiles);
+            step = gridDim.y;
+            // The first tile is read together with the count (gridDim.y <= the list's capacity, so
+            // the read is in bounds even past the count): one memory round trip before the weights.
+            iy = blockIdx.y;
+            it = tiles[iy];
+            count = *p.tile_count;
+            if (iy >= count) return false;
+            it_next = iy + step < count ? tiles[iy + step] : it;
+            const int nkb = p.k / Cfg::BLOCK_K;
+            const int kb_begin = static_cast<int>((static_cast<long long>(blockIdx.z) * nkb) / Cfg::SPLIT_K);
+            const int kb_end = static_cast<int>((static_cast<long long>(blockIdx.z + 1) * nkb) / Cfg::SPLIT_K);
+            cpt = (kb_end - kb_begin) * Cfg::CHUNKS;
+            if (cpt % Cfg::DEPTH != 0 || cpt < Cfg::DEPTH) return false;
+            first = sm90::ChunkCursor<Cfg>{kb_begin * Cfg::BLOCK_K + wk * Cfg::K_PER_WARP, 0};
+            p0 = wmn * Cfg::WARP_P;
+            int src[Cfg::Q_TILES];
+            sources(p, it, lane, src);
+            sources(p, it_next, lane, src_next);
+            ptr.point(p, it.x, src, p0, lane);
+            ahead = first;
+            ic = 0;
+            issuing = true;
+            pending = it;
+            return true;
+        }
+
+        // Before a chunk is issued: once tile iy is issued whole, move on to the next tile of the
+        // walk (or stop issuing past the last one).
+        __device__ __forceinline__ void turn(const GroupedParams& p, int lane) {
+            if (!issuing || ic != cpt) return;
+            iy += step;
+            if (iy < count) {
+                it = it_next;
+                pending = it;
+                ptr.point(p, it.x, src_next, p0, lane);
+                if (iy + step < count) {
+                    it_next = tiles[iy + step];
+                    sources(p, it_next, lane, src_next);
+                }
+                ahead = first;
+                ic = 0;
+            } else {
+                issuing = false;
+            }
+        }
+
+        __device__ __forceinline__ void issued() {
+            ahead.next();
+            ++ic;
+        }
+    };
+
     __device__ __forceinline__ static void run(const GroupedParams& p) {
         extern __shared__ __align__(128) uint8_t smem[];
-        if (p.k % Cfg::BLOCK_K != 0 || (p.n & 15) != 0 || p.n <= 0) return;
         const int tid = threadIdx.x;
         const int lane = tid & 31;
         const int warp = tid >> 5;
         const int wk = warp / Cfg::WARPS_MN;
         const int wmn = warp % Cfg::WARPS_MN;
-        const int p0 = wmn * Cfg::WARP_P;
-        const int4* tiles = reinterpret_cast<const int4*>(p.tiles);
-        const int step = gridDim.y;
-        // The first tile is read together with the count (gridDim.y <= the list's capacity, so the
-        // read is in bounds even past the count): one memory round trip before the weights go out.
-        int iy = blockIdx.y;  // the tile being issued
-        int4 it = tiles[iy];
-        const int count = *p.tile_count;
-        if (iy >= count) return;
-        int4 it_next = iy + step < count ? tiles[iy + step] : it;
-
-        const int nkb = p.k / Cfg::BLOCK_K;
-        const int kb_begin = static_cast<int>((static_cast<long long>(blockIdx.z) * nkb) / Cfg::SPLIT_K);
-        const int kb_end = static_cast<int>((static_cast<long long>(blockIdx.z + 1) * nkb) / Cfg::SPLIT_K);
-        const int cpt = (kb_end - kb_begin) * Cfg::CHUNKS;  // chunks per tile of this warp
-        if (cpt % Cfg::DEPTH != 0 || cpt < Cfg::DEPTH) return;  // refused by the Rust-side check
-        const sm90::ChunkCursor<Cfg> first{kb_begin * Cfg::BLOCK_K + wk * Cfg::K_PER_WARP, 0};
-
-        int src[Cfg::Q_TILES];
-        sources(p, it, lane, src);
-        int src_next[Cfg::Q_TILES];
-        sources(p, it_next, lane, src_next);
-        TilePointers ptr;
-        ptr.point(p, it.x, src, p0, lane);
-
-        sm90::WeightChunk<Cfg> ring[Cfg::DEPTH];
-        sm90::ActivationChunk<Cfg> aring[Cfg::DEPTH];
-        sm90::ChunkCursor<Cfg> ahead = first;
-        int ic = 0;  // chunks of tile iy issued
-#pragma unroll
-        for (int d = 0; d < Cfg::DEPTH; ++d) {
-            ring[d].load(ptr.code_row, ptr.sf_row, ahead.k);
-            aring[d].load(ptr.a_row, ptr.a_sf_row, ahead.k);
-            ahead.next();
-            ++ic;
-        }
-        bool issuing = true;
-        int4 ct = it;     // the tile being consumed
-        int4 pending = it;  // the tile the issue side moved to (consumed next)
-
+        Walk walk;
+        if (!walk.begin(p, wk, wmn, lane)) return;
         float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];
-#pragma unroll 1
-        for (int cy = blockIdx.y; cy < count; cy += step) {
-            sm90::zero_accumulators<Cfg>(acc);
-#pragma unroll 1
-            for (int base = 0; base < cpt; base += Cfg::DEPTH) {
+        int4 ct = walk.it;  // the tile being consumed
+        const auto finish_tile = [&]() {
+            sm90::fold_accumulators<Cfg>(acc);
+            epilogue(p, smem, acc[0], ct.x, ct.y, ct.z, blockIdx.x * Cfg::BLOCK_N, walk.p0, wk, wmn, lane, tid);
+            ct = walk.pending;
+        };
+        if constexpr (Cfg::WARP_RING) {
+            // Chunk c waits for its own cp.async group, reads its slot (c % DEPTH) into registers,
+            // then chunk c + DEPTH - 1 is issued into the slot read one chunk earlier (weights by
+            // cp.async, activations into that slot's register entry), then chunk c is computed.
+            // One group is committed per chunk (empty ones past the last tile), so "chunk c has
+            // landed" is always cp.async.wait_group DEPTH - 2.
+            sm90::WarpRing<Cfg> ring;
+            ring.init(ptx::smem_addr(smem), warp, lane);
+            ring.base = ptx::opaque(ring.base);
+            sm90::ActivationChunk<Cfg> aring[Cfg::DEPTH];
 #pragma unroll
-                for (int d = 0; d < Cfg::DEPTH; ++d) {
-                    sm90::chunk_mma<Cfg>(ring[d], sm90::RingActivations<Cfg>{aring[d]}, lane, acc);
-                    if (issuing && ic == cpt) {
-                        // The issue side moves on to the next tile of the walk.
-                        iy += step;
-                        if (iy < count) {
-                            it = it_next;
-                            pending = it;
-                            ptr.point(p, it.x, src_next, p0, lane);
-                            if (iy + step < count) {
-                                it_next = tiles[iy + step];
-                                sources(p, it_next, lane, src_next);
-                            }
-                            ahead = first;
-                            ic = 0;
-                        } else {
-                            issuing = false;
+            for (int d = 0; d < Cfg::DEPTH - 1; ++d) {
+                ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k, d, lane);
+                aring[d].load(walk.ptr.a_row, walk.ptr.a_sf_row, walk.ahead.k);
+                ptx::cp_async_commit();
+                walk.issued();
+            }
+#pragma unroll 1
+            for (int cy = blockIdx.y; cy < walk.count; cy += walk.step) {
+                sm90::zero_accumulators<Cfg>(acc);
+#pragma unroll 1
+                for (int base = 0; base < walk.cpt; base += Cfg::DEPTH) {
+#pragma unroll
+                    for (int d = 0; d < Cfg::DEPTH; ++d) {
+                        const int refill = d == 0 ? Cfg::DEPTH - 1 : d - 1;
+                        ptx::cp_async_wait<Cfg::DEPTH - 2>();
+                        sm90::WeightChunk<Cfg> wc;
+                        ring.read(wc, d, lane);
+                        walk.turn(p, lane);
+                        if (walk.issuing) {
+                            ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k, refill, lane);
+                            aring[refill].load(walk.ptr.a_row, walk.ptr.a_sf_row, walk.ahead.k);
+                            walk.issued();
                         }
-                    }
-                    if (issuing) {
-                        ring[d].load(ptr.code_row, ptr.sf_row, ahead.k);
-                        aring[d].load(ptr.a_row, ptr.a_sf_row, ahead.k);
-                        ahead.next();
-                        ++ic;
+                        ptx::cp_async_commit();
+                        sm90::chunk_mma<Cfg>(wc, sm90::RingActivations<Cfg>{aring[d]}, lane, acc);
                     }
                 }
+                finish_tile();
             }
-            sm90::fold_accumulators<Cfg>(acc);
-            epilogue(p, smem, acc[0], ct.x, ct.y, ct.z, blockIdx.x * Cfg::BLOCK_N, p0, wk, wmn, lane, tid);
-            ct = pending;
+            ptx::cp_async_wait<0>();
+        } else {
+            // Chunk c + DEPTH goes into chunk c's ring entry as soon as chunk c is computed.
+            sm90::WeightChunk<Cfg> ring[Cfg::DEPTH];
+            sm90::ActivationChunk<Cfg> aring[Cfg::DEPTH];
+#pragma unroll
+            for (int d = 0; d < Cfg::DEPTH; ++d) {
+                ring[d].load(walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k);
+                aring[d].load(walk.ptr.a_row, walk.ptr.a_sf_row, walk.ahead.k);
+                walk.issued();
+            }
+#pragma unroll 1
+            for (int cy = blockIdx.y; cy < walk.count; cy += walk.step) {
+                sm90::zero_accumulators<Cfg>(acc);
+#pragma unroll 1
+                for (int base = 0; base < walk.cpt; base += Cfg::DEPTH) {
+#pragma unroll
+                    for (int d = 0; d < Cfg::DEPTH; ++d) {
+                        sm90::chunk_mma<Cfg>(ring[d], sm90::RingActivations<Cfg>{aring[d]}, lane, acc);
+                        walk.turn(p, lane);
+                        if (walk.issuing) {
+                            ring[d].load(walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k);
+                            aring[d].load(walk.ptr.a_row, walk.ptr.a_sf_row, walk.ahead.k);
+                            walk.issued();
+                        }
+                    }
+                }
+                finish_tile();
+            }
         }
     }
 

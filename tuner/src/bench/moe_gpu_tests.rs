@@ -45,7 +45,15 @@ fn run_step(
         let measured =
             measure_op(gpu, compiler, &policy, launcher, &d, op, &space, chosen.first()).unwrap();
         for m in &measured {
-            assert!(m.median().is_some(), "{step:?} {a_type} {}: {:?}", m.config, m.outcome);
+            // A warp-ring kernel that spills at its register cap is refused before it runs.
+            let refused = m.config.warp_ring
+                && matches!(&m.outcome, Outcome::Failed(e) if e.contains("spills registers"));
+            assert!(
+                m.median().is_some() || refused,
+                "{step:?} {a_type} {}: {:?}",
+                m.config,
+                m.outcome
+            );
         }
         checked += measured.len();
         chosen.push(GroupedKernel::load(gpu, compiler, best(&measured).unwrap().config).unwrap());

@@ -14,6 +14,13 @@ pub struct MoeBenchPlan {
     pub policy: TimingPolicy,
     /// At most this many candidates per op and step (0: the whole space), taken evenly.
     pub max_candidates: usize,
+    /// Family sm90: only configurations with the weights in the warp ring (`Some(true)`) or in
+    /// the register ring (`Some(false)`); `None`: both.
+    pub warp_ring: Option<bool>,
+    /// Configurations measured besides the spread and the measured seeds (`moe::seeds`; e.g. the
+    /// grouped entries of the tables the loop peer uses): each joins the candidates of every op
+    /// and step it is legal for.
+    pub extra: Vec<GroupedConfig>,
     /// The dispatcher whose GEMM routes the per-expert loop peer `fp4tune_loop` launches
     /// ([`moe_loop`]); `None`: no loop peer.
     pub expert_loop: Option<std::sync::Arc<crate::runtime::Dispatcher>>,
@@ -117,10 +124,17 @@ pub fn run_moe_bench_for(
             d.check_schedule(gpu, &launcher)?;
             let mut chosen: Vec<GroupedKernel> = Vec::new();
             for op in MoeOp::ALL {
-                let space = spread(
-                    crate::moe::config::search_space_for(family, a_type, op, shape),
-                    plan.max_candidates,
-                );
+                let ring = |c: &GroupedConfig| plan.warp_ring.is_none_or(|r| c.warp_ring == r);
+                let mut space = crate::moe::config::search_space_for(family, a_type, op, shape);
+                space.retain(ring);
+                let mut space = spread(space, plan.max_candidates);
+                let seeds = crate::moe::seeds::measured_seeds(family, a_type, op);
+                for c in seeds.iter().chain(&plan.extra) {
+                    let fits = (c.op, c.family, c.a_type) == (op, family, a_type) && ring(c);
+                    if fits && c.check(shape).is_ok() && !space.contains(c) {
+                        space.push(*c);
+                    }
+                }
                 let measured = measure_op(
                     gpu,
                     compiler,

@@ -286,7 +286,8 @@ mod tests {
     #[test]
     fn an_entrys_step_is_its_shape_tokens_and_seed() {
         let t = committed();
-        let e = t.moe.iter().find(|e| e.key.op == MoeOp::GateUp).unwrap();
+        let w4a16 = |e: &&MoeEntry| e.key.a_type == AType::Bf16;
+        let e = t.moe.iter().filter(w4a16).find(|e| e.key.op == MoeOp::GateUp).unwrap();
         let s = step_of(e);
         assert_eq!(s.shape, e.key.shape());
         assert_eq!((s.tokens, s.seed, s.routing), (e.key.tokens, e.routing_seed, Routing::Uniform));
@@ -297,8 +298,12 @@ mod tests {
         assert!(measurable(&MoeKey { a_type: AType::Nvfp4, ..other }).is_ok());
         // Down reads the H of its step's gate_up entry; without one, of the gate_up space's first
         // kernel.
-        let down =
-            t.moe.iter().find(|d| d.key.op == MoeOp::Down && d.key.tokens == e.key.tokens).unwrap();
+        let down = t
+            .moe
+            .iter()
+            .filter(w4a16)
+            .find(|d| d.key.op == MoeOp::Down && d.key.tokens == e.key.tokens)
+            .unwrap();
         assert_eq!(step_of(down), s, "the committed table tunes both ops of a B on one routing");
         assert_eq!(gate_up_for(&t.moe, &s, Family::Sm90, AType::Bf16), Some(e.config));
         assert_eq!(
@@ -325,7 +330,7 @@ mod tests {
         ));
     }
 
-    /// On a family sm90 GPU: the committed table's grouped entries at B = 1 and 8 verify on their
+    /// On a family sm90 GPU: the committed table's W4A16 grouped entries at B = 1 and 8 verify on their
     /// recorded routings and are timed with every sample, and a routing the kernel was not
     /// given (a down entry without its step's gate_up) still runs on the gate_up space's first
     /// kernel's H.
@@ -342,8 +347,12 @@ mod tests {
         }
         let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
         let t = committed();
-        let mut moe: Vec<MoeEntry> =
-            t.moe.iter().filter(|e| [1, 8].contains(&e.key.tokens)).cloned().collect();
+        let mut moe: Vec<MoeEntry> = t
+            .moe
+            .iter()
+            .filter(|e| [1, 8].contains(&e.key.tokens) && e.key.a_type == AType::Bf16)
+            .cloned()
+            .collect();
         assert_eq!(moe.len(), 4);
         // A down entry alone in its step (another seed): H from the gate_up space's first kernel.
         let mut lone = moe.iter().find(|e| e.key.op == MoeOp::Down).unwrap().clone();

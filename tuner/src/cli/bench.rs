@@ -65,7 +65,7 @@ pub struct BenchArgs {
     /// Only configurations of this weight pipeline.
     #[arg(long, value_enum, default_value = "all")]
     pub pipeline: PipelineArg,
-    /// Skip the cuBLAS / cuBLASLt peers.
+    /// Skip the peers: cuBLAS / cuBLASLt (GEMM), the per-expert loop (`--moe`).
     #[arg(long)]
     pub no_peers: bool,
     /// Fewer samples per candidate.
@@ -91,7 +91,7 @@ pub struct BenchArgs {
     /// With --moe: dispatch tables whose GEMM entries the per-expert loop peer (`fp4tune_loop`,
     /// one GEMM per active expert) launches, comma separated and merged (e.g.
     /// results/nvidia-h200.ron,results/nvidia-h200-ep8.ron); without one it runs the family
-    /// defaults.
+    /// defaults. Their grouped entries join the grouped candidates.
     #[arg(long = "table", value_delimiter = ',')]
     pub tables: Vec<PathBuf>,
     /// With --moe: measure nothing, re-render bench-moe.md at --out from this bench-moe.csv,

@@ -2,7 +2,7 @@
 //! then timed, against the roofline, the read floor and the peers of `--peers` (a CSV written by
 //! scripts/moe_peers.py on the same machine just before), written as bench-moe.csv and .md.
 
-use super::bench::BenchArgs;
+use super::bench::{BenchArgs, PipelineArg};
 use anyhow::{bail, Context, Result};
 use fp4tune::bench::moe::{run_moe_bench_for, MoeBenchPlan, MoeProgress};
 use fp4tune::bench::{moe_report, report, TimingPolicy};
@@ -61,18 +61,46 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a_types.is_empty() {
         bail!("{}: the {family} grouped MoE kernels are W4A4 (use --a-type w4a4)", info.name);
     }
+    // The grouped kernels' weights wait in the register ring (`global`) or the warp ring.
+    let warp_ring = match a.pipeline {
+        PipelineArg::All => None,
+        PipelineArg::Global => Some(false),
+        PipelineArg::WarpRing => Some(true),
+        other => bail!(
+            "--pipeline {other:?}: the grouped kernels keep their weights in the register ring \
+             (global) or the warp ring (warp-ring)"
+        ),
+    };
     let compiler = crate::default_compiler()?;
-    // The per-expert loop peer launches through the runtime dispatcher of the given tables.
-    let dispatcher = fp4tune::bench::moe::moe_loop::open_dispatcher(&a.tables, a.device)?;
-    let line = format!("per-expert loop peer: {}\n", dispatcher.report());
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    // The grouped entries of the given tables are measured besides the spread of the space.
+    let mut extra = Vec::new();
+    for path in &a.tables {
+        let table = fp4tune::table::Table::load(path)?;
+        for e in table.moe {
+            if !extra.contains(&e.config) {
+                extra.push(e.config);
+            }
+        }
+    }
+    // The per-expert loop peer launches through the runtime dispatcher of the given tables
+    // (none with --no-peers).
+    let expert_loop = if a.no_peers {
+        None
+    } else {
+        let dispatcher = fp4tune::bench::moe::moe_loop::open_dispatcher(&a.tables, a.device)?;
+        let line = format!("per-expert loop peer: {}\n", dispatcher.report());
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        Some(std::sync::Arc::new(dispatcher))
+    };
     let plan = MoeBenchPlan {
         sets,
         experts_total,
         tokens: if a.m.is_empty() { DEFAULT_TOKENS.to_vec() } else { a.m.clone() },
         policy: if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() },
         max_candidates: a.max_candidates,
-        expert_loop: Some(std::sync::Arc::new(dispatcher)),
+        warp_ring,
+        extra,
+        expert_loop,
     };
     let started = std::time::Instant::now();
     // Progress on standard error, best effort: a closed stream must not stop the benchmark.

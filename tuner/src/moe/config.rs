@@ -45,9 +45,10 @@ impl fmt::Display for MoeOp {
 }
 
 /// A grouped kernel configuration. Family sm90: the vocabulary of `GemmConfig`'s global weight
-/// pipeline; family sm120: the cp.async pipeline of the SM120 GEMM (`depth` is its stage count,
-/// `split_k` and `min_ctas` are 1). Both: how the CTAs walk the tile schedule, and the activation
-/// type (bf16: W4A16; NVFP4: W4A4, where gate_up also writes H as NVFP4 for down).
+/// pipeline, with the weights in the register ring or in the warp ring (`warp_ring`); family
+/// sm120: the cp.async pipeline of the SM120 GEMM (`depth` is its stage count, `split_k` and
+/// `min_ctas` are 1). Both: how the CTAs walk the tile schedule, and the activation type (bf16:
+/// W4A16; NVFP4: W4A4, where gate_up also writes H as NVFP4 for down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct GroupedConfig {
     pub op: MoeOp,
@@ -59,7 +60,8 @@ pub struct GroupedConfig {
     pub block_k: u32,
     pub warps_n: u32,
     pub warps_k: u32,
-    /// Chunks (128 k) in flight per warp.
+    /// Register ring: chunks (128 k) in flight per warp. Warp ring: its stages (depth - 1 chunks
+    /// in flight).
     pub depth: u32,
     /// K slices over a (1, 1, split_k) cluster, 1..8.
     pub split_k: u32,
@@ -73,6 +75,16 @@ pub struct GroupedConfig {
     /// Activation type (absent in files written before it: bf16).
     #[serde(default = "bf16", skip_serializing_if = "is_bf16")]
     pub a_type: AType,
+    /// Family sm90: the weights wait in each warp's own shared-memory ring of `depth` stages,
+    /// filled by the lanes' cp.async copies, instead of in registers; the activations stay in
+    /// the register ring. Frees the weights' registers for occupancy. Named `p<depth>` instead
+    /// of `d<depth>`. Absent (false) in files written before it; false for sm120.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub warp_ring: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn sm90() -> Family {
@@ -130,22 +142,38 @@ impl GroupedConfig {
         (65536 / (self.threads() * self.min_ctas) / 8 * 8).min(255)
     }
 
-    /// Registers of one ring entry: weights, plus the activations of one chunk (bf16: 16 words
-    /// per n8 tile; NVFP4: 4 code words and a scale half-word pair).
-    fn ring_entry_regs(&self) -> u32 {
-        let per_q = if self.a_type == AType::Nvfp4 { 5 } else { 16 };
-        self.p_tiles() * 10 + self.q_tiles() * per_q
+    /// Registers of one weight chunk of a lane: per m16 tile, 2 x (4 code words + a scale
+    /// half-word pair).
+    fn weight_chunk_regs(&self) -> u32 {
+        self.p_tiles() * 10
     }
 
-    /// Dynamic shared memory: sm90, the split-K slots (DirectConfig::SMEM_BYTES with A_GLOBAL);
-    /// sm120, the cp.async stages (sm120::Config::SMEM_BYTES).
+    /// Registers of the register ring: `depth` entries of the weights (register ring only) and
+    /// the activations of one chunk (bf16: 16 words per n8 tile; NVFP4: 4 code words and a scale
+    /// half-word pair). templates/moe/sm90.cuh GroupedConfig::RING_REGS.
+    fn ring_regs(&self) -> u32 {
+        let per_q = if self.a_type == AType::Nvfp4 { 5 } else { 16 };
+        let weights = if self.warp_ring { 0 } else { self.weight_chunk_regs() };
+        (weights + self.q_tiles() * per_q) * self.depth
+    }
+
+    /// Dynamic shared memory: sm90, the split-K slots, then the warp ring when there is one
+    /// (templates/moe/sm90.cuh GroupedConfig::SMEM_BYTES); sm120, the cp.async stages
+    /// (sm120::Config::SMEM_BYTES).
     pub fn smem_bytes(&self) -> u32 {
         if self.family == Family::Sm120 {
             return super::sm120::layout(self).map_or(u32::MAX, |l| l.smem_bytes);
         }
         let slots = self.split_k.max(1) * self.warps_k;
         let slot_bytes = if slots > 1 { slots * self.warps_n * 32 * self.acc() * 4 } else { 0 };
-        slot_bytes.max(16)
+        if !self.warp_ring {
+            return slot_bytes.max(16);
+        }
+        // per warp and stage: per m16 tile and row half, 32 lanes x (16 bytes of codes + a
+        // 4-byte scale word)
+        let stage = self.p_tiles() * 2 * (512 + 128);
+        let warps = self.warps_n * self.warps_k;
+        (slot_bytes.div_ceil(128) * 128 + warps * self.depth * stage).max(16)
     }
 
     /// Chunks per tile of one warp for K = `k`.
@@ -185,6 +213,9 @@ impl GroupedConfig {
             ));
         }
         if self.family == Family::Sm120 {
+            if self.warp_ring {
+                return err("the warp ring is a weight pipeline of family sm90".into());
+            }
             return super::sm120::check(self, shape)
                 .map_err(|reason| IllegalConfig { config: self.name(), reason });
         }
@@ -205,6 +236,9 @@ impl GroupedConfig {
         if self.block_k < 256 || self.block_k % (128 * self.warps_k) != 0 {
             return err("block_k must be at least 256 and a multiple of 128 * warps_k".into());
         }
+        if self.warp_ring && !(2..=8).contains(&self.depth) {
+            return err("a warp ring has 2..8 stages (depth)".into());
+        }
         if !(1..=8).contains(&self.depth) {
             return err("depth must be 1..8".into());
         }
@@ -215,18 +249,19 @@ impl GroupedConfig {
             return err("min_ctas CTAs must fit in one SM (2048 threads)".into());
         }
         let cap = self.register_cap();
-        if self.ring_entry_regs() * self.depth > 112.min(cap.saturating_sub(64)) {
+        if self.ring_regs() > 112.min(cap.saturating_sub(64)) {
             return err(format!(
                 "the register ring ({} registers) is over its budget (112, and 64 below the cap of {cap})",
-                self.ring_entry_regs() * self.depth
+                self.ring_regs()
             ));
         }
-        // The whole register file of a lane: ring, accumulator sets, row pointers (64-bit; W4A4
-        // has a scale pointer per activation row too), about 48 registers of indices, tile state
-        // and the epilogue, and for W4A4 gate_up the H values its NVFP4 epilogue quantizes (the
-        // ring of the next tile is in flight meanwhile).
+        // The whole register file of a lane: ring (warp ring: the activations only; the chunk
+        // read from shared memory is decoded as it is read), accumulator sets, row pointers
+        // (64-bit; W4A4 has a scale pointer per activation row too), about 48 registers of
+        // indices, tile state and the epilogue, and for W4A4 gate_up the H values its NVFP4
+        // epilogue quantizes (the ring of the next tile is in flight meanwhile).
         let w4a4 = self.a_type == AType::Nvfp4;
-        let estimate = self.ring_entry_regs() * self.depth
+        let estimate = self.ring_regs()
             + self.acc() * self.acc_sets()
             + 8 * self.p_tiles()
             + 4 * self.q_tiles() * if w4a4 { 2 } else { 1 }
@@ -238,8 +273,14 @@ impl GroupedConfig {
         if self.acc() * self.acc_sets() > 128 {
             return err("accumulators over the register budget".into());
         }
-        if self.smem_bytes() > 232_448 {
-            return err("split-K slots over the shared-memory limit".into());
+        let smem = u64::from(self.smem_bytes());
+        if smem > 232_448 || u64::from(self.min_ctas) * (smem + 1024) > 233_472 {
+            return err(format!(
+                "{} bytes of shared memory (split-K slots and warp ring) for {} CTAs per SM: over \
+                 the 228 KiB of an SM",
+                self.smem_bytes(),
+                self.min_ctas
+            ));
         }
         if k % self.block_k != 0 || (k / self.block_k) % self.split_k != 0 {
             return err(format!("K = {k} must split into whole block_k passes per K slice"));
@@ -252,6 +293,15 @@ impl GroupedConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The ring in names: `d` (register ring; sm120: cp.async stages) or `p` (warp ring).
+    fn ring_letter(&self) -> char {
+        if self.warp_ring {
+            'p'
+        } else {
+            'd'
+        }
     }
 
     /// `w4a4` after the op for NVFP4 activations (W4A16 names carry no activation tag).
@@ -267,7 +317,7 @@ impl GroupedConfig {
     /// start with the op, sm120 names with `sm120_`.
     pub fn name(&self) -> String {
         format!(
-            "{}{}{}_m{}n{}k{}_w{}x{}_d{}_s{}_o{}_walk{}",
+            "{}{}{}_m{}n{}k{}_w{}x{}_{}{}_s{}_o{}_walk{}",
             if self.family == Family::Sm120 { "sm120_" } else { "" },
             self.op,
             self.tag(),
@@ -276,6 +326,7 @@ impl GroupedConfig {
             self.block_k,
             self.warps_n,
             self.warps_k,
+            self.ring_letter(),
             self.depth,
             self.split_k,
             self.min_ctas,
@@ -286,7 +337,7 @@ impl GroupedConfig {
     /// The kernel symbol (the walk is a launch parameter, not part of the code).
     pub fn kernel_name(&self) -> String {
         format!(
-            "fp4tune_{}_{}{}_m{}n{}k{}_w{}x{}_d{}_s{}_o{}",
+            "fp4tune_{}_{}{}_m{}n{}k{}_w{}x{}_{}{}_s{}_o{}",
             self.family.as_str(),
             self.op,
             self.tag(),
@@ -295,6 +346,7 @@ impl GroupedConfig {
             self.block_k,
             self.warps_n,
             self.warps_k,
+            self.ring_letter(),
             self.depth,
             self.split_k,
             self.min_ctas
@@ -316,9 +368,9 @@ impl GroupedConfig {
         format!(
             "// fp4tune grouped MoE kernel {name}\n\
              #include \"moe/sm90.cuh\"\n\
-             using Cfg = fp4tune::sm90::DirectConfig<{bm}, {bn}, {bk}, {wn}, {wk}, {d}, {s}, {fp4}, false, true, {mc}>;\n\
-             static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (moe/config.rs smem_bytes) and templates/sm90/direct.cuh disagree on shared memory\");\n\
-             static_assert(Cfg::THREADS == {threads}, \"Rust and templates/sm90/direct.cuh disagree on threads\");\n\
+             using Cfg = fp4tune::moe::GroupedConfig<{bm}, {bn}, {bk}, {wn}, {wk}, {d}, {s}, {fp4}, {ring}, {mc}>;\n\
+             static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (moe/config.rs smem_bytes) and templates/moe/sm90.cuh disagree on shared memory\");\n\
+             static_assert(Cfg::THREADS == {threads}, \"Rust and templates/moe/sm90.cuh disagree on threads\");\n\
              extern \"C\" __global__ void __launch_bounds__({threads}, {mc}){cluster} {kernel}(const fp4tune::moe::GroupedParams p) {{\n\
              \x20   fp4tune::moe::Grouped<Cfg, {op}>::run(p);\n\
              }}\n",
@@ -331,6 +383,7 @@ impl GroupedConfig {
             d = self.depth,
             s = self.split_k,
             fp4 = self.a_type == AType::Nvfp4,
+            ring = self.warp_ring,
             mc = self.min_ctas,
             smem = self.smem_bytes(),
             kernel = self.kernel_name(),
@@ -385,12 +438,14 @@ pub fn search_space_for(
     }
     let (_, k) = shape.nk(op);
     let mut out = Vec::new();
-    // (block_n, warps_n) pairs, warps_k, split_k, depth, min_ctas and walk values per op.
+    // (block_n, warps_n) pairs, warps_k, split_k, register-ring depths, warp-ring stages,
+    // min_ctas and walk values per op.
     struct Lists {
         tiles: &'static [(u32, u32)],
         warps_k: &'static [u32],
         splits: &'static [u32],
         depths: &'static [u32],
+        stages: &'static [u32],
         min_ctas: &'static [u32],
         walks: &'static [u32],
     }
@@ -401,6 +456,7 @@ pub fn search_space_for(
             warps_k: &[4, 8, 16],
             splits: &[1, 2],
             depths: &[1, 2, 3],
+            stages: &[2, 3, 4],
             min_ctas: &[1, 2, 4],
             walks: &[0, 1, 2],
         },
@@ -411,7 +467,8 @@ pub fn search_space_for(
             warps_k: &[4, 8],
             splits: &[1, 2],
             depths: &[1, 2, 4],
-            min_ctas: &[1, 2],
+            stages: &[4],
+            min_ctas: &[1, 2, 4],
             walks: &[0, 2],
         },
         // short K: many weight rows per CTA, a persistent walk
@@ -420,6 +477,7 @@ pub fn search_space_for(
             warps_k: &[1, 2],
             splits: &[1],
             depths: &[1, 2],
+            stages: &[2],
             min_ctas: &[1, 2, 4],
             walks: &[0, 2, 4],
         },
@@ -428,11 +486,14 @@ pub fn search_space_for(
             warps_k: &[1, 2],
             splits: &[1],
             depths: &[1, 2],
-            min_ctas: &[1, 2],
+            stages: &[2],
+            min_ctas: &[1, 2, 4],
             walks: &[0, 2, 4],
         },
     };
-    let Lists { tiles, warps_k, splits, depths, min_ctas, walks } = lists;
+    let Lists { tiles, warps_k, splits, depths, stages, min_ctas, walks } = lists;
+    let rings = depths.iter().map(|&d| (false, d)).chain(stages.iter().map(|&d| (true, d)));
+    let rings: Vec<(bool, u32)> = rings.collect();
     for block_m in [8, 16, 32] {
         for &(block_n, warps_n) in tiles {
             for &wk in warps_k {
@@ -446,7 +507,7 @@ pub fn search_space_for(
                         &[slice, 128 * wk, 256 * wk]
                     };
                     for &block_k in passes {
-                        for &depth in depths {
+                        for &(warp_ring, depth) in &rings {
                             for &mc in min_ctas {
                                 for &walk in walks {
                                     let c = GroupedConfig {
@@ -462,6 +523,7 @@ pub fn search_space_for(
                                         walk,
                                         family,
                                         a_type,
+                                        warp_ring,
                                     };
                                     if c.check(shape).is_ok() && !out.contains(&c) {
                                         out.push(c);
@@ -572,6 +634,8 @@ mod tests {
                     assert!(space.iter().any(|c| c.block_m == bm), "{op}: no block_m {bm}");
                 }
                 assert!(space.iter().any(|c| c.walk > 0) && space.iter().any(|c| c.walk == 0));
+                assert!(space.iter().any(|c| c.warp_ring) && space.iter().any(|c| !c.warp_ring));
+                assert!(w4a4.iter().any(|c| c.warp_ring), "{op} {shape}: no W4A4 warp ring");
             }
         }
     }
@@ -592,6 +656,7 @@ mod tests {
             walk: 2,
             family: Family::Sm90,
             a_type: AType::Bf16,
+            warp_ring: false,
         };
         good.check(&shape).unwrap();
         let e = GroupedConfig { depth: 3, ..good }.check(&shape).unwrap_err();
@@ -602,6 +667,18 @@ mod tests {
         assert!(e.reason.contains("K = 256"), "{e}");
         let e = GroupedConfig { depth: 8, block_m: 32, ..good }.check(&shape).unwrap_err();
         assert!(e.reason.contains("register ring"), "{e}");
+        // the warp ring: 2..8 stages of shared memory per warp, sm90 only
+        let ring = GroupedConfig { warp_ring: true, ..good };
+        ring.check(&shape).unwrap();
+        let e = GroupedConfig { depth: 1, ..ring }.check(&shape).unwrap_err();
+        assert!(e.reason.contains("2..8 stages"), "{e}");
+        let sm120 = GroupedConfig { family: Family::Sm120, a_type: AType::Nvfp4, ..ring };
+        assert!(sm120.check(&shape).unwrap_err().reason.contains("family sm90"));
+        // 8 warps x 6 stages x 4 m16 tiles x 2 row halves x 640 bytes: over an SM
+        let big = GroupedConfig { block_n: 512, warps_n: 8, depth: 6, ..ring };
+        assert_eq!(big.smem_bytes(), 8 * 6 * 4 * 2 * 640);
+        let e = big.check(&shape).unwrap_err();
+        assert!(e.reason.contains("228 KiB"), "{e}");
         let many = MoeShape { experts: 100_000, ..shape };
         assert!(good.check(&many).unwrap_err().reason.contains("local experts"));
     }
@@ -622,6 +699,7 @@ mod tests {
             walk: 0,
             family: Family::Sm90,
             a_type: AType::Nvfp4,
+            warp_ring: false,
         };
         good.check(&shape).unwrap();
         // 16 weight rows per warp hold 8 columns of H: half a quantization block
@@ -661,7 +739,29 @@ mod tests {
         assert!(w4a4
             .source()
             .code
-            .contains("DirectConfig<8, 128, 256, 4, 1, 2, 1, true, false, true, 1>"));
+            .contains("GroupedConfig<8, 128, 256, 4, 1, 2, 1, true, false, 1>"));
+    }
+
+    #[test]
+    fn warp_ring_names_sources_and_files() {
+        let c = search_space(MoeOp::Down, &MoeShape::GLM5_TP8)
+            .into_iter()
+            .find(|c| c.warp_ring && c.block_n == 64 && c.warps_n == 4 && c.walk == 2)
+            .unwrap();
+        assert!(c.name().contains("_w4x1_p2_s1_"), "{}", c.name());
+        assert!(c.kernel_name().contains("_w4x1_p2_s1_"), "{}", c.kernel_name());
+        let registers = GroupedConfig { warp_ring: false, ..c };
+        assert_ne!(c.kernel_name(), registers.kernel_name());
+        assert!(c.source().code.contains(&format!(
+            "GroupedConfig<8, 64, 256, 4, 1, 2, 1, false, true, {}>",
+            c.min_ctas
+        )));
+        // slots (none: one warp along K) then 4 warps x 2 stages x (1 m16 tile x 2 x 640 bytes)
+        assert_eq!(c.smem_bytes(), 4 * 2 * 2 * 640);
+        let ron = ron::to_string(&c).unwrap();
+        assert!(ron.contains("warp_ring:true"), "{ron}");
+        assert_eq!(ron::from_str::<GroupedConfig>(&ron).unwrap(), c);
+        assert!(!ron::to_string(&registers).unwrap().contains("warp_ring"));
     }
 
     /// Each family's grouped hash covers exactly what its kernels include: a grouped unit of the
@@ -738,6 +838,7 @@ mod tests {
             walk: 0,
             family: Family::Sm90,
             a_type: AType::Bf16,
+            warp_ring: false,
         };
         assert_eq!(c.grid(&shape, 300, 132), (8, 300, 1));
         assert_eq!(GroupedConfig { walk: 2, ..c }.grid(&shape, 300, 132), (8, 33, 1));
@@ -745,8 +846,9 @@ mod tests {
     }
 
     /// Every distinct W4A4 grouped kernel of both GLM-5 layers compiles for sm_90a (NVRTC, no
-    /// GPU needed) without spills, with a sane register count, the bf16 HMMA and no local memory
-    /// in its SASS (when cuobjdump is there). Through the default cubin cache: a second run only
+    /// GPU needed) without spills (register ring; a warp-ring kernel may spill and is then
+    /// refused at load), with a sane register count, the bf16 HMMA and no local memory apart
+    /// from spills in its SASS (when cuobjdump is there). Through the default cubin cache: a second run only
     /// reads it.
     #[test]
     fn every_w4a4_grouped_kernel_compiles_for_sm90_without_spills() {
@@ -776,11 +878,15 @@ mod tests {
             let stats = k.stats.as_ref().unwrap_or_else(|| {
                 panic!("{c}: no ptxas statistics in the NVRTC log ({:?}):\n{}", k.origin, k.log)
             });
-            if stats.spills() || stats.registers > c.register_cap() || stats.registers < 32 {
+            // A warp-ring kernel at its register cap may spill: the runtime refuses it at load
+            // (a failed candidate); the register ring's budget rules spills out.
+            let spills = stats.spills() && !c.warp_ring;
+            if spills || stats.registers > c.register_cap() || stats.registers < 32 {
                 problems.push(format!("{c}: {stats:?} (cap {})", c.register_cap()));
             }
             if let Ok(text) = sass::dump_sass(&k.kernel_name, &k.cubin) {
-                if sass::uses_local_memory(&text) || sass::count_opcode(&text, "HMMA") == 0 {
+                let local = sass::uses_local_memory(&text) && !stats.spills();
+                if local || sass::count_opcode(&text, "HMMA") == 0 {
                     problems.push(format!("{c}: local memory or no HMMA in the SASS"));
                 }
             }
@@ -808,6 +914,7 @@ mod tests {
         for arch in [Arch::Sm90a, Arch::Sm120a] {
             sources.extend([align_source(arch), finalize_source(arch)]);
         }
+        let mut warp_rings = std::collections::HashSet::new();
         for op in MoeOp::ALL {
             let space = search_space(op, &shape);
             // a spread of the space: every 13th kernel (distinct kernels only)
@@ -815,6 +922,9 @@ mod tests {
             for c in space.iter().step_by(13) {
                 if seen.insert(c.kernel_name()) {
                     sources.push(c.source());
+                    if c.warp_ring {
+                        warp_rings.insert(c.kernel_name());
+                    }
                 }
             }
         }
@@ -827,9 +937,13 @@ mod tests {
                     src.kernel_name, k.origin, k.log
                 )
             });
-            assert!(!stats.spills(), "{}: spills", src.kernel_name);
+            // A warp-ring kernel at its register cap may spill: the runtime refuses it at load
+            // (a failed candidate); the register ring's budget rules spills out.
+            let warp_ring = warp_rings.contains(&src.kernel_name);
+            assert!(!stats.spills() || warp_ring, "{}: spills", src.kernel_name);
             if let Ok(text) = sass::dump_sass(&src.kernel_name, &k.cubin) {
-                assert!(!sass::uses_local_memory(&text), "{}: local memory", src.kernel_name);
+                let local = sass::uses_local_memory(&text) && !stats.spills();
+                assert!(!local, "{}: local memory", src.kernel_name);
                 if src.kernel_name.starts_with("fp4tune_sm90_") {
                     assert!(sass::count_opcode(&text, "HMMA") > 0, "{}: no HMMA", src.kernel_name);
                 }

@@ -19,12 +19,14 @@
 //! verified without a GPU.
 //!
 //! `reference` is the CPU model every GPU result is checked against; `epilogue` mirrors the
-//! grouped epilogue's element positions and NVFP4 quantization of H lane by lane.
+//! grouped epilogue's element positions and NVFP4 quantization of H lane by lane; `seeds` lists
+//! the configurations that won H200 campaigns, which every grouped screen measures.
 
 pub mod config;
 pub mod epilogue;
 pub mod reference;
 pub mod schedule;
+pub mod seeds;
 pub mod sm120;
 
 pub use config::{GroupedConfig, MoeOp};

@@ -130,6 +130,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                             walk,
                             family: Family::Sm120,
                             a_type: AType::Nvfp4,
+                            warp_ring: false,
                         };
                         if c.check(shape).is_ok() {
                             out.push(c);
@@ -605,6 +606,7 @@ mod tests {
             walk: 0,
             family: Family::Sm120,
             a_type: AType::Nvfp4,
+            warp_ring: false,
         }
     }
 

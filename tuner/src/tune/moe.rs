@@ -1,7 +1,9 @@
 //! The grouped phase of a tuning campaign: per projection and token bucket B, screen the grouped
-//! search space on a uniform routing drawn from a recorded seed, give the finalists the full
-//! timing policy on that routing and on a skewed draw, and keep the fastest finalist unless it
-//! collapses under skew (slower than `SKEW_GUARD` x the best skewed time, then the next one).
+//! search space (an even spread of it, the measured seeds `moe::seeds` legal for the shape, and
+//! the previous bucket's pick: the space holds thousands of configurations, a screen tens) on a
+//! uniform routing drawn from a recorded seed, give the finalists the full timing policy on that routing and on a skewed draw, and keep
+//! the fastest finalist unless it collapses under skew (slower than `SKEW_GUARD` x the best
+//! skewed time, then the next one).
 
 use crate::bench::moe::{
     measure_op, roofline_bytes_for, spread, Measured, MoeBenchError, MoeStep, Outcome, StepData,
@@ -12,6 +14,7 @@ use crate::compile::Compiler;
 use crate::gpu::Gpu;
 use crate::moe::config::search_space_for;
 use crate::moe::schedule::Routing;
+use crate::moe::seeds::measured_seeds;
 use crate::moe::{MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeLauncher};
@@ -76,6 +79,8 @@ pub fn tune_moe(
     let family = crate::runtime::family_for(gpu.info())?;
     let mut entries = Vec::new();
     let mut logs = Vec::new();
+    // The previous bucket's pick per op, screened again at the next bucket.
+    let mut carried: [Option<crate::moe::config::GroupedConfig>; 2] = [None, None];
     let total = spec.buckets.len() * 2;
     let step = |tokens, routing, seed| MoeStep {
         shape: spec.shape,
@@ -117,7 +122,14 @@ pub fn tune_moe(
                 tokens,
             };
             progress(MoeTuneEvent::Key { index: bi * 2 + oi, total, key });
-            let space = spread(search_space_for(family, spec.a_type, op, &spec.shape), spec.screen);
+            let mut space =
+                spread(search_space_for(family, spec.a_type, op, &spec.shape), spec.screen);
+            let seeds = measured_seeds(family, spec.a_type, op).into_iter().chain(carried[oi]);
+            for c in seeds {
+                if c.check(&spec.shape).is_ok() && !space.contains(&c) {
+                    space.push(c);
+                }
+            }
             let screened = measure_op(
                 gpu,
                 compiler,
@@ -187,6 +199,7 @@ pub fn tune_moe(
                 screened: screened.len(),
                 failed,
             });
+            carried[oi] = Some(entry.config);
             chosen.push(GroupedKernel::load(gpu, compiler, entry.config)?);
             entries.push(entry);
             logs.push((key, screened));

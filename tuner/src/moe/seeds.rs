@@ -1,0 +1,154 @@
+//! The grouped configurations that won tuning campaigns on the H200 (the GLM-5 TP8 and EP8
+//! layers, W4A16 and W4A4, B = 1..1024): every grouped screen measures those legal for its shape
+//! besides the even spread of the space, so a campaign never misses a configuration known to be
+//! good (the space holds thousands, the screen tens).
+
+use super::config::GroupedConfig;
+use super::MoeOp::{self, Down, GateUp};
+use crate::problem::AType;
+use crate::template::Family;
+
+const W4A16: AType = AType::Bf16;
+const W4A4: AType = AType::Nvfp4;
+/// The weights in the register ring (`d` in names) or the warp ring (`p`).
+const R: bool = false;
+const P: bool = true;
+
+/// (op, activations, [block_m, block_n, block_k], [warps_n, warps_k], ring, depth, split_k,
+/// min_ctas, walk)
+type Row = (MoeOp, AType, [u32; 3], [u32; 2], bool, u32, u32, u32, u32);
+
+#[rustfmt::skip]
+const WINNERS: &[Row] = &[
+    (Down, W4A16, [8, 32, 512], [2, 2], R, 2, 1, 4, 0),
+    (Down, W4A16, [8, 32, 2048], [2, 1], R, 2, 1, 2, 0),
+    (Down, W4A16, [8, 64, 2048], [4, 2], R, 2, 1, 2, 2),
+    (Down, W4A16, [8, 128, 256], [4, 1], P, 2, 1, 1, 0),
+    (Down, W4A16, [8, 128, 256], [4, 1], R, 1, 1, 1, 4),
+    (Down, W4A16, [8, 128, 256], [4, 1], R, 1, 1, 2, 0),
+    (Down, W4A16, [8, 128, 256], [4, 1], R, 1, 1, 4, 4),
+    (Down, W4A16, [8, 128, 256], [4, 1], R, 2, 1, 1, 0),
+    (Down, W4A16, [8, 256, 256], [8, 1], R, 1, 1, 2, 0),
+    (Down, W4A16, [16, 128, 256], [4, 1], R, 1, 1, 1, 0),
+    (Down, W4A16, [16, 128, 256], [4, 1], R, 2, 1, 1, 4),
+    (Down, W4A16, [16, 128, 256], [4, 1], R, 2, 1, 2, 0),
+    (Down, W4A16, [16, 128, 2048], [4, 1], R, 2, 1, 2, 2),
+    (Down, W4A16, [32, 128, 256], [4, 1], R, 1, 1, 1, 4),
+    (Down, W4A4, [8, 32, 512], [2, 2], R, 2, 1, 1, 2),
+    (Down, W4A4, [8, 32, 2048], [2, 2], R, 2, 1, 1, 0),
+    (Down, W4A4, [8, 64, 256], [4, 1], R, 2, 1, 1, 4),
+    (Down, W4A4, [8, 128, 256], [4, 1], R, 1, 1, 1, 0),
+    (Down, W4A4, [8, 128, 256], [4, 1], R, 1, 1, 2, 4),
+    (Down, W4A4, [8, 128, 256], [4, 1], R, 2, 1, 1, 4),
+    (Down, W4A4, [8, 128, 256], [4, 1], R, 2, 1, 2, 0),
+    (Down, W4A4, [8, 128, 256], [8, 1], R, 2, 1, 2, 2),
+    (Down, W4A4, [8, 128, 512], [4, 2], P, 2, 1, 2, 0),
+    (Down, W4A4, [8, 128, 2048], [4, 1], P, 2, 1, 4, 0),
+    (Down, W4A4, [16, 128, 256], [4, 1], R, 1, 1, 4, 0),
+    (Down, W4A4, [16, 128, 256], [4, 1], R, 2, 1, 1, 4),
+    (Down, W4A4, [16, 128, 256], [4, 1], R, 2, 1, 2, 2),
+    (Down, W4A4, [16, 128, 256], [4, 1], R, 2, 1, 2, 4),
+    (Down, W4A4, [32, 128, 256], [4, 1], P, 2, 1, 2, 2),
+    (Down, W4A4, [32, 128, 256], [4, 1], P, 2, 1, 2, 4),
+    (Down, W4A4, [32, 128, 256], [4, 1], R, 1, 1, 2, 4),
+    (Down, W4A4, [32, 128, 2048], [4, 1], P, 2, 1, 2, 4),
+    (Down, W4A4, [32, 128, 2048], [4, 1], R, 2, 1, 1, 4),
+    (GateUp, W4A16, [8, 16, 1024], [1, 4], P, 3, 1, 2, 0),
+    (GateUp, W4A16, [8, 16, 1024], [1, 4], R, 2, 2, 4, 0),
+    (GateUp, W4A16, [8, 16, 6144], [1, 8], R, 2, 1, 2, 1),
+    (GateUp, W4A16, [8, 32, 512], [1, 4], P, 2, 1, 4, 0),
+    (GateUp, W4A16, [8, 32, 512], [1, 4], R, 3, 1, 1, 2),
+    (GateUp, W4A16, [8, 32, 1024], [1, 4], R, 3, 1, 2, 0),
+    (GateUp, W4A16, [8, 32, 3072], [1, 8], R, 1, 2, 2, 0),
+    (GateUp, W4A16, [8, 32, 6144], [1, 4], R, 1, 1, 2, 0),
+    (GateUp, W4A16, [16, 32, 512], [1, 4], R, 2, 1, 1, 0),
+    (GateUp, W4A16, [32, 32, 512], [1, 4], R, 1, 1, 2, 2),
+    (GateUp, W4A16, [32, 32, 6144], [1, 4], R, 1, 1, 2, 0),
+    (GateUp, W4A4, [8, 32, 1024], [1, 4], P, 4, 1, 1, 2),
+    (GateUp, W4A4, [8, 32, 1024], [1, 4], R, 4, 1, 2, 0),
+    (GateUp, W4A4, [8, 32, 2048], [1, 8], R, 2, 1, 1, 0),
+    (GateUp, W4A4, [8, 32, 3072], [1, 4], R, 2, 2, 2, 2),
+    (GateUp, W4A4, [8, 32, 6144], [1, 4], P, 4, 1, 1, 0),
+    (GateUp, W4A4, [8, 32, 6144], [1, 4], R, 1, 1, 1, 0),
+    (GateUp, W4A4, [8, 32, 6144], [1, 4], R, 4, 1, 2, 2),
+    (GateUp, W4A4, [8, 32, 6144], [1, 8], R, 2, 1, 1, 2),
+    (GateUp, W4A4, [8, 64, 1024], [2, 4], P, 4, 1, 2, 0),
+    (GateUp, W4A4, [8, 64, 1024], [2, 4], R, 1, 1, 2, 2),
+    (GateUp, W4A4, [8, 64, 6144], [1, 4], R, 2, 1, 1, 2),
+    (GateUp, W4A4, [16, 32, 1024], [1, 4], R, 1, 1, 1, 0),
+    (GateUp, W4A4, [16, 64, 1024], [1, 4], P, 4, 1, 2, 2),
+    (GateUp, W4A4, [16, 64, 6144], [1, 4], R, 1, 1, 1, 2),
+    (GateUp, W4A4, [32, 32, 6144], [1, 4], R, 2, 1, 2, 2),
+    (GateUp, W4A4, [32, 64, 6144], [2, 4], P, 4, 1, 1, 2),
+];
+
+/// The measured seeds of one family, activation type and op (family sm90 only).
+pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedConfig> {
+    if family != Family::Sm90 {
+        return Vec::new();
+    }
+    WINNERS
+        .iter()
+        .filter(|r| r.0 == op && r.1 == a_type)
+        .map(
+            |&(
+                op,
+                a_type,
+                [block_m, block_n, block_k],
+                [warps_n, warps_k],
+                warp_ring,
+                depth,
+                split_k,
+                min_ctas,
+                walk,
+            )| {
+                GroupedConfig {
+                    op,
+                    block_m,
+                    block_n,
+                    block_k,
+                    warps_n,
+                    warps_k,
+                    depth,
+                    split_k,
+                    min_ctas,
+                    walk,
+                    family,
+                    a_type,
+                    warp_ring,
+                }
+            },
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::moe::config::search_space_for;
+    use crate::moe::MoeShape;
+
+    /// Every seed is a configuration of the space of a GLM-5 layer it was measured on (so a change
+    /// of the space or of its rules that drops a winner shows here), and none is listed twice.
+    #[test]
+    fn seeds_are_distinct_members_of_the_space() {
+        let mut all = Vec::new();
+        for a_type in [W4A16, W4A4] {
+            for op in MoeOp::ALL {
+                let seeds = measured_seeds(Family::Sm90, a_type, op);
+                assert!(!seeds.is_empty(), "{op} {a_type:?}");
+                for c in seeds {
+                    let member = [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8]
+                        .iter()
+                        .any(|s| search_space_for(Family::Sm90, a_type, op, s).contains(&c));
+                    assert!(member, "{c} is in no GLM-5 space");
+                    assert!(!all.contains(&c), "{c} listed twice");
+                    all.push(c);
+                }
+            }
+        }
+        assert!(all.iter().any(|c| c.warp_ring) && all.iter().any(|c| !c.warp_ring));
+        assert!(measured_seeds(Family::Sm120, W4A4, GateUp).is_empty());
+        assert!(measured_seeds(Family::Sm90, W4A16, Down).iter().all(|c| c.op == Down));
+    }
+}
