@@ -845,11 +845,11 @@ mod tests {
         assert_eq!(GroupedConfig { walk: 2, ..c }.grid(&shape, 9, 132), (8, 9, 1));
     }
 
-    /// Every distinct W4A4 grouped kernel of both GLM-5 layers compiles for sm_90a (NVRTC, no
-    /// GPU needed) without spills (register ring; a warp-ring kernel may spill and is then
-    /// refused at load), with a sane register count, the bf16 HMMA and no local memory apart
-    /// from spills in its SASS (when cuobjdump is there). Through the default cubin cache: a second run only
-    /// reads it.
+    /// Every distinct W4A4 register-ring grouped kernel of both GLM-5 layers, and every third
+    /// warp-ring one, compiles for sm_90a (NVRTC, no GPU needed) without spills (a warp-ring
+    /// kernel may spill and is then refused at load), with a sane register count, the bf16 HMMA
+    /// and no local memory apart from spills in its SASS (when cuobjdump is there). Through the
+    /// default cubin cache: a second run only reads it.
     #[test]
     fn every_w4a4_grouped_kernel_compiles_for_sm90_without_spills() {
         use crate::compile::{sass, Compiler};
@@ -864,6 +864,12 @@ mod tests {
                 }
             }
         }
+        let mut rings = 0;
+        configs.retain(|c| {
+            rings += usize::from(c.warp_ring);
+            !c.warp_ring || rings % 3 == 1
+        });
+        assert!(configs.iter().any(|c| c.warp_ring));
         assert!(configs.len() >= 100, "{} kernels", configs.len());
         let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
         let mut problems = Vec::new();
@@ -917,9 +923,9 @@ mod tests {
         let mut warp_rings = std::collections::HashSet::new();
         for op in MoeOp::ALL {
             let space = search_space(op, &shape);
-            // a spread of the space: every 13th kernel (distinct kernels only)
+            // a spread of the space: every 23rd kernel (distinct kernels only)
             let mut seen = std::collections::HashSet::new();
-            for c in space.iter().step_by(13) {
+            for c in space.iter().step_by(23) {
                 if seen.insert(c.kernel_name()) {
                     sources.push(c.source());
                     if c.warp_ring {
