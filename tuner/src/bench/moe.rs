@@ -774,7 +774,10 @@ pub struct LayerTimes {
 
 #[path = "moe_run.rs"]
 mod run;
-pub use run::{run_moe_bench, run_moe_bench_for, spread, MoeBenchPlan, MoeProgress, MoeRow, OpLog};
+pub use run::{
+    run_moe_bench, run_moe_bench_for, screen_candidates, spread, MoeBenchPlan, MoeProgress, MoeRow,
+    OpLog,
+};
 
 #[path = "moe_loop.rs"]
 pub mod moe_loop;

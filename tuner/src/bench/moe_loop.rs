@@ -35,15 +35,16 @@ pub const IMPL: &str = "fp4tune_loop";
 /// ([`merge_gemm_entries`]; their grouped entries are not loaded), or the family defaults when
 /// there is none. Device `device`, the default CUBIN cache and mismatch policy (an entry the
 /// device or the templates disable runs its fallback, which the rows' configuration names).
-pub fn open_dispatcher(tables: &[PathBuf], device: usize) -> Result<Dispatcher, RuntimeError> {
+pub fn open_dispatcher(
+    tables: &[(PathBuf, Table)],
+    device: usize,
+) -> Result<Dispatcher, RuntimeError> {
     let options = Options { device, ..Options::default() };
     if tables.is_empty() {
         return Dispatcher::open_untuned(&options);
     }
-    let loaded: Vec<(PathBuf, Table)> =
-        tables.iter().map(|p| Table::load(p).map(|t| (p.clone(), t))).collect::<Result<_, _>>()?;
-    let merged = merge_gemm_entries(&loaded)?;
-    let names: Vec<String> = tables.iter().map(|p| p.display().to_string()).collect();
+    let merged = merge_gemm_entries(tables)?;
+    let names: Vec<String> = tables.iter().map(|(p, _)| p.display().to_string()).collect();
     Dispatcher::open_with(Some((&merged, Path::new(&names.join("+")))), &options)
 }
 
@@ -431,7 +432,8 @@ mod gpu_tests {
     fn the_per_expert_loop_is_verified_and_timed() {
         let gpu = Gpu::open(0).unwrap();
         let table = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/nvidia-h200.ron");
-        let dispatcher = open_dispatcher(&[table], 0).unwrap();
+        let loaded = Table::load(&table).unwrap();
+        let dispatcher = open_dispatcher(&[(table, loaded)], 0).unwrap();
         let compiler = crate::compile::Compiler::with_default_cache().unwrap();
         let floors = Floors::new(&gpu, &compiler).unwrap();
         let policy = TimingPolicy {

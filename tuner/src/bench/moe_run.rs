@@ -64,6 +64,29 @@ pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
     (0..max).map(|i| space[i * space.len() / max]).collect()
 }
 
+/// The candidates of one grouped screen of (family, a_type, op) on `shape`: an even spread of
+/// at most `max` configurations of the space (0: all), then the measured seeds
+/// (`moe::seeds`) and `extra`, each once, where legal for the shape; `keep` filters all of them.
+pub fn screen_candidates(
+    (family, a_type, op): (crate::template::Family, AType, MoeOp),
+    shape: &MoeShape,
+    max: usize,
+    extra: &[GroupedConfig],
+    keep: impl Fn(&GroupedConfig) -> bool,
+) -> Vec<GroupedConfig> {
+    let mut space = crate::moe::config::search_space_for(family, a_type, op, shape);
+    space.retain(&keep);
+    let mut space = spread(space, max);
+    let seeds = crate::moe::seeds::measured_seeds(family, a_type, op);
+    for c in seeds.iter().chain(extra) {
+        let fits = (c.op, c.family, c.a_type) == (op, family, a_type) && keep(c);
+        if fits && c.check(shape).is_ok() && !space.contains(c) {
+            space.push(*c);
+        }
+    }
+    space
+}
+
 /// Every candidate measured for one (set, tokens, op).
 pub type OpLog = (String, u32, MoeOp, Vec<Measured>);
 
@@ -124,17 +147,13 @@ pub fn run_moe_bench_for(
             d.check_schedule(gpu, &launcher)?;
             let mut chosen: Vec<GroupedKernel> = Vec::new();
             for op in MoeOp::ALL {
-                let ring = |c: &GroupedConfig| plan.warp_ring.is_none_or(|r| c.warp_ring == r);
-                let mut space = crate::moe::config::search_space_for(family, a_type, op, shape);
-                space.retain(ring);
-                let mut space = spread(space, plan.max_candidates);
-                let seeds = crate::moe::seeds::measured_seeds(family, a_type, op);
-                for c in seeds.iter().chain(&plan.extra) {
-                    let fits = (c.op, c.family, c.a_type) == (op, family, a_type) && ring(c);
-                    if fits && c.check(shape).is_ok() && !space.contains(c) {
-                        space.push(*c);
-                    }
-                }
+                let space = screen_candidates(
+                    (family, a_type, op),
+                    shape,
+                    plan.max_candidates,
+                    &plan.extra,
+                    |c| plan.warp_ring.is_none_or(|r| c.warp_ring == r),
+                );
                 let measured = measure_op(
                     gpu,
                     compiler,

@@ -226,21 +226,15 @@ impl Drop for Session {
 mod fake_worker_tests {
     use super::*;
     use crate::check::{self, exit_status, Baseline, Baselines, EntryStatus, RuleConfig, Verdict};
-    use std::os::unix::fs::PermissionsExt;
 
     /// Answers like `fp4tune worker` on an H200: every configuration of problem M gets 9 samples
     /// around 1 + M/100 us (the default configuration 0.5 us more); the configuration with
     /// `stages == 7` kills the worker when it runs on N = 6144.
-    const FAKE: &str = r#"#!/usr/bin/env python3
-import json, sys
-def send(x):
-    sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
+    const FAKE: &str = r#"
 for line in sys.stdin:
     req = json.loads(line)
     if "Hello" in req:
-        send({"Device": {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132,
-              "l2_bytes": 62914560, "total_mem": 1, "max_smem_per_block_optin": 232448,
-              "driver_version": [13, 0], "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "mem_bus_bits": 6016}})
+        send(device_info("NVIDIA H200"))
     elif "Evaluate" in req:
         ev = req["Evaluate"]
         p = ev["problem"]
@@ -268,9 +262,7 @@ for line in sys.stdin:
         table.entries[3].config = crashing;
         let script = FAKE.replace("DEFAULT_CONFIG", &serde_json::to_string(&default).unwrap());
         let dir = tempfile::tempdir().unwrap();
-        let exe = dir.path().join("fake-worker");
-        std::fs::write(&exe, script).unwrap();
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let exe = crate::tune::fake_worker::install(dir.path(), &script);
         let mut session = Session::with_worker(&exe, 0, Duration::from_secs(20)).unwrap();
         assert_eq!(session.info().name, "NVIDIA H200");
         // Baselines: what the fake measures now, except M = 16, which was 20% faster.

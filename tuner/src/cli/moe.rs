@@ -72,14 +72,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ),
     };
     let compiler = crate::default_compiler()?;
+    let tables: Vec<_> = a
+        .tables
+        .iter()
+        .map(|p| fp4tune::table::Table::load(p).map(|t| (p.clone(), t)))
+        .collect::<Result<_, _>>()?;
     // The grouped entries of the given tables are measured besides the spread of the space.
     let mut extra = Vec::new();
-    for path in &a.tables {
-        let table = fp4tune::table::Table::load(path)?;
-        for e in table.moe {
-            if !extra.contains(&e.config) {
-                extra.push(e.config);
-            }
+    for e in tables.iter().flat_map(|(_, t)| &t.moe) {
+        if !extra.contains(&e.config) {
+            extra.push(e.config);
         }
     }
     // The per-expert loop peer launches through the runtime dispatcher of the given tables
@@ -87,7 +89,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let expert_loop = if a.no_peers {
         None
     } else {
-        let dispatcher = fp4tune::bench::moe::moe_loop::open_dispatcher(&a.tables, a.device)?;
+        let dispatcher = fp4tune::bench::moe::moe_loop::open_dispatcher(&tables, a.device)?;
         let line = format!("per-expert loop peer: {}\n", dispatcher.report());
         let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         Some(std::sync::Arc::new(dispatcher))

@@ -4,6 +4,31 @@ use super::schema::Table;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+/// What one shape's line says of its entries (in bucket order): the buckets, the number of
+/// distinct configurations, the fastest and the slowest median.
+struct Span {
+    buckets: String,
+    configs: usize,
+    lo: f64,
+    hi: f64,
+}
+
+impl Span {
+    fn of<C: Ord>(entries: impl Iterator<Item = (u32, C, f64)>) -> Self {
+        let (mut buckets, mut configs) = (Vec::new(), Vec::new());
+        let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+        for (bucket, config, median) in entries {
+            buckets.push(bucket.to_string());
+            configs.push(config);
+            lo = lo.min(median);
+            hi = hi.max(median);
+        }
+        configs.sort();
+        configs.dedup();
+        Span { buckets: buckets.join(", "), configs: configs.len(), lo, hi }
+    }
+}
+
 /// Device, toolchain, policy, template hashes, then one line per shape: its buckets, the number of
 /// distinct winning configurations, and the median time range.
 pub fn summary(table: &Table) -> String {
@@ -34,12 +59,7 @@ pub fn summary(table: &Table) -> String {
     let _ = writeln!(out, "entries: {} over {} shapes", table.entries.len(), shapes.len());
     for ((op, family, a_type, n, k, experts), mut entries) in shapes {
         entries.sort_by_key(|e| e.key.m);
-        let buckets: Vec<String> = entries.iter().map(|e| e.key.m.to_string()).collect();
-        let mut configs: Vec<_> = entries.iter().map(|e| e.config).collect();
-        configs.sort();
-        configs.dedup();
-        let lo = entries.iter().map(|e| e.median_us).fold(f64::INFINITY, f64::min);
-        let hi = entries.iter().map(|e| e.median_us).fold(0.0, f64::max);
+        let s = Span::of(entries.iter().map(|e| (e.key.m, e.config, e.median_us)));
         let e = experts.map(|e| format!(" E={e}")).unwrap_or_default();
         let composite: Vec<String> =
             entries.iter().filter(|e| !e.method.is_fused()).map(|e| e.key.m.to_string()).collect();
@@ -50,10 +70,12 @@ pub fn summary(table: &Table) -> String {
         };
         let _ = writeln!(
             out,
-            "  {op} {family} {a_type} N={n} K={k}{e}: {} entries, buckets [{}], {} distinct configs, median {lo:.2}..{hi:.2} us{composite}",
+            "  {op} {family} {a_type} N={n} K={k}{e}: {} entries, buckets [{}], {} distinct configs, median {:.2}..{:.2} us{composite}",
             entries.len(),
-            buckets.join(", "),
-            configs.len(),
+            s.buckets,
+            s.configs,
+            s.lo,
+            s.hi,
         );
     }
     if !table.moe.is_empty() {
@@ -82,18 +104,15 @@ pub fn summary(table: &Table) -> String {
         );
         for ((op, family, a_type, n, k, experts, top_k), mut entries) in layers {
             entries.sort_by_key(|e| e.key.tokens);
-            let buckets: Vec<String> = entries.iter().map(|e| e.key.tokens.to_string()).collect();
-            let mut configs: Vec<_> = entries.iter().map(|e| e.config).collect();
-            configs.sort();
-            configs.dedup();
-            let lo = entries.iter().map(|e| e.median_us).fold(f64::INFINITY, f64::min);
-            let hi = entries.iter().map(|e| e.median_us).fold(0.0, f64::max);
+            let s = Span::of(entries.iter().map(|e| (e.key.tokens, e.config, e.median_us)));
             let _ = writeln!(
                 out,
-                "  {op} {family} {a_type} N={n} K={k} E={experts} top_k={top_k}: {} entries, B [{}], {} distinct configs, median {lo:.2}..{hi:.2} us",
+                "  {op} {family} {a_type} N={n} K={k} E={experts} top_k={top_k}: {} entries, B [{}], {} distinct configs, median {:.2}..{:.2} us",
                 entries.len(),
-                buckets.join(", "),
-                configs.len(),
+                s.buckets,
+                s.configs,
+                s.lo,
+                s.hi,
             );
         }
     }

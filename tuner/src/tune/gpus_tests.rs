@@ -3,18 +3,15 @@
 //! cannot come back costs its in-flight candidate and the other GPU finishes its keys; GPUs of
 //! two models are refused; shards cover the campaign and merge into a one-run key set.
 use super::*;
+use crate::tune::fake_worker::install;
 use crate::tune::run::run;
 use crate::tune::select::{select, SelectRules};
-use std::os::unix::fs::PermissionsExt;
 
 /// A worker per device: `NAMES` per ordinal; device `DIES` exits on its first candidate with
 /// `stages == 3` and leaves `MARKER`, after which it cannot be opened again (a GPU gone).
-const FAKE: &str = r#"#!/usr/bin/env python3
-import json, os, sys
+const FAKE: &str = r#"
 NAMES = {0: "Fake H200", 1: "Fake H200"}
 DIES, MARKER = -1, "/nonexistent"
-def send(x):
-    sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
 device = None
 for line in sys.stdin:
     req = json.loads(line)
@@ -25,9 +22,7 @@ for line in sys.stdin:
         if device == DIES and os.path.exists(MARKER):
             send({"Fatal": "GPU %d fell off the bus" % device})
             continue
-        send({"Device": {"name": NAMES[device], "compute_capability": [9, 0], "sm_count": 132,
-              "l2_bytes": 62914560, "total_mem": 1, "max_smem_per_block_optin": 232448,
-              "driver_version": [13, 0], "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "mem_bus_bits": 6016}})
+        send(device_info(NAMES[device]))
     elif "Floors" in req:
         send({"Floors": {"bandwidth_gbps": 4400.0 + device, "tensor_peak_tflops": 880.0, "launch_floor_us": 0.6}})
     else:
@@ -49,13 +44,6 @@ fn configs() -> Vec<GemmConfig> {
         .into_iter()
         .map(|(block_n, stages, split_k)| GemmConfig { block_n, stages, split_k, ..base })
         .collect()
-}
-
-fn fake(dir: &std::path::Path, script: &str) -> PathBuf {
-    let exe = dir.join("fake-worker");
-    std::fs::write(&exe, script).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-    exe
 }
 
 /// Two weight shapes at two buckets each, every key the six `configs()`.
@@ -97,7 +85,7 @@ fn content(records: &[Record]) -> Vec<(TableKey, GemmConfig, &'static str)> {
 #[test]
 fn two_gpus_write_one_log_like_one_gpu_and_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = fake(dir.path(), FAKE);
+    let exe = install(dir.path(), FAKE);
     let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
     let one = run(&racing(exe.clone(), dir.path().join("one")), &compiler, &|_| {}).unwrap();
     let shapes_of = std::cell::RefCell::new(std::collections::BTreeMap::new());
@@ -160,7 +148,7 @@ fn a_gpu_that_fails_hands_its_keys_to_the_other() {
         r#"DIES, MARKER = -1, "/nonexistent""#,
         &format!("DIES, MARKER = 1, {:?}", marker.display().to_string()),
     );
-    let exe = fake(dir.path(), &script);
+    let exe = install(dir.path(), &script);
     let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
     let events = std::cell::RefCell::new(Vec::new());
     let out = gpus::run(
@@ -204,7 +192,7 @@ fn a_gpu_that_fails_hands_its_keys_to_the_other() {
             &format!("DIES, MARKER = 1, {:?}", gone.display().to_string()),
         )
         .replace("device == DIES and ", "");
-    let exe = fake(dir.path(), &both);
+    let exe = install(dir.path(), &both);
     let e = gpus::run(
         &spec(exe, dir.path().join("s")),
         &gpus::GpuSelection::List(vec![0, 1]),
@@ -224,7 +212,7 @@ fn a_gpu_that_fails_hands_its_keys_to_the_other() {
 #[test]
 fn gpus_of_two_models_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = fake(dir.path(), &FAKE.replace(r#"1: "Fake H200""#, r#"1: "Fake H100""#));
+    let exe = install(dir.path(), &FAKE.replace(r#"1: "Fake H200""#, r#"1: "Fake H100""#));
     let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
     let e = gpus::run(
         &spec(exe.clone(), dir.path().join("r")),
@@ -257,7 +245,7 @@ fn gpus_of_two_models_are_refused() {
 #[test]
 fn shards_merge_into_the_key_set_of_one_run() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = fake(dir.path(), FAKE);
+    let exe = install(dir.path(), FAKE);
     let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
     let whole = run(&spec(exe.clone(), dir.path().join("whole")), &compiler, &|_| {}).unwrap();
     let out = dir.path().join("shards");

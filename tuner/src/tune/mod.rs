@@ -3,6 +3,8 @@
 
 pub mod assign;
 pub mod emit;
+#[cfg(test)]
+pub(crate) mod fake_worker;
 pub mod log;
 pub mod merge;
 pub mod moe;

@@ -6,15 +6,14 @@
 //! skewed time, then the next one).
 
 use crate::bench::moe::{
-    measure_op, roofline_bytes_for, spread, Measured, MoeBenchError, MoeStep, Outcome, StepData,
+    measure_op, roofline_bytes_for, screen_candidates, Measured, MoeBenchError, MoeStep, Outcome,
+    StepData,
 };
 use crate::bench::moe_weights::LayerWeights;
 use crate::bench::TimingPolicy;
 use crate::compile::Compiler;
 use crate::gpu::Gpu;
-use crate::moe::config::search_space_for;
 use crate::moe::schedule::Routing;
-use crate::moe::seeds::measured_seeds;
 use crate::moe::{MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeLauncher};
@@ -122,14 +121,14 @@ pub fn tune_moe(
                 tokens,
             };
             progress(MoeTuneEvent::Key { index: bi * 2 + oi, total, key });
-            let mut space =
-                spread(search_space_for(family, spec.a_type, op, &spec.shape), spec.screen);
-            let seeds = measured_seeds(family, spec.a_type, op).into_iter().chain(carried[oi]);
-            for c in seeds {
-                if c.check(&spec.shape).is_ok() && !space.contains(&c) {
-                    space.push(c);
-                }
-            }
+            let extra: Vec<_> = carried[oi].into_iter().collect();
+            let space = screen_candidates(
+                (family, spec.a_type, op),
+                &spec.shape,
+                spec.screen,
+                &extra,
+                |_| true,
+            );
             let screened = measure_op(
                 gpu,
                 compiler,

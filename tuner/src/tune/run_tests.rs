@@ -3,19 +3,14 @@
 //! exactly those candidates, every other result must land in the log, and a second run must
 //! resume without measuring anything again.
 use super::*;
+use crate::tune::fake_worker::install;
 use crate::tune::select::{select, SelectRules};
-use std::os::unix::fs::PermissionsExt;
 
-const FAKE: &str = r#"#!/usr/bin/env python3
-import json, sys, time
-def send(x):
-    sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
+const FAKE: &str = r#"
 for line in sys.stdin:
     req = json.loads(line)
     if "Hello" in req:
-        send({"Device": {"name": "Fake H200", "compute_capability": [9, 0], "sm_count": 132,
-              "l2_bytes": 62914560, "total_mem": 1, "max_smem_per_block_optin": 232448,
-              "driver_version": [13, 0], "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "mem_bus_bits": 6016}})
+        send(device_info("Fake H200"))
     elif "Floors" in req:
         send({"Floors": {"bandwidth_gbps": 4400.0, "tensor_peak_tflops": 880.0, "launch_floor_us": 0.6}})
     else:
@@ -66,9 +61,7 @@ fn spec(exe: PathBuf, out: PathBuf) -> TuneSpec {
 #[test]
 fn crashes_and_hangs_cost_one_candidate_each_and_runs_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("fake-worker");
-    std::fs::write(&exe, FAKE).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = install(dir.path(), FAKE);
     let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
     let out = dir.path().join("results");
     let restarts = std::cell::Cell::new(0);
@@ -109,9 +102,7 @@ fn crashes_and_hangs_cost_one_candidate_each_and_runs_resume() {
 #[test]
 fn a_torn_last_record_is_reported_and_the_run_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("fake-worker");
-    std::fs::write(&exe, FAKE).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = install(dir.path(), FAKE);
     let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
     let out = dir.path().join("results");
     let first = run(&spec(exe.clone(), out.clone()), &compiler, &|_| {}).unwrap();
@@ -141,11 +132,9 @@ fn a_torn_last_record_is_reported_and_the_run_resumes() {
 #[test]
 fn racing_screens_then_times_finalists_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("fake-worker");
     // No crashing or hanging candidates here: the pools come from the whole space.
     let fake = FAKE.replace(r#"c["stages"] == 7"#, "False").replace(r#"c["stages"] == 5"#, "False");
-    std::fs::write(&exe, fake).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = install(dir.path(), &fake);
     let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
     let out = dir.path().join("results");
     let race_spec = || {
