@@ -9,7 +9,7 @@
 //                                   the first offsets[experts] entries are valid
 //   inverse    [tokens * top_k]     the sorted position of each flat id, -1 when its expert is not
 //                                   local (expert parallelism) or the id is out of range
-//   tiles      [TILE_LISTS][max_tiles] one list per BLOCK_M (8, 16, 32): int4 (expert, first sorted
+//   tiles      [TILE_LISTS][max_tiles] one list per BLOCK_M (8 .. 128): int4 (expert, first sorted
 //                                   row, rows, 0) per tile of at most BLOCK_M rows of one expert,
 //                                   experts in order; empty experts have no tile
 //   tile_count [TILE_LISTS]         tiles in each list
@@ -20,10 +20,8 @@
 namespace fp4tune {
 namespace moe {
 
-// Tile lists: BLOCK_M = 8 << list.
-constexpr int TILE_LISTS = 3;
-
-__host__ __device__ constexpr int tile_list_of(int block_m) { return block_m == 8 ? 0 : (block_m == 16 ? 1 : 2); }
+// Tile lists: BLOCK_M = 8 << list (8, 16, 32 for the streamed kernels, up to 128 for the tiled one).
+constexpr int TILE_LISTS = 5;
 
 struct AlignParams {
     const int32_t* topk_ids;  // [tokens, top_k]

@@ -40,7 +40,13 @@ fn run_step(
     for op in MoeOp::ALL {
         // The device's family: sm90 here, sm120 (W4A4, native MMA) on an SM120 GPU.
         let family = crate::runtime::family_for(gpu.info()).unwrap();
-        let space = spread(search_space_for(family, a_type, op, &step.shape), per_op);
+        // an even spread of the streamed kernels and of the tiled ones (W4A16)
+        let (tiled, streamed): (Vec<_>, Vec<_>) =
+            search_space_for(family, a_type, op, &step.shape).into_iter().partition(|c| c.tiled);
+        let mut space = spread(streamed, per_op);
+        space.extend(spread(tiled.clone(), per_op.div_ceil(3)));
+        // and the largest tile (128 rows)
+        space.extend(tiled.last().filter(|c| !space.contains(c)));
         assert!(!space.is_empty(), "{step:?} {op}: empty {a_type} space");
         let measured =
             measure_op(gpu, compiler, &policy, launcher, &d, op, &space, chosen.first()).unwrap();

@@ -64,11 +64,15 @@ pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
     (0..max).map(|i| space[i * space.len() / max]).collect()
 }
 
-/// The candidates of one grouped screen of (family, a_type, op) on `shape`: an even spread of
-/// at most `max` configurations of the space (0: all), then the measured seeds
-/// (`moe::seeds`) and `extra`, each once, where legal for the shape; `keep` filters all of them.
+/// The candidates of one grouped screen of (family, a_type, op) on `step`'s shape: an even
+/// spread of at most `max` streamed configurations of the space (0: all); every tiled one when
+/// the step has at least `TILED_MIN_ROWS_PER_EXPERT` routed rows per active expert; then the
+/// measured seeds (`moe::seeds`) and `extra`, each once, where legal for the shape; `keep`
+/// filters all of them. From `TILED_ONLY_ROWS_PER_EXPERT` rows per expert on, only the tiled
+/// configurations (of the space and of `extra`) are measured.
 pub fn screen_candidates(
     (family, a_type, op): (crate::template::Family, AType, MoeOp),
+    step: &RouteSchedule,
     shape: &MoeShape,
     max: usize,
     extra: &[GroupedConfig],
@@ -76,10 +80,19 @@ pub fn screen_candidates(
 ) -> Vec<GroupedConfig> {
     let mut space = crate::moe::config::search_space_for(family, a_type, op, shape);
     space.retain(&keep);
-    let mut space = spread(space, max);
+    let (tiled, streamed): (Vec<_>, Vec<_>) = space.into_iter().partition(|c| c.tiled);
+    let rows_per_expert = step.rows() / step.active_experts().max(1);
+    let tiled_only =
+        rows_per_expert >= crate::moe::config::TILED_ONLY_ROWS_PER_EXPERT && !tiled.is_empty();
+    let mut space = if tiled_only { Vec::new() } else { spread(streamed, max) };
+    if rows_per_expert >= crate::moe::config::TILED_MIN_ROWS_PER_EXPERT {
+        space.extend(tiled);
+    }
     let seeds = crate::moe::seeds::measured_seeds(family, a_type, op);
     for c in seeds.iter().chain(extra) {
-        let fits = (c.op, c.family, c.a_type) == (op, family, a_type) && keep(c);
+        let fits = (c.op, c.family, c.a_type) == (op, family, a_type)
+            && keep(c)
+            && (c.tiled || !tiled_only);
         if fits && c.check(shape).is_ok() && !space.contains(c) {
             space.push(*c);
         }
@@ -149,6 +162,7 @@ pub fn run_moe_bench_for(
             for op in MoeOp::ALL {
                 let space = screen_candidates(
                     (family, a_type, op),
+                    &d.schedule,
                     shape,
                     plan.max_candidates,
                     &plan.extra,
@@ -244,4 +258,43 @@ pub fn run_moe_bench_for(
         }
     }
     Ok((rows, logs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::moe::schedule::{draw_routing, Routing};
+    use crate::template::Family;
+
+    fn schedule(tokens: u32) -> RouteSchedule {
+        let shape = MoeShape::GLM5_TP8;
+        let ids = draw_routing(7, tokens, shape.top_k, shape.experts, Routing::Uniform);
+        RouteSchedule::build(&ids, 0, shape.experts)
+    }
+
+    /// Decode steps screen the streamed spread and the seeds; prefill-sized steps add every tiled
+    /// configuration; from 32 rows per expert only the tiled ones (and tiled extras) are left.
+    #[test]
+    fn screens_take_the_tiled_kernels_by_rows_per_expert() {
+        let shape = MoeShape::GLM5_TP8;
+        let key = (Family::Sm90, AType::Bf16, MoeOp::GateUp);
+        let tiled_space = crate::moe::config::search_space(MoeOp::GateUp, &shape)
+            .into_iter()
+            .filter(|c| c.tiled)
+            .count();
+        let decode = screen_candidates(key, &schedule(8), &shape, 48, &[], |_| true);
+        assert!(decode.iter().all(|c| !c.tiled) && decode.len() >= 48);
+        let mid = screen_candidates(key, &schedule(256), &shape, 48, &[], |_| true);
+        assert_eq!(mid.iter().filter(|c| c.tiled).count(), tiled_space);
+        assert!(mid.iter().filter(|c| !c.tiled).count() >= 48);
+        let streamed_extra = decode[0];
+        let prefill =
+            screen_candidates(key, &schedule(4096), &shape, 48, &[streamed_extra], |_| true);
+        assert_eq!(prefill.len(), tiled_space);
+        assert!(prefill.iter().all(|c| c.tiled));
+        // W4A4 has no tiled kernel: its prefill screens keep the streamed ones
+        let w4a4 = (Family::Sm90, AType::Nvfp4, MoeOp::GateUp);
+        let fp4 = screen_candidates(w4a4, &schedule(4096), &shape, 48, &[], |_| true);
+        assert!(fp4.len() >= 48 && fp4.iter().all(|c| !c.tiled));
+    }
 }

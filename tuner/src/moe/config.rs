@@ -1,12 +1,14 @@
 //! One grouped kernel variant: its parameters, the constraints that make it legal for a shape,
 //! its instantiation unit and its launch, and the search space as data. Family sm90
 //! (`templates/moe/sm90.cuh`, the register-streamed kernel over exactly dequantized NVFP4; W4A16
-//! and W4A4) and family sm120 (`templates/moe/sm120.cuh`, the native block-scaled MMA; W4A4,
-//! `super::sm120`) share the vocabulary; the activation type and the family are data.
+//! and W4A4; with `tiled`, `templates/moe/sm90_tiled.cuh`, the cp.async GEMM pipeline for
+//! prefill-sized steps, W4A16) and family sm120 (`templates/moe/sm120.cuh`, the native
+//! block-scaled MMA; W4A4, `super::sm120`) share the vocabulary; the activation type and the
+//! family are data.
 
 use super::MoeShape;
 use crate::problem::AType;
-use crate::template::{Arch, Family, KernelSource};
+use crate::template::{Arch, Family, GemmConfig, KernelSource};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -81,10 +83,30 @@ pub struct GroupedConfig {
     /// of `d<depth>`. Absent (false) in files written before it; false for sm120.
     #[serde(default, skip_serializing_if = "is_false")]
     pub warp_ring: bool,
+    /// Family sm90, W4A16: the tiled kernel (`templates/moe/sm90_tiled.cuh`). Routed rows on the
+    /// MMA's 16-row side and both operands through `depth` cp.async stages of the CTA, so a warp
+    /// decodes each weight once per stage for all its rows: the kernel for prefill-sized steps.
+    /// Its tile is an SM90 GEMM tile ([`GroupedConfig::tile_gemm`]): `warps_m` x `warps_n`
+    /// warps, `warps_k` and `split_k` 1, one tile per CTA (walk 0). Named `t<depth>`. Absent
+    /// (false) in files written before it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tiled: bool,
+    /// Tiled kernel: warps along the routed rows (1 for the streamed kernels; absent in files
+    /// written before it).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub warps_m: u32,
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(x: &u32) -> bool {
+    *x == 1
 }
 
 fn sm90() -> Family {
@@ -113,7 +135,24 @@ pub struct IllegalConfig {
 
 impl GroupedConfig {
     pub fn threads(&self) -> u32 {
-        32 * self.warps_n * self.warps_k
+        32 * self.warps_m * self.warps_n * self.warps_k
+    }
+
+    /// The tiled kernel's tile as the SM90 GEMM's cp.async configuration it is built on (no swap:
+    /// routed rows are the GEMM's M): its limits, shared memory and registers are the GEMM's.
+    pub fn tile_gemm(&self) -> GemmConfig {
+        GemmConfig {
+            min_ctas: self.min_ctas,
+            ..GemmConfig::cp_async(
+                self.family,
+                self.a_type,
+                [self.block_m, self.block_n, self.block_k],
+                [self.warps_m, self.warps_n, self.warps_k],
+                self.depth,
+                self.split_k,
+                false,
+            )
+        }
     }
 
     fn p_tiles(&self) -> u32 {
@@ -164,6 +203,9 @@ impl GroupedConfig {
         if self.family == Family::Sm120 {
             return super::sm120::layout(self).map_or(u32::MAX, |l| l.smem_bytes);
         }
+        if self.tiled {
+            return self.tile_gemm().smem_bytes();
+        }
         let slots = self.split_k.max(1) * self.warps_k;
         let slot_bytes = if slots > 1 { slots * self.warps_n * 32 * self.acc() * 4 } else { 0 };
         if !self.warp_ring {
@@ -186,8 +228,8 @@ impl GroupedConfig {
     pub fn check(&self, shape: &MoeShape) -> Result<(), IllegalConfig> {
         let err = |reason: String| Err(IllegalConfig { config: self.name(), reason });
         let (n, k) = shape.nk(self.op);
-        if ![8, 16, 32].contains(&self.block_m) {
-            return err("block_m must be 8, 16 or 32 (moe_align's tile lists)".into());
+        if !super::TILE_BLOCK_M.contains(&self.block_m) {
+            return err("block_m must be 8, 16, 32, 64 or 128 (moe_align's tile lists)".into());
         }
         if self.warps_n == 0 || self.warps_k == 0 || self.block_n % self.warps_n != 0 {
             return err("block_n must split evenly over warps_n".into());
@@ -216,8 +258,24 @@ impl GroupedConfig {
             if self.warp_ring {
                 return err("the warp ring is a weight pipeline of family sm90".into());
             }
+            if self.tiled {
+                return err("the tiled kernel is a kernel of family sm90".into());
+            }
             return super::sm120::check(self, shape)
                 .map_err(|reason| IllegalConfig { config: self.name(), reason });
+        }
+        if self.tiled {
+            return self.check_tiled(k);
+        }
+        if self.warps_m != 1 {
+            return err(
+                "the streamed kernels have one warp along the routed rows (warps_m 1)".into()
+            );
+        }
+        if self.block_m > 32 {
+            return err(
+                "the streamed kernels take tiles of 8, 16 or 32 routed rows (block_m)".into()
+            );
         }
         let warp_p = self.block_n / self.warps_n;
         if warp_p % 16 != 0 || !(1..=4).contains(&self.p_tiles()) {
@@ -295,12 +353,69 @@ impl GroupedConfig {
         Ok(())
     }
 
-    /// The ring in names: `d` (register ring; sm120: cp.async stages) or `p` (warp ring).
-    fn ring_letter(&self) -> char {
+    /// The tiled kernel's constraints (after the shape's): the SM90 GEMM's limits of its tile,
+    /// then what the grouped schedule and epilogue need.
+    fn check_tiled(&self, k: u32) -> Result<(), IllegalConfig> {
+        let err = |reason: String| Err(IllegalConfig { config: self.name(), reason });
+        if self.a_type != AType::Bf16 {
+            return err("the tiled kernel takes bf16 activations (W4A16)".into());
+        }
         if self.warp_ring {
+            return err(
+                "the tiled kernel has no warp ring (its weights go through the CTA's stages)"
+                    .into(),
+            );
+        }
+        if self.warps_k != 1 || self.split_k != 1 || self.walk != 0 {
+            return err("the tiled kernel has one K slice per CTA (warps_k 1, split_k 1) and one tile per CTA (walk 0)".into());
+        }
+        let gemm = self.tile_gemm();
+        if let Err(e) = gemm.check() {
+            return err(e.reason);
+        }
+        if !(1..=16).contains(&self.min_ctas)
+            || self.threads() * self.min_ctas > 2048
+            || u64::from(self.min_ctas) * (u64::from(self.smem_bytes()) + 1024) > 233_472
+        {
+            return err(format!(
+                "{} CTAs of {} threads and {} bytes of shared memory do not fit in one SM",
+                self.min_ctas,
+                self.threads(),
+                self.smem_bytes()
+            ));
+        }
+        if !super::TILE_BLOCK_M.contains(&self.block_m) || self.block_m < 16 {
+            return err("block_m must be 16, 32, 64 or 128 (moe_align's tile lists of at least one m16 tile)".into());
+        }
+        if k % self.block_k != 0 {
+            return err(format!("K = {k} must be a multiple of block_k"));
+        }
+        // H columns come in gate / up pairs of stage rows: whole pairs per CTA
+        if self.op == MoeOp::GateUp && self.block_n % 2 != 0 {
+            return err("gate_up tiles hold whole gate / up row pairs".into());
+        }
+        Ok(())
+    }
+
+    /// The pipeline in names: `d` (register ring; sm120: cp.async stages), `p` (warp ring) or
+    /// `t` (the tiled kernel's cp.async stages).
+    fn ring_letter(&self) -> char {
+        if self.tiled {
+            't'
+        } else if self.warp_ring {
             'p'
         } else {
             'd'
+        }
+    }
+
+    /// The warp layout in names: `<warps_n>x<warps_k>` (streamed kernels), or
+    /// `<warps_m>x<warps_n>x1` (the tiled kernel, the GEMM's order).
+    fn warps_label(&self) -> String {
+        if self.tiled {
+            format!("{}x{}x{}", self.warps_m, self.warps_n, self.warps_k)
+        } else {
+            format!("{}x{}", self.warps_n, self.warps_k)
         }
     }
 
@@ -317,15 +432,14 @@ impl GroupedConfig {
     /// start with the op, sm120 names with `sm120_`.
     pub fn name(&self) -> String {
         format!(
-            "{}{}{}_m{}n{}k{}_w{}x{}_{}{}_s{}_o{}_walk{}",
+            "{}{}{}_m{}n{}k{}_w{}_{}{}_s{}_o{}_walk{}",
             if self.family == Family::Sm120 { "sm120_" } else { "" },
             self.op,
             self.tag(),
             self.block_m,
             self.block_n,
             self.block_k,
-            self.warps_n,
-            self.warps_k,
+            self.warps_label(),
             self.ring_letter(),
             self.depth,
             self.split_k,
@@ -337,15 +451,14 @@ impl GroupedConfig {
     /// The kernel symbol (the walk is a launch parameter, not part of the code).
     pub fn kernel_name(&self) -> String {
         format!(
-            "fp4tune_{}_{}{}_m{}n{}k{}_w{}x{}_{}{}_s{}_o{}",
+            "fp4tune_{}_{}{}_m{}n{}k{}_w{}_{}{}_s{}_o{}",
             self.family.as_str(),
             self.op,
             self.tag(),
             self.block_m,
             self.block_n,
             self.block_k,
-            self.warps_n,
-            self.warps_k,
+            self.warps_label(),
             self.ring_letter(),
             self.depth,
             self.split_k,
@@ -358,6 +471,9 @@ impl GroupedConfig {
     pub fn instantiation(&self) -> String {
         if self.family == Family::Sm120 {
             return super::sm120::instantiation(self);
+        }
+        if self.tiled {
+            return self.tiled_instantiation();
         }
         let threads = self.threads();
         let cluster = if self.split_k > 1 {
@@ -386,6 +502,32 @@ impl GroupedConfig {
             ring = self.warp_ring,
             mc = self.min_ctas,
             smem = self.smem_bytes(),
+            kernel = self.kernel_name(),
+            op = self.op.template_op(),
+        )
+    }
+
+    /// The tiled kernel's instantiation unit (`templates/moe/sm90_tiled.cuh`).
+    fn tiled_instantiation(&self) -> String {
+        format!(
+            "// fp4tune grouped MoE kernel {name}\n\
+             #include \"moe/sm90_tiled.cuh\"\n\
+             using Cfg = fp4tune::moe::TiledConfig<{bm}, {bn}, {bk}, {wm}, {wn}, {d}, {mc}>;\n\
+             static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (moe/config.rs smem_bytes) and templates/moe/sm90_tiled.cuh disagree on shared memory\");\n\
+             static_assert(Cfg::THREADS == {threads}, \"Rust and templates/moe/sm90_tiled.cuh disagree on threads\");\n\
+             extern \"C\" __global__ void __launch_bounds__({threads}, {mc}) {kernel}(const fp4tune::moe::GroupedParams p) {{\n\
+             \x20   fp4tune::moe::GroupedTiled<Cfg, {op}>::run(p);\n\
+             }}\n",
+            name = self.name(),
+            bm = self.block_m,
+            bn = self.block_n,
+            bk = self.block_k,
+            wm = self.warps_m,
+            wn = self.warps_n,
+            d = self.depth,
+            mc = self.min_ctas,
+            smem = self.smem_bytes(),
+            threads = self.threads(),
             kernel = self.kernel_name(),
             op = self.op.template_op(),
         )
@@ -524,6 +666,8 @@ pub fn search_space_for(
                                         family,
                                         a_type,
                                         warp_ring,
+                                        tiled: false,
+                                        warps_m: 1,
                                     };
                                     if c.check(shape).is_ok() && !out.contains(&c) {
                                         out.push(c);
@@ -536,20 +680,82 @@ pub fn search_space_for(
             }
         }
     }
+    if a_type == AType::Bf16 {
+        out.extend(tiled_space(op, shape));
+    }
+    out
+}
+
+/// Routed rows per active expert from which a grouped screen measures every tiled configuration
+/// ([`GroupedConfig::tiled`]); below it their tiles of 16 or 32 rows are mostly empty.
+pub const TILED_MIN_ROWS_PER_EXPERT: u32 = 4;
+/// Routed rows per active expert from which a grouped screen measures only tiled configurations:
+/// there the streamed kernels, which decode every weight once per tile of at most 32 rows and
+/// load the activations once per weight tile, are several times slower.
+pub const TILED_ONLY_ROWS_PER_EXPERT: u32 = 32;
+
+/// The tiled kernel's configurations (W4A16): routed-row tiles of 16 to 128 (one or two warps
+/// along them), 64 to 256 weight rows over 2 to 8 warps along N, 128 k per stage in 3 or 4
+/// stages or 256 k in 2 or 3.
+fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
+    // (block_m, [(block_n, warps_m, warps_n)], [(block_k, stages)]); the 64- and 128-row tiles
+    // keep to the combinations that compile without spills
+    type Tiles = &'static [(u32, u32, u32)];
+    type Stages = &'static [(u32, u32)];
+    const SMALL: Stages = &[(128, 3), (128, 4), (256, 2), (256, 3)];
+    const K128: Stages = &[(128, 3), (128, 4)];
+    const LARGE: Stages = &[(128, 3), (128, 4), (256, 2)];
+    let small: Tiles = &[(64, 1, 2), (128, 1, 4), (128, 1, 8), (256, 1, 8)];
+    let lists: [(u32, Tiles, Stages); 6] = [
+        (16, small, SMALL),
+        (32, small, SMALL),
+        (64, &[(64, 1, 2), (128, 1, 4)], K128),
+        (64, &[(128, 1, 8), (128, 2, 4)], LARGE),
+        (128, &[(128, 1, 8), (128, 2, 4)], K128),
+        (128, &[(128, 1, 8)], &[(256, 2)]),
+    ];
+    let mut out = Vec::new();
+    for (block_m, tiles, stages) in lists {
+        for &(block_n, warps_m, warps_n) in tiles {
+            for &(block_k, depth) in stages {
+                let c = GroupedConfig {
+                    op,
+                    block_m,
+                    block_n,
+                    block_k,
+                    warps_n,
+                    warps_k: 1,
+                    depth,
+                    split_k: 1,
+                    min_ctas: 1,
+                    walk: 0,
+                    family: Family::Sm90,
+                    a_type: AType::Bf16,
+                    warp_ring: false,
+                    tiled: true,
+                    warps_m,
+                };
+                if c.check(shape).is_ok() {
+                    out.push(c);
+                }
+            }
+        }
+    }
     out
 }
 
 /// The routing and finalize kernels (fixed code, one instantiation each), for the device's `arch`.
 pub fn align_source(arch: Arch) -> KernelSource {
-    KernelSource::from_unit(
-        "fp4tune_moe_align".to_string(),
-        arch,
+    let unit = format!(
         "#include \"moe/align.cuh\"\n\
-         extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::ALIGN_THREADS) fp4tune_moe_align(const fp4tune::moe::AlignParams p) {\n\
+         static_assert(fp4tune::moe::TILE_LISTS == {lists}, \"Rust (moe::TILE_BLOCK_M) and templates/moe/params.cuh disagree on the tile lists\");\n\
+         extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::ALIGN_THREADS) fp4tune_moe_align(const fp4tune::moe::AlignParams p) {{\n\
          \x20   fp4tune::moe::moe_align(p);\n\
-         }\n",
-    )
-    .expect("moe/align.cuh is embedded")
+         }}\n",
+        lists = super::TILE_BLOCK_M.len()
+    );
+    KernelSource::from_unit("fp4tune_moe_align".to_string(), arch, &unit)
+        .expect("moe/align.cuh is embedded")
 }
 
 pub fn finalize_source(arch: Arch) -> KernelSource {
@@ -576,6 +782,7 @@ pub const SM90_TEMPLATES: &[&str] = &[
     "moe/finalize.cuh",
     "moe/params.cuh",
     "moe/sm90.cuh",
+    "moe/sm90_tiled.cuh",
 ];
 pub const SM120_TEMPLATES: &[&str] = &[
     "common/",
@@ -657,6 +864,8 @@ mod tests {
             family: Family::Sm90,
             a_type: AType::Bf16,
             warp_ring: false,
+            tiled: false,
+            warps_m: 1,
         };
         good.check(&shape).unwrap();
         let e = GroupedConfig { depth: 3, ..good }.check(&shape).unwrap_err();
@@ -700,6 +909,8 @@ mod tests {
             family: Family::Sm90,
             a_type: AType::Nvfp4,
             warp_ring: false,
+            tiled: false,
+            warps_m: 1,
         };
         good.check(&shape).unwrap();
         // 16 weight rows per warp hold 8 columns of H: half a quantization block
@@ -764,6 +975,61 @@ mod tests {
         assert!(!ron::to_string(&registers).unwrap().contains("warp_ring"));
     }
 
+    #[test]
+    fn tiled_configurations_are_gemm_tiles_with_their_own_names_sources_and_rules() {
+        for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
+            for op in MoeOp::ALL {
+                let tiled: Vec<_> =
+                    search_space(op, &shape).into_iter().filter(|c| c.tiled).collect();
+                assert!(tiled.len() >= 40, "{op} {shape}: {} tiled configurations", tiled.len());
+                assert!(search_space_for(Family::Sm90, AType::Nvfp4, op, &shape)
+                    .iter()
+                    .all(|c| !c.tiled));
+                for c in &tiled {
+                    let g = c.tile_gemm();
+                    g.check().unwrap();
+                    assert_eq!(c.smem_bytes(), g.smem_bytes());
+                    assert_eq!(c.threads(), g.threads());
+                    assert_eq!(
+                        c.grid(&shape, 77, 132),
+                        (shape.nk(op).0.div_ceil(c.block_n), 77, 1)
+                    );
+                }
+            }
+        }
+        let c = search_space(MoeOp::GateUp, &MoeShape::GLM5_TP8)
+            .into_iter()
+            .find(|c| {
+                c.tiled && c.block_m == 32 && c.block_n == 128 && c.warps_n == 4 && c.depth == 3
+            })
+            .unwrap();
+        assert_eq!(c.name(), "moe_gate_up_m32n128k128_w1x4x1_t3_s1_o1_walk0");
+        let src = c.source().code;
+        assert!(src.contains("TiledConfig<32, 128, 128, 1, 4, 3, 1>"), "{src}");
+        assert!(src.contains("GroupedTiled<Cfg, fp4tune::moe::OP_GATE_UP>"));
+        let streamed = GroupedConfig { tiled: false, depth: 1, block_k: 6144, warps_k: 4, ..c };
+        assert_ne!(streamed.kernel_name(), c.kernel_name());
+        let ron = ron::to_string(&c).unwrap();
+        assert!(ron.contains("tiled:true") && !ron.contains("warps_m"), "{ron}");
+        assert_eq!(ron::from_str::<GroupedConfig>(&ron).unwrap(), c);
+        let wm = GroupedConfig { warps_m: 2, warps_n: 2, ..c };
+        assert!(ron::to_string(&wm).unwrap().contains("warps_m:2"));
+        assert_eq!(ron::from_str::<GroupedConfig>(&ron::to_string(&wm).unwrap()).unwrap(), wm);
+        let shape = MoeShape::GLM5_TP8;
+        let why = |x: GroupedConfig| x.check(&shape).unwrap_err().reason;
+        assert!(why(GroupedConfig { a_type: AType::Nvfp4, ..c }).contains("bf16"));
+        assert!(why(GroupedConfig { split_k: 2, ..c }).contains("one K slice"));
+        assert!(why(GroupedConfig { walk: 2, ..c }).contains("walk 0"));
+        assert!(why(GroupedConfig { warp_ring: true, ..c }).contains("warp ring"));
+        assert!(why(GroupedConfig { family: Family::Sm120, ..c }).contains("family sm90"));
+        let e = why(GroupedConfig { block_k: 512, ..c });
+        assert!(e.contains("block_k"), "{e}");
+        assert!(why(GroupedConfig { depth: 8, block_k: 256, block_n: 256, warps_n: 8, ..c })
+            .contains("shared memory"));
+        // streamed kernels keep one warp along the routed rows
+        assert!(why(GroupedConfig { warps_m: 2, ..streamed }).contains("warps_m"));
+    }
+
     /// Each family's grouped hash covers exactly what its kernels include: a grouped unit of the
     /// family inlines only files its hash covers, every file under moe/ is covered by a family,
     /// and the sm90 hash does not cover the sm120 grouped header (nor the other way round).
@@ -777,13 +1043,16 @@ mod tests {
             (Family::Sm120, AType::Nvfp4, SM120_TEMPLATES),
         ] {
             for op in MoeOp::ALL {
-                let c = search_space_for(family, a_type, op, &shape)[0];
-                let code = c.source().code;
-                let included: Vec<&str> =
-                    code.lines().filter_map(|l| l.strip_prefix("// ---- begin ")).collect();
-                assert!(included.contains(&"moe/epilogue.cuh"), "{c}: {included:?}");
-                for path in included {
-                    assert!(covered(prefixes, path), "{c} includes {path}, outside its hash");
+                let space = search_space_for(family, a_type, op, &shape);
+                let tiled = space.iter().find(|c| c.tiled);
+                for c in std::iter::once(&space[0]).chain(tiled) {
+                    let code = c.source().code;
+                    let included: Vec<&str> =
+                        code.lines().filter_map(|l| l.strip_prefix("// ---- begin ")).collect();
+                    assert!(included.contains(&"moe/epilogue.cuh"), "{c}: {included:?}");
+                    for path in included {
+                        assert!(covered(prefixes, path), "{c} includes {path}, outside its hash");
+                    }
                 }
             }
         }
@@ -839,6 +1108,8 @@ mod tests {
             family: Family::Sm90,
             a_type: AType::Bf16,
             warp_ring: false,
+            tiled: false,
+            warps_m: 1,
         };
         assert_eq!(c.grid(&shape, 300, 132), (8, 300, 1));
         assert_eq!(GroupedConfig { walk: 2, ..c }.grid(&shape, 300, 132), (8, 33, 1));
@@ -906,8 +1177,9 @@ mod tests {
         );
     }
 
-    /// Every grouped variant of the default space compiles for sm_90a without spills (NVRTC, no
-    /// GPU needed); the SASS has the bf16 HMMA and no local memory when cuobjdump is there.
+    /// A spread of the grouped variants of the default space (streamed and tiled) compiles for
+    /// sm_90a without spills (NVRTC, no GPU needed); the SASS has the bf16 HMMA and no local
+    /// memory when cuobjdump is there.
     #[test]
     fn nvrtc_compiles_grouped_kernels_without_spills() {
         use crate::compile::{sass, Compiler};
@@ -923,9 +1195,12 @@ mod tests {
         let mut warp_rings = std::collections::HashSet::new();
         for op in MoeOp::ALL {
             let space = search_space(op, &shape);
-            // a spread of the space: every 23rd kernel (distinct kernels only)
+            // a spread of the space: every 23rd streamed kernel and every 5th tiled one
+            // (distinct kernels only)
             let mut seen = std::collections::HashSet::new();
-            for c in space.iter().step_by(23) {
+            let (tiled, streamed): (Vec<&GroupedConfig>, Vec<_>) =
+                space.iter().partition(|c| c.tiled);
+            for c in streamed.into_iter().step_by(23).chain(tiled.into_iter().step_by(5)) {
                 if seen.insert(c.kernel_name()) {
                     sources.push(c.source());
                     if c.warp_ring {

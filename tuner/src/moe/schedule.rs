@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// BLOCK_M of each tile list, in list order (templates/moe/params.cuh TILE_LISTS).
-pub const TILE_BLOCK_M: [u32; 3] = [8, 16, 32];
+pub const TILE_BLOCK_M: [u32; 5] = [8, 16, 32, 64, 128];
 /// Local experts moe_align handles (ALIGN_MAX_EXPERTS).
 pub const MAX_EXPERTS: u32 = 512;
 
@@ -34,7 +34,7 @@ pub struct RouteSchedule {
     /// `[tokens * top_k]`: sorted position of each flat id, -1 when not local.
     pub inverse: Vec<i32>,
     /// One list per `TILE_BLOCK_M`.
-    pub tiles: [Vec<Tile>; 3],
+    pub tiles: [Vec<Tile>; TILE_BLOCK_M.len()],
 }
 
 impl RouteSchedule {

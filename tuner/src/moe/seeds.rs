@@ -116,6 +116,8 @@ pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedCo
                     family,
                     a_type,
                     warp_ring,
+                    tiled: false,
+                    warps_m: 1,
                 }
             },
         )

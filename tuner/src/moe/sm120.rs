@@ -131,6 +131,8 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                             family: Family::Sm120,
                             a_type: AType::Nvfp4,
                             warp_ring: false,
+                            tiled: false,
+                            warps_m: 1,
                         };
                         if c.check(shape).is_ok() {
                             out.push(c);
@@ -607,6 +609,8 @@ mod tests {
             family: Family::Sm120,
             a_type: AType::Nvfp4,
             warp_ring: false,
+            tiled: false,
+            warps_m: 1,
         }
     }
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 /// A finalist may be at most this much slower than the best finalist on the skewed draw.
 pub const SKEW_GUARD: f64 = 1.25;
 /// Token buckets B tuned by default (decode, then prefill chunks).
-pub const DEFAULT_BUCKETS: &[u32] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+pub const DEFAULT_BUCKETS: &[u32] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096];
 /// Candidates screened per (op, B) by default, evenly over the space.
 pub const DEFAULT_SCREEN: usize = 48;
 /// Finalists that get the full policy and the skewed draw.
@@ -124,6 +124,7 @@ pub fn tune_moe(
             let extra: Vec<_> = carried[oi].into_iter().collect();
             let space = screen_candidates(
                 (family, spec.a_type, op),
+                &uniform.schedule,
                 &spec.shape,
                 spec.screen,
                 &extra,
