@@ -153,9 +153,9 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
         let t = Table::load(&root.join("h200/tune-default/nvidia-h200.ron")).unwrap();
         let s = summary(&t);
-        assert!(s.contains("grouped entries: 22 over 2 projections"), "{s}");
+        assert!(s.contains("grouped entries: 24 over 2 projections"), "{s}");
         assert!(
-            s.contains("moe_gate_up sm90 w4a16 N=512 K=6144 E=256 top_k=8: 11 entries, B [1, 2, 4"),
+            s.contains("moe_gate_up sm90 w4a16 N=512 K=6144 E=256 top_k=8: 12 entries, B [1, 2, 4"),
             "{s}"
         );
         assert!(s.contains("campaign: ") && s.contains("strategy race"), "{s}");
