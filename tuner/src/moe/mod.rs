@@ -19,8 +19,9 @@
 //! verified without a GPU.
 //!
 //! `reference` is the CPU model every GPU result is checked against; `epilogue` mirrors the
-//! grouped epilogue's element positions and NVFP4 quantization of H lane by lane; `seeds` lists
-//! the configurations that won H200 campaigns, which every grouped screen measures.
+//! grouped epilogue's element positions and NVFP4 quantization of H lane by lane; `tiled` mirrors
+//! the tiled kernel's row maps (interleaved gate / up stage rows, accumulator positions); `seeds`
+//! lists the configurations that won H200 campaigns, which every grouped screen measures.
 
 pub mod config;
 pub mod epilogue;
@@ -28,6 +29,7 @@ pub mod reference;
 pub mod schedule;
 pub mod seeds;
 pub mod sm120;
+pub mod tiled;
 
 pub use config::{GroupedConfig, MoeOp};
 pub use schedule::{max_tiles, RouteSchedule, TILE_BLOCK_M};
