@@ -133,6 +133,21 @@ pub struct IllegalConfig {
     pub reason: String,
 }
 
+/// What differs between the grouped instantiation units ([`GroupedConfig::unit`]).
+pub(crate) struct UnitParts<'a> {
+    /// The template header the unit includes (under `templates/`).
+    pub header: &'a str,
+    /// The configuration type the kernel is instantiated with.
+    pub cfg: String,
+    /// Where Rust computes the shared memory, and the template file, named in the asserts.
+    pub rust_side: &'a str,
+    pub template_side: &'a str,
+    /// `__launch_bounds__(...)` and any attribute after it (a cluster).
+    pub launch: String,
+    /// The kernel struct whose `<Cfg, OP>::run` the kernel calls.
+    pub runner: &'a str,
+}
+
 impl GroupedConfig {
     pub fn threads(&self) -> u32 {
         32 * self.warps_m * self.warps_n * self.warps_k
@@ -369,22 +384,11 @@ impl GroupedConfig {
         if self.warps_k != 1 || self.split_k != 1 || self.walk != 0 {
             return err("the tiled kernel has one K slice per CTA (warps_k 1, split_k 1) and one tile per CTA (walk 0)".into());
         }
-        let gemm = self.tile_gemm();
-        if let Err(e) = gemm.check() {
+        // the GEMM's limits: threads, shared memory, one CTA per SM for its cp.async pipeline
+        if let Err(e) = self.tile_gemm().check() {
             return err(e.reason);
         }
-        if !(1..=16).contains(&self.min_ctas)
-            || self.threads() * self.min_ctas > 2048
-            || u64::from(self.min_ctas) * (u64::from(self.smem_bytes()) + 1024) > 233_472
-        {
-            return err(format!(
-                "{} CTAs of {} threads and {} bytes of shared memory do not fit in one SM",
-                self.min_ctas,
-                self.threads(),
-                self.smem_bytes()
-            ));
-        }
-        if !super::TILE_BLOCK_M.contains(&self.block_m) || self.block_m < 16 {
+        if self.block_m < 16 {
             return err("block_m must be 16, 32, 64 or 128 (moe_align's tile lists of at least one m16 tile)".into());
         }
         if k % self.block_k != 0 {
@@ -475,60 +479,77 @@ impl GroupedConfig {
         if self.tiled {
             return self.tiled_instantiation();
         }
-        let threads = self.threads();
         let cluster = if self.split_k > 1 {
             format!(" __cluster_dims__(1, 1, {})", self.split_k)
         } else {
             String::new()
         };
-        format!(
-            "// fp4tune grouped MoE kernel {name}\n\
-             #include \"moe/sm90.cuh\"\n\
-             using Cfg = fp4tune::moe::GroupedConfig<{bm}, {bn}, {bk}, {wn}, {wk}, {d}, {s}, {fp4}, {ring}, {mc}>;\n\
-             static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (moe/config.rs smem_bytes) and templates/moe/sm90.cuh disagree on shared memory\");\n\
-             static_assert(Cfg::THREADS == {threads}, \"Rust and templates/moe/sm90.cuh disagree on threads\");\n\
-             extern \"C\" __global__ void __launch_bounds__({threads}, {mc}){cluster} {kernel}(const fp4tune::moe::GroupedParams p) {{\n\
-             \x20   fp4tune::moe::Grouped<Cfg, {op}>::run(p);\n\
-             }}\n",
-            name = self.name(),
-            bm = self.block_m,
-            bn = self.block_n,
-            bk = self.block_k,
-            wn = self.warps_n,
-            wk = self.warps_k,
-            d = self.depth,
-            s = self.split_k,
-            fp4 = self.a_type == AType::Nvfp4,
-            ring = self.warp_ring,
-            mc = self.min_ctas,
-            smem = self.smem_bytes(),
-            kernel = self.kernel_name(),
-            op = self.op.template_op(),
-        )
+        self.unit(UnitParts {
+            header: "moe/sm90.cuh",
+            cfg: format!(
+                "fp4tune::moe::GroupedConfig<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+                self.block_m,
+                self.block_n,
+                self.block_k,
+                self.warps_n,
+                self.warps_k,
+                self.depth,
+                self.split_k,
+                self.a_type == AType::Nvfp4,
+                self.warp_ring,
+                self.min_ctas
+            ),
+            rust_side: "moe/config.rs smem_bytes",
+            template_side: "moe/sm90.cuh",
+            launch: format!("__launch_bounds__({}, {}){cluster}", self.threads(), self.min_ctas),
+            runner: "Grouped",
+        })
     }
 
     /// The tiled kernel's instantiation unit (`templates/moe/sm90_tiled.cuh`).
     fn tiled_instantiation(&self) -> String {
+        self.unit(UnitParts {
+            header: "moe/sm90_tiled.cuh",
+            cfg: format!(
+                "fp4tune::moe::TiledConfig<{}, {}, {}, {}, {}, {}, {}>",
+                self.block_m,
+                self.block_n,
+                self.block_k,
+                self.warps_m,
+                self.warps_n,
+                self.depth,
+                self.min_ctas
+            ),
+            rust_side: "moe/config.rs smem_bytes",
+            template_side: "moe/sm90_tiled.cuh",
+            launch: format!("__launch_bounds__({}, {})", self.threads(), self.min_ctas),
+            runner: "GroupedTiled",
+        })
+    }
+
+    /// One grouped instantiation unit (every family's): the header, the configuration, the
+    /// messaged asserts that Rust and the template agree on shared memory and threads, and the
+    /// `extern "C"` kernel that runs `fp4tune::moe::<runner><Cfg, OP>`.
+    pub(crate) fn unit(&self, u: UnitParts<'_>) -> String {
         format!(
             "// fp4tune grouped MoE kernel {name}\n\
-             #include \"moe/sm90_tiled.cuh\"\n\
-             using Cfg = fp4tune::moe::TiledConfig<{bm}, {bn}, {bk}, {wm}, {wn}, {d}, {mc}>;\n\
-             static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (moe/config.rs smem_bytes) and templates/moe/sm90_tiled.cuh disagree on shared memory\");\n\
-             static_assert(Cfg::THREADS == {threads}, \"Rust and templates/moe/sm90_tiled.cuh disagree on threads\");\n\
-             extern \"C\" __global__ void __launch_bounds__({threads}, {mc}) {kernel}(const fp4tune::moe::GroupedParams p) {{\n\
-             \x20   fp4tune::moe::GroupedTiled<Cfg, {op}>::run(p);\n\
+             #include \"{header}\"\n\
+             using Cfg = {cfg};\n\
+             static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust ({rust}) and templates/{template} disagree on shared memory\");\n\
+             static_assert(Cfg::THREADS == {threads}, \"Rust and templates/{template} disagree on threads\");\n\
+             extern \"C\" __global__ void {launch} {kernel}(const fp4tune::moe::GroupedParams p) {{\n\
+             \x20   fp4tune::moe::{runner}<Cfg, {op}>::run(p);\n\
              }}\n",
             name = self.name(),
-            bm = self.block_m,
-            bn = self.block_n,
-            bk = self.block_k,
-            wm = self.warps_m,
-            wn = self.warps_n,
-            d = self.depth,
-            mc = self.min_ctas,
+            header = u.header,
+            cfg = u.cfg,
             smem = self.smem_bytes(),
+            rust = u.rust_side,
+            template = u.template_side,
             threads = self.threads(),
+            launch = u.launch,
             kernel = self.kernel_name(),
+            runner = u.runner,
             op = self.op.template_op(),
         )
     }

@@ -11,7 +11,7 @@
 //! `block_k` per cp.async stage over `warps_k` warps (summed in warp order), `depth` stages,
 //! `split_k` and `min_ctas` 1, and the walk.
 
-use super::config::{GroupedConfig, MoeOp};
+use super::config::{GroupedConfig, MoeOp, UnitParts};
 use super::epilogue::{down_position, gate_up_position};
 use super::schedule::{RouteSchedule, TILE_BLOCK_M};
 use super::MoeShape;
@@ -80,27 +80,17 @@ pub fn check(c: &GroupedConfig, shape: &MoeShape) -> Result<(), String> {
 /// The instantiation unit: the template, the configuration, the shared memory and threads Rust
 /// computed (asserted by the template), and the `extern "C"` kernel.
 pub fn instantiation(c: &GroupedConfig) -> String {
-    format!(
-        "// fp4tune grouped MoE kernel {name}\n\
-         #include \"moe/sm120.cuh\"\n\
-         using Cfg = fp4tune::sm120::Config<{bm}, {bn}, {bk}, 1, {wn}, {wk}, {st}, 1, true>;\n\
-         static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (moe/sm120.rs) and templates/sm120/config.cuh disagree on shared memory\");\n\
-         static_assert(Cfg::THREADS == {threads}, \"Rust and templates/sm120/config.cuh disagree on threads\");\n\
-         extern \"C\" __global__ void __launch_bounds__({threads}) {kernel}(const fp4tune::moe::GroupedParams p) {{\n\
-         \x20   fp4tune::moe::GroupedSm120<Cfg, {op}>::run(p);\n\
-         }}\n",
-        name = c.name(),
-        bm = c.block_m,
-        bn = c.block_n,
-        bk = c.block_k,
-        wn = c.warps_n,
-        wk = c.warps_k,
-        st = c.depth,
-        smem = c.smem_bytes(),
-        threads = c.threads(),
-        kernel = c.kernel_name(),
-        op = c.op.template_op(),
-    )
+    c.unit(UnitParts {
+        header: "moe/sm120.cuh",
+        cfg: format!(
+            "fp4tune::sm120::Config<{}, {}, {}, 1, {}, {}, {}, 1, true>",
+            c.block_m, c.block_n, c.block_k, c.warps_n, c.warps_k, c.depth
+        ),
+        rust_side: "moe/sm120.rs",
+        template_side: "sm120/config.cuh",
+        launch: format!("__launch_bounds__({})", c.threads()),
+        runner: "GroupedSm120",
+    })
 }
 
 /// The sm120 grouped search space for one op and shape: routed rows per tile 8, 16, 32; weight
