@@ -27,6 +27,7 @@
 #include "moe/epilogue.cuh"
 #include "moe/params.cuh"
 #include "sm90/config.cuh"
+#include "sm90/direct.cuh"
 #include "sm90/load.cuh"
 #include "sm90/mma.cuh"
 
@@ -128,14 +129,7 @@ struct GroupedTiled {
         };
 
         float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];
-#pragma unroll
-        for (int a = 0; a < Cfg::ACC_SETS; ++a)
-#pragma unroll
-            for (int i = 0; i < Cfg::P_TILES; ++i)
-#pragma unroll
-                for (int q = 0; q < Cfg::Q_TILES; ++q)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[a][i][q][e] = 0.0f;
+        sm90::zero_accumulators<Cfg>(acc);
 
         // The pipeline of sm90/gemm.cuh: STAGES - 1 k-blocks in flight; wait for stage it,
         // refill the slot consumed at it - 1, compute stage it.
@@ -156,14 +150,7 @@ struct GroupedTiled {
             sm90::warp_mma_stage<Cfg>(st + Cfg::OFF_A, nullptr, st, st + Cfg::OFF_W_SF, p0, q0, 0, lane, acc);
         }
         ptx::cp_async_wait<0>();
-#pragma unroll
-        for (int a = 1; a < Cfg::ACC_SETS; ++a)
-#pragma unroll
-            for (int i = 0; i < Cfg::P_TILES; ++i)
-#pragma unroll
-                for (int q = 0; q < Cfg::Q_TILES; ++q)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[0][i][q][e] += acc[a][i][q][e];
+        sm90::fold_accumulators<Cfg>(acc);
 
         epilogue(p, acc[0], expert, row0, rows, n0 + q0, p0, lane);
     }
