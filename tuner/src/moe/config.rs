@@ -149,8 +149,10 @@ pub(crate) struct UnitParts<'a> {
 }
 
 impl GroupedConfig {
+    /// Threads per CTA (saturating: a configuration read from a file may hold any counts; `check`
+    /// refuses it then).
     pub fn threads(&self) -> u32 {
-        32 * self.warps_m * self.warps_n * self.warps_k
+        32u32.saturating_mul(self.warps_m).saturating_mul(self.warps_n).saturating_mul(self.warps_k)
     }
 
     /// The tiled kernel's tile as the SM90 GEMM's cp.async configuration it is built on (no swap:
@@ -269,6 +271,11 @@ impl GroupedConfig {
                 super::schedule::MAX_EXPERTS
             ));
         }
+        if !self.tiled && self.warps_m != 1 {
+            return err(
+                "the streamed kernels have one warp along the routed rows (warps_m 1)".into()
+            );
+        }
         if self.family == Family::Sm120 {
             if self.warp_ring {
                 return err("the warp ring is a weight pipeline of family sm90".into());
@@ -281,11 +288,6 @@ impl GroupedConfig {
         }
         if self.tiled {
             return self.check_tiled(k);
-        }
-        if self.warps_m != 1 {
-            return err(
-                "the streamed kernels have one warp along the routed rows (warps_m 1)".into()
-            );
         }
         if self.block_m > 32 {
             return err(
@@ -994,6 +996,22 @@ mod tests {
         assert!(ron.contains("warp_ring:true"), "{ron}");
         assert_eq!(ron::from_str::<GroupedConfig>(&ron).unwrap(), c);
         assert!(!ron::to_string(&registers).unwrap().contains("warp_ring"));
+    }
+
+    /// Counts read from a file can be anything: refused with a reason, never an overflow.
+    #[test]
+    fn huge_warp_counts_are_refused_not_overflowed() {
+        let shape = MoeShape::GLM5_TP8;
+        let c = search_space(MoeOp::Down, &shape)[0];
+        for bad in [
+            GroupedConfig { warps_m: u32::MAX, ..c },
+            GroupedConfig { warps_k: 1 << 20, warps_n: 1 << 20, block_n: 1 << 20, ..c },
+            GroupedConfig { warps_m: u32::MAX, tiled: true, ..c },
+            GroupedConfig { warps_m: 2, family: Family::Sm120, a_type: AType::Nvfp4, ..c },
+        ] {
+            assert!(bad.check(&shape).is_err(), "{bad}");
+        }
+        assert_eq!(GroupedConfig { warps_m: u32::MAX, ..c }.threads(), u32::MAX);
     }
 
     #[test]
