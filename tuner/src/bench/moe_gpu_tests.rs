@@ -43,10 +43,14 @@ fn run_step(
         // an even spread of the streamed kernels and of the tiled ones (W4A16)
         let (tiled, streamed): (Vec<_>, Vec<_>) =
             search_space_for(family, a_type, op, &step.shape).into_iter().partition(|c| c.tiled);
+        let (wgmma, tiled): (Vec<_>, Vec<_>) = tiled.into_iter().partition(|c| c.wgmma);
         let mut space = spread(streamed, per_op);
         space.extend(spread(tiled.clone(), per_op.div_ceil(3)));
         // and the largest tile (128 rows)
         space.extend(tiled.last().filter(|c| !space.contains(c)));
+        // and a spread of the wgmma kernels (W4A16), their 128-row tile included
+        space.extend(spread(wgmma.clone(), per_op.div_ceil(3)));
+        space.extend(wgmma.last().filter(|c| !space.contains(c)));
         assert!(!space.is_empty(), "{step:?} {op}: empty {a_type} space");
         let measured =
             measure_op(gpu, compiler, &policy, launcher, &d, op, &space, chosen.first()).unwrap();

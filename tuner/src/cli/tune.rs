@@ -75,7 +75,7 @@ pub struct TuneArgs {
     /// (kept otherwise), or form a new table.
     #[arg(long)]
     pub moe_only: bool,
-    /// Token buckets B of the grouped phase, comma separated (default 1,2,4,...,1024).
+    /// Token buckets B of the grouped phase, comma separated (default 1, 2, 4, ..., 1024 and 4096).
     #[arg(long, value_delimiter = ',')]
     pub moe_buckets: Vec<u32>,
 }

@@ -95,6 +95,12 @@ pub struct GroupedConfig {
     /// written before it).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub warps_m: u32,
+    /// Family sm90, W4A16, with `tiled`: the wgmma kernel (`templates/moe/sm90_wgmma.cuh`,
+    /// [`super::wgmma`]). The routed rows are Hopper wgmma's N, read by the hardware from the
+    /// cp.async stages; 64 weight rows per warpgroup are decoded into its register A operand.
+    /// Named `wg<depth>`. Absent (false) in files written before it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub wgmma: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -220,6 +226,9 @@ impl GroupedConfig {
         if self.family == Family::Sm120 {
             return super::sm120::layout(self).map_or(u32::MAX, |l| l.smem_bytes);
         }
+        if self.wgmma {
+            return super::wgmma::smem_bytes(self);
+        }
         if self.tiled {
             return self.tile_gemm().smem_bytes();
         }
@@ -276,6 +285,9 @@ impl GroupedConfig {
                 "the streamed kernels have one warp along the routed rows (warps_m 1)".into()
             );
         }
+        if self.wgmma && !self.tiled {
+            return err("the wgmma kernel is a tiled kernel (tiled true)".into());
+        }
         if self.family == Family::Sm120 {
             if self.warp_ring {
                 return err("the warp ring is a weight pipeline of family sm90".into());
@@ -285,6 +297,9 @@ impl GroupedConfig {
             }
             return super::sm120::check(self, shape)
                 .map_err(|reason| IllegalConfig { config: self.name(), reason });
+        }
+        if self.wgmma {
+            return super::wgmma::check(self, k);
         }
         if self.tiled {
             return self.check_tiled(k);
@@ -403,15 +418,17 @@ impl GroupedConfig {
         Ok(())
     }
 
-    /// The pipeline in names: `d` (register ring; sm120: cp.async stages), `p` (warp ring) or
-    /// `t` (the tiled kernel's cp.async stages).
-    fn ring_letter(&self) -> char {
-        if self.tiled {
-            't'
+    /// The pipeline in names: `d` (register ring; sm120: cp.async stages), `p` (warp ring), `t`
+    /// (the tiled kernel's cp.async stages) or `wg` (the wgmma kernel's).
+    fn ring_label(&self) -> &'static str {
+        if self.wgmma {
+            "wg"
+        } else if self.tiled {
+            "t"
         } else if self.warp_ring {
-            'p'
+            "p"
         } else {
-            'd'
+            "d"
         }
     }
 
@@ -446,7 +463,7 @@ impl GroupedConfig {
             self.block_n,
             self.block_k,
             self.warps_label(),
-            self.ring_letter(),
+            self.ring_label(),
             self.depth,
             self.split_k,
             self.min_ctas,
@@ -465,7 +482,7 @@ impl GroupedConfig {
             self.block_n,
             self.block_k,
             self.warps_label(),
-            self.ring_letter(),
+            self.ring_label(),
             self.depth,
             self.split_k,
             self.min_ctas
@@ -477,6 +494,9 @@ impl GroupedConfig {
     pub fn instantiation(&self) -> String {
         if self.family == Family::Sm120 {
             return super::sm120::instantiation(self);
+        }
+        if self.wgmma {
+            return self.unit(super::wgmma::unit_parts(self));
         }
         if self.tiled {
             return self.tiled_instantiation();
@@ -691,6 +711,7 @@ pub fn search_space_for(
                                         warp_ring,
                                         tiled: false,
                                         warps_m: 1,
+                                        wgmma: false,
                                     };
                                     if c.check(shape).is_ok() && !out.contains(&c) {
                                         out.push(c);
@@ -705,6 +726,7 @@ pub fn search_space_for(
     }
     if a_type == AType::Bf16 {
         out.extend(tiled_space(op, shape));
+        out.extend(super::wgmma::space(op, shape));
     }
     out
 }
@@ -757,6 +779,7 @@ fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                     warp_ring: false,
                     tiled: true,
                     warps_m,
+                    wgmma: false,
                 };
                 if c.check(shape).is_ok() {
                     out.push(c);
@@ -806,6 +829,8 @@ pub const SM90_TEMPLATES: &[&str] = &[
     "moe/params.cuh",
     "moe/sm90.cuh",
     "moe/sm90_tiled.cuh",
+    "moe/sm90_wgmma.cuh",
+    "moe/wgmma.cuh",
 ];
 pub const SM120_TEMPLATES: &[&str] = &[
     "common/",
@@ -889,6 +914,7 @@ mod tests {
             warp_ring: false,
             tiled: false,
             warps_m: 1,
+            wgmma: false,
         };
         good.check(&shape).unwrap();
         let e = GroupedConfig { depth: 3, ..good }.check(&shape).unwrap_err();
@@ -934,6 +960,7 @@ mod tests {
             warp_ring: false,
             tiled: false,
             warps_m: 1,
+            wgmma: false,
         };
         good.check(&shape).unwrap();
         // 16 weight rows per warp hold 8 columns of H: half a quantization block
@@ -1019,7 +1046,7 @@ mod tests {
         for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
             for op in MoeOp::ALL {
                 let tiled: Vec<_> =
-                    search_space(op, &shape).into_iter().filter(|c| c.tiled).collect();
+                    search_space(op, &shape).into_iter().filter(|c| c.tiled && !c.wgmma).collect();
                 assert!(tiled.len() >= 40, "{op} {shape}: {} tiled configurations", tiled.len());
                 assert!(search_space_for(Family::Sm90, AType::Nvfp4, op, &shape)
                     .iter()
@@ -1083,8 +1110,9 @@ mod tests {
         ] {
             for op in MoeOp::ALL {
                 let space = search_space_for(family, a_type, op, &shape);
-                let tiled = space.iter().find(|c| c.tiled);
-                for c in std::iter::once(&space[0]).chain(tiled) {
+                let tiled = space.iter().find(|c| c.tiled && !c.wgmma);
+                let wgmma = space.iter().find(|c| c.wgmma);
+                for c in std::iter::once(&space[0]).chain(tiled).chain(wgmma) {
                     let code = c.source().code;
                     let included: Vec<&str> =
                         code.lines().filter_map(|l| l.strip_prefix("// ---- begin ")).collect();
@@ -1149,6 +1177,7 @@ mod tests {
             warp_ring: false,
             tiled: false,
             warps_m: 1,
+            wgmma: false,
         };
         assert_eq!(c.grid(&shape, 300, 132), (8, 300, 1));
         assert_eq!(GroupedConfig { walk: 2, ..c }.grid(&shape, 300, 132), (8, 33, 1));
@@ -1235,10 +1264,10 @@ mod tests {
         for op in MoeOp::ALL {
             let space = search_space(op, &shape);
             // a spread of the space: every 23rd streamed kernel and every 5th tiled one
-            // (distinct kernels only)
+            // (distinct kernels only; the wgmma kernels have their own test in moe::wgmma)
             let mut seen = std::collections::HashSet::new();
             let (tiled, streamed): (Vec<&GroupedConfig>, Vec<_>) =
-                space.iter().partition(|c| c.tiled);
+                space.iter().filter(|c| !c.wgmma).partition(|c| c.tiled);
             for c in streamed.into_iter().step_by(23).chain(tiled.into_iter().step_by(5)) {
                 if seen.insert(c.kernel_name()) {
                     sources.push(c.source());

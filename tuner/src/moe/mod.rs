@@ -5,7 +5,7 @@
 //! Four kernels (`templates/moe/`) run on one stream without a host round trip:
 //!
 //! 1. `moe_align` (`schedule`): the stable expert-sorted routed rows, their inverse, and one tile
-//!    list per BLOCK_M (8, 16, 32).
+//!    list per BLOCK_M (8, 16, 32, 64, 128).
 //! 2. `gate_up` (`config`, `MoeOp::GateUp`): gathers `X[token]` per routed row, multiplies by the
 //!    expert's fused `[gate; up]` weight and writes `H = SiLU(gate) * up` from the epilogue.
 //! 3. `down` (`MoeOp::Down`): `H` rows times the expert's down weight, one output row per routed
@@ -20,7 +20,8 @@
 //!
 //! `reference` is the CPU model every GPU result is checked against; `epilogue` mirrors the
 //! grouped epilogue's element positions and NVFP4 quantization of H lane by lane; `tiled` mirrors
-//! the tiled kernel's row maps (interleaved gate / up stage rows, accumulator positions); `seeds`
+//! the tiled kernel's row maps (interleaved gate / up stage rows, accumulator positions); `wgmma`
+//! holds the wgmma kernel's configurations and mirrors its operand layouts; `seeds`
 //! lists the configurations that won H200 campaigns, which every grouped screen measures.
 
 pub mod config;
@@ -30,6 +31,7 @@ pub mod schedule;
 pub mod seeds;
 pub mod sm120;
 pub mod tiled;
+pub mod wgmma;
 
 pub use config::{GroupedConfig, MoeOp};
 pub use schedule::{max_tiles, RouteSchedule, TILE_BLOCK_M};

@@ -118,6 +118,7 @@ pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedCo
                     warp_ring,
                     tiled: false,
                     warps_m: 1,
+                    wgmma: false,
                 }
             },
         )

@@ -123,6 +123,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                             warp_ring: false,
                             tiled: false,
                             warps_m: 1,
+                            wgmma: false,
                         };
                         if c.check(shape).is_ok() {
                             out.push(c);
@@ -601,6 +602,7 @@ mod tests {
             warp_ring: false,
             tiled: false,
             warps_m: 1,
+            wgmma: false,
         }
     }
 
