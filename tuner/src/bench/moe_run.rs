@@ -66,7 +66,8 @@ pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
 
 /// The candidates of one grouped screen of (family, a_type, op) on `step`'s shape: an even
 /// spread of at most `max` streamed configurations of the space (0: all); every tiled one when
-/// the step has at least `TILED_MIN_ROWS_PER_EXPERT` routed rows per active expert; then the
+/// the step has at least `TILED_MIN_ROWS_PER_EXPERT` routed rows per active expert (the wgmma
+/// ones from `WGMMA_MIN_ROWS_PER_EXPERT`); then the
 /// measured seeds (`moe::seeds`) and `extra`, each once, where legal for the shape; `keep`
 /// filters all of them. From `TILED_ONLY_ROWS_PER_EXPERT` rows per expert on, only the tiled
 /// configurations (of the space and of `extra`) are measured.
@@ -82,6 +83,8 @@ pub fn screen_candidates(
     space.retain(&keep);
     let (tiled, streamed): (Vec<_>, Vec<_>) = space.into_iter().partition(|c| c.tiled);
     let rows_per_expert = step.rows() / step.active_experts().max(1);
+    let wgmma_ok = rows_per_expert >= crate::moe::config::WGMMA_MIN_ROWS_PER_EXPERT;
+    let tiled: Vec<_> = tiled.into_iter().filter(|c| !c.wgmma || wgmma_ok).collect();
     let tiled_only =
         rows_per_expert >= crate::moe::config::TILED_ONLY_ROWS_PER_EXPERT && !tiled.is_empty();
     let mut space = if tiled_only { Vec::new() } else { spread(streamed, max) };
@@ -273,20 +276,26 @@ mod tests {
     }
 
     /// Decode steps screen the streamed spread and the seeds; prefill-sized steps add every tiled
-    /// configuration; from 32 rows per expert only the tiled ones (and tiled extras) are left.
+    /// configuration (the wgmma ones from 16 rows per expert); from 32 rows per expert only the
+    /// tiled ones (and tiled extras) are left.
     #[test]
     fn screens_take_the_tiled_kernels_by_rows_per_expert() {
         let shape = MoeShape::GLM5_TP8;
         let key = (Family::Sm90, AType::Bf16, MoeOp::GateUp);
-        let tiled_space = crate::moe::config::search_space(MoeOp::GateUp, &shape)
-            .into_iter()
-            .filter(|c| c.tiled)
-            .count();
+        let space = crate::moe::config::search_space(MoeOp::GateUp, &shape);
+        let tiled_space = space.iter().filter(|c| c.tiled).count();
+        let wgmma_space = space.iter().filter(|c| c.wgmma).count();
+        assert!(wgmma_space >= 12);
         let decode = screen_candidates(key, &schedule(8), &shape, 48, &[], |_| true);
         assert!(decode.iter().all(|c| !c.tiled) && decode.len() >= 48);
+        // 8 routed rows per expert: the mma.sync tiled kernels, not the wgmma ones
         let mid = screen_candidates(key, &schedule(256), &shape, 48, &[], |_| true);
-        assert_eq!(mid.iter().filter(|c| c.tiled).count(), tiled_space);
+        assert_eq!(mid.iter().filter(|c| c.tiled).count(), tiled_space - wgmma_space);
+        assert!(mid.iter().all(|c| !c.wgmma));
         assert!(mid.iter().filter(|c| !c.tiled).count() >= 48);
+        // 16: the wgmma ones too
+        let wide = screen_candidates(key, &schedule(512), &shape, 48, &[], |_| true);
+        assert_eq!(wide.iter().filter(|c| c.tiled).count(), tiled_space);
         let streamed_extra = decode[0];
         let prefill =
             screen_candidates(key, &schedule(4096), &shape, 48, &[streamed_extra], |_| true);
