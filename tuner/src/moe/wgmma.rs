@@ -95,8 +95,8 @@ pub fn check(c: &GroupedConfig, k: u32) -> Result<(), IllegalConfig> {
             c.min_ctas
         ));
     }
-    if k % c.block_k != 0 {
-        return err(format!("K = {k} must be a multiple of block_k"));
+    if k == 0 || k % c.block_k != 0 {
+        return err(format!("K = {k} must be a positive multiple of block_k"));
     }
     Ok(())
 }
@@ -229,10 +229,23 @@ mod tests {
                     }
                 }
                 assert!(seen.iter().all(|&s| s));
+                // What the hardware reads for k16 step s: from the descriptor's start (atom
+                // column s / 4, plus 32 bytes per step inside it), row r at r * 128 bytes (8 rows
+                // per 1024-byte stride), 16-byte unit c of the step's 32 bytes, then the 128-byte
+                // swizzle (address bits 4..6 XOR bits 7..9): the unit the copies wrote there.
                 for s in 0..block_k / 16 {
                     let start = (s >> 2) * rows * 128 + (s & 3) * 32;
-                    assert_eq!(start, b_offset(rows, 0, 2 * s), "step {s}");
-                    assert_eq!(start % 1024, (s & 3) * 32, "atoms start 1024-aligned");
+                    for r in 0..rows {
+                        for c in 0..2 {
+                            let a = start + r * 128 + c * 16;
+                            let read = a ^ (((a >> 7) & 7) << 4);
+                            assert_eq!(
+                                read,
+                                b_offset(rows, r, 2 * s + c),
+                                "rows {rows} step {s} r {r} c {c}"
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -432,6 +445,13 @@ mod tests {
         assert!(why(two_tiles).contains("registers"), "two m64 tiles of 128 k at 2 CTAs per SM");
         assert!(why(deep).contains("shared memory"));
         assert!(why(GroupedConfig { family: Family::Sm120, ..c }).contains("family sm90"));
+        // the wgmma checks alone (also reached without the shape's checks first)
+        let own = |x: GroupedConfig, k: u32| check(&x, k).unwrap_err().reason;
+        assert!(own(GroupedConfig { family: Family::Sm120, ..c }, 6144)
+            .contains("wgmma kernel is a kernel of family sm90"));
+        assert!(own(c, 0).contains("positive multiple of block_k"));
+        assert!(own(c, 6144 + 32).contains("positive multiple of block_k"));
+        check(&c, 6144).unwrap();
         assert!(why(GroupedConfig { tiled: false, ..c }).contains("tiled"));
         let ron = ron::to_string(&c).unwrap();
         assert!(ron.contains("wgmma:true"), "{ron}");
