@@ -199,8 +199,9 @@ impl GroupedConfig {
         }
     }
 
-    /// The register cap per lane of `min_ctas` CTAs (templates/sm90/direct.cuh REGISTER_CAP).
-    fn register_cap(&self) -> u32 {
+    /// The register cap per lane of `min_ctas` CTAs (templates/sm90/direct.cuh REGISTER_CAP,
+    /// `__launch_bounds__` of every sm90 grouped kernel).
+    pub(super) fn register_cap(&self) -> u32 {
         (65536 / (self.threads() * self.min_ctas) / 8 * 8).min(255)
     }
 
@@ -795,6 +796,25 @@ fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     out
 }
 
+/// The distinct kernels of `space` (per op and shape) over both ops of `shapes`: configurations
+/// that differ only in their walk share one kernel, kept once with walk 0.
+pub fn distinct_kernels(
+    shapes: &[MoeShape],
+    space: impl Fn(MoeOp, &MoeShape) -> Vec<GroupedConfig>,
+) -> Vec<GroupedConfig> {
+    let mut out: Vec<GroupedConfig> = Vec::new();
+    for shape in shapes {
+        for op in MoeOp::ALL {
+            for c in space(op, shape) {
+                if !out.iter().any(|x| x.kernel_name() == c.kernel_name()) {
+                    out.push(GroupedConfig { walk: 0, ..c });
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The routing and finalize kernels (fixed code, one instantiation each), for the device's `arch`.
 pub fn align_source(arch: Arch) -> KernelSource {
     let unit = format!(
@@ -1198,16 +1218,10 @@ mod tests {
     fn every_w4a4_grouped_kernel_compiles_for_sm90_without_spills() {
         use crate::compile::{sass, Compiler};
         let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
-        let mut configs: Vec<GroupedConfig> = Vec::new();
-        for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
-            for op in MoeOp::ALL {
-                for c in search_space_for(Family::Sm90, AType::Nvfp4, op, &shape) {
-                    if !configs.iter().any(|x| x.kernel_name() == c.kernel_name()) {
-                        configs.push(c);
-                    }
-                }
-            }
-        }
+        let mut configs =
+            distinct_kernels(&[MoeShape::GLM5_TP8, MoeShape::GLM5_EP8], |op, shape| {
+                search_space_for(Family::Sm90, AType::Nvfp4, op, shape)
+            });
         let mut rings = 0;
         configs.retain(|c| {
             rings += usize::from(c.warp_ring);

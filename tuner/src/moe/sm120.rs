@@ -138,17 +138,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
 
 /// The distinct kernels (walks share one) of the sm120 grouped spaces of both ops for `shapes`.
 pub fn distinct_kernels(shapes: &[MoeShape]) -> Vec<GroupedConfig> {
-    let mut out: Vec<GroupedConfig> = Vec::new();
-    for shape in shapes {
-        for op in MoeOp::ALL {
-            for c in search_space(op, shape) {
-                if !out.iter().any(|x| x.kernel_name() == c.kernel_name()) {
-                    out.push(GroupedConfig { walk: 0, ..c });
-                }
-            }
-        }
-    }
-    out
+    super::config::distinct_kernels(shapes, search_space)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ pub fn check(c: &GroupedConfig, k: u32) -> Result<(), IllegalConfig> {
     if !(1..=16).contains(&c.min_ctas) || c.threads().saturating_mul(c.min_ctas) > 2048 {
         return err("min_ctas CTAs must fit in one SM (2048 threads)".into());
     }
-    let cap = (65536 / (c.threads() * c.min_ctas) / 8 * 8).min(255);
+    let cap = c.register_cap();
     let need = register_estimate(c);
     if need > cap {
         return err(format!("about {need} registers per lane, over the cap of {cap}"));
@@ -406,16 +406,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let compiler =
             Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
-        let mut configs: Vec<GroupedConfig> = Vec::new();
-        for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
-            for op in MoeOp::ALL {
-                for c in space(op, &shape) {
-                    if !configs.iter().any(|x| x.kernel_name() == c.kernel_name()) {
-                        configs.push(c);
-                    }
-                }
-            }
-        }
+        let configs = super::super::config::distinct_kernels(
+            &[MoeShape::GLM5_TP8, MoeShape::GLM5_EP8],
+            space,
+        );
         let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
         let mut problems = Vec::new();
         for (c, r) in configs.iter().zip(compiler.compile_many(&sources)) {
