@@ -1,12 +1,18 @@
 // moe_align: the router's topk_ids -> the routed-row schedule of params.cuh, in one CTA, with no
 // host synchronization (capturable in a CUDA graph).
 //
-// Pass 1 counts rows per local expert (shared atomics: counts do not depend on order), prefix-sums
-// them into offsets and writes the three tile lists. Pass 2 places the flat ids stably: round r
-// takes ids [1024 r, 1024 r + 1024), one per thread; inside a warp __match_any_sync ranks the
-// lanes of one expert, a (warp, expert) table prefix-summed over the 32 warps ranks the warps, and
-// each expert's cursor moves by the round's total. So the position of an id depends only on the
-// ids before it: the same input gives the same output, always.
+// Rounds take ids [1024 r, 1024 r + 1024), one per thread; inside a warp __match_any_sync groups
+// the lanes of one expert (their rank: the lanes below them), and one leader lane per (warp,
+// expert) stands for the group. Pass 1 counts rows per local expert (shared atomics: counts do not
+// depend on order), then 16 warps scan the counts and the five tile counts per
+// expert at once (offsets and the tile lists' starts) and write offsets and tile lists. Pass 2
+// places the ids stably: the leaders record their group's size per (warp, expert) and set the
+// warp's bit in the expert's warp mask; an id's position is the expert's cursor, plus the groups
+// of the same expert in lower warps (the mask's lower bits), plus its rank; the last warp's leader
+// moves the cursor by the round's rows. So the position of an id depends only on the ids before
+// it: the same input gives the same output, always. A round with one pass of ids (up to 1024,
+// every decode step) loads each id once and waits at five barriers; in longer routings pass 2
+// loads the next round's ids while it places the current one.
 //
 // Launch contract (runtime::moe): grid (1), ALIGN_THREADS threads, no dynamic shared memory;
 // experts <= ALIGN_MAX_EXPERTS.
@@ -26,33 +32,18 @@ __device__ __forceinline__ int local_expert(const AlignParams& p, int i) {
     return e >= 0 && e < p.experts ? static_cast<int>(e) : -1;
 }
 
-// Exclusive prefix sum of a[0 .. n) in place by one warp (n <= 32 * 16 here); returns the total.
-__device__ __forceinline__ int warp_exclusive_scan(int32_t* a, int n, int lane) {
-    const int per = (n + 31) / 32;
-    const int b = min(lane * per, n);
-    const int e = min(b + per, n);
-    int s = 0;
-    for (int i = b; i < e; ++i) s += a[i];
-    int incl = s;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += v;
-    }
-    int run = incl - s;
-    for (int i = b; i < e; ++i) {
-        const int v = a[i];
-        a[i] = run;
-        run += v;
-    }
-    return __shfl_sync(0xffffffffu, incl, 31);
+__device__ __forceinline__ bool is_leader(unsigned peers, int lane) {
+    return lane == __ffs(peers) - 1;
 }
 
 __device__ __forceinline__ void moe_align(const AlignParams& p) {
-    __shared__ int32_t count[ALIGN_MAX_EXPERTS];    // rows per expert, then each round's rows
-    __shared__ int32_t cursor[ALIGN_MAX_EXPERTS];   // next sorted position of each expert
-    __shared__ int32_t tile_first[TILE_LISTS][ALIGN_MAX_EXPERTS];
-    __shared__ uint16_t rank_table[ALIGN_WARPS][ALIGN_MAX_EXPERTS];  // (warp, expert) -> rows, then prefix
+    constexpr int V = 1 + TILE_LISTS;                     // scanned per expert: rows, tiles per list
+    constexpr int SCAN_WARPS = ALIGN_MAX_EXPERTS / 32;    // one expert per thread of these warps
+    __shared__ int32_t count[ALIGN_MAX_EXPERTS];          // rows per expert
+    __shared__ int32_t cursor[ALIGN_MAX_EXPERTS];         // next sorted position of each expert
+    __shared__ uint32_t warp_mask[ALIGN_MAX_EXPERTS];     // warps of the round holding the expert
+    __shared__ uint16_t group_rows[ALIGN_WARPS][ALIGN_MAX_EXPERTS];  // valid where warp_mask says
+    __shared__ int32_t warp_total[SCAN_WARPS][V];
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -60,69 +51,111 @@ __device__ __forceinline__ void moe_align(const AlignParams& p) {
     const int R = p.tokens * p.top_k;
     if (E <= 0 || E > ALIGN_MAX_EXPERTS) return;
 
-    // ---- pass 1: counts, offsets, tile lists
-    for (int e = tid; e < E; e += ALIGN_THREADS) count[e] = 0;
+    // round 0's id and group, kept for both passes
+    const int e0 = tid < R ? local_expert(p, tid) : -1;
+    const unsigned peers0 = __match_any_sync(0xffffffffu, e0);
+    for (int e = tid; e < E; e += ALIGN_THREADS) {
+        count[e] = 0;
+        warp_mask[e] = 0;
+    }
     __syncthreads();
-    for (int i = tid; i < R; i += ALIGN_THREADS) {
+
+    // ---- pass 1: rows per expert (round 0 by its leaders; later rounds one atomic per id, whose
+    // loads the unrolled loop keeps in flight together)
+    if (e0 >= 0 && is_leader(peers0, lane)) atomicAdd(&count[e0], __popc(peers0));
+#pragma unroll 4
+    for (int i = ALIGN_THREADS + tid; i < R; i += ALIGN_THREADS) {
         const int e = local_expert(p, i);
         if (e >= 0) atomicAdd(&count[e], 1);
     }
     __syncthreads();
-    for (int e = tid; e < E; e += ALIGN_THREADS) {
-        cursor[e] = count[e];
+
+    // ---- offsets and tile lists: thread e scans (rows, tiles of each list) of expert e
+    int v[V];
+    int incl[V];
+    const bool scans = warp < SCAN_WARPS;
+    if (scans) {
+        const int c = tid < E ? count[tid] : 0;
+        v[0] = c;
 #pragma unroll
-        for (int l = 0; l < TILE_LISTS; ++l) tile_first[l][e] = (count[e] + (8 << l) - 1) / (8 << l);
+        for (int l = 0; l < TILE_LISTS; ++l) v[1 + l] = (c + (8 << l) - 1) / (8 << l);
+#pragma unroll
+        for (int j = 0; j < V; ++j) incl[j] = v[j];
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                const int x = __shfl_up_sync(0xffffffffu, incl[j], d);
+                if (lane >= d) incl[j] += x;
+            }
+        }
+        if (lane == 31) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) warp_total[warp][j] = incl[j];
+        }
     }
     __syncthreads();
-    if (warp == 0) {
-        const int total = warp_exclusive_scan(cursor, E, lane);
-        if (lane == 0) p.offsets[E] = total;
-    } else if (warp <= TILE_LISTS) {
-        const int total = warp_exclusive_scan(tile_first[warp - 1], E, lane);
-        if (lane == 0) p.tile_count[warp - 1] = total;
-    }
-    __syncthreads();
-    for (int e = tid; e < E; e += ALIGN_THREADS) p.offsets[e] = cursor[e];
-    for (int x = tid; x < TILE_LISTS * E; x += ALIGN_THREADS) {
-        const int l = x / E;
-        const int e = x % E;
-        const int bm = 8 << l;
-        const int c = count[e];
-        int4* out = reinterpret_cast<int4*>(p.tiles) + static_cast<size_t>(l) * p.max_tiles + tile_first[l][e];
-        for (int j = 0; j * bm < c; ++j) out[j] = make_int4(e, cursor[e] + j * bm, min(bm, c - j * bm), 0);
+    if (scans && tid < E) {
+        int excl[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) excl[j] = incl[j] - v[j];
+        for (int w = 0; w < warp; ++w) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) excl[j] += warp_total[w][j];
+        }
+        const int e = tid;
+        const int c = v[0];
+        cursor[e] = excl[0];
+        p.offsets[e] = excl[0];
+#pragma unroll
+        for (int l = 0; l < TILE_LISTS; ++l) {
+            const int bm = 8 << l;
+            int4* out = reinterpret_cast<int4*>(p.tiles) + static_cast<size_t>(l) * p.max_tiles + excl[1 + l];
+            for (int j = 0; j < v[1 + l]; ++j) out[j] = make_int4(e, excl[0] + j * bm, min(bm, c - j * bm), 0);
+        }
+        if (e == E - 1) {
+            p.offsets[E] = excl[0] + c;
+#pragma unroll
+            for (int l = 0; l < TILE_LISTS; ++l) p.tile_count[l] = excl[1 + l] + v[1 + l];
+        }
     }
     __syncthreads();
 
-    // ---- pass 2: stable placement, 1024 ids per round
+    // ---- pass 2: stable placement (the next round's id in flight meanwhile)
+    int e_next = e0;
     for (int r0 = 0; r0 < R; r0 += ALIGN_THREADS) {
         const int i = r0 + tid;
-        const int e = i < R ? local_expert(p, i) : -1;
-        const unsigned peers = __match_any_sync(0xffffffffu, e);
-        const int rank = __popc(peers & ((1u << lane) - 1u));
-        for (int x = tid; x < ALIGN_WARPS * E; x += ALIGN_THREADS) rank_table[x / E][x % E] = 0;
-        __syncthreads();
-        if (e >= 0 && rank == 0) rank_table[warp][e] = static_cast<uint16_t>(__popc(peers));
-        __syncthreads();
-        for (int x = tid; x < E; x += ALIGN_THREADS) {
-            int run = 0;
-            for (int w = 0; w < ALIGN_WARPS; ++w) {
-                const int v = rank_table[w][x];
-                rank_table[w][x] = static_cast<uint16_t>(run);
-                run += v;
-            }
-            count[x] = run;
+        const int e = e_next;
+        const int i_next = i + ALIGN_THREADS;
+        e_next = i_next < R ? local_expert(p, i_next) : -1;
+        const unsigned peers = r0 == 0 ? peers0 : __match_any_sync(0xffffffffu, e);
+        const bool leader = e >= 0 && is_leader(peers, lane);
+        if (leader) {
+            group_rows[warp][e] = static_cast<uint16_t>(__popc(peers));
+            atomicOr(&warp_mask[e], 1u << warp);
         }
         __syncthreads();
+        int below = 0;
+        bool last = false;
         if (e >= 0) {
-            const int pos = cursor[e] + rank_table[warp][e] + rank;
+            const uint32_t m = warp_mask[e];
+            last = (m >> warp) == 1u;
+            for (uint32_t b = m & ((1u << warp) - 1u); b != 0; b &= b - 1) below += group_rows[__ffs(b) - 1][e];
+            const int pos = cursor[e] + below + __popc(peers & ((1u << lane) - 1u));
             p.sorted_ids[pos] = i;
             p.inverse[i] = pos;
         } else if (i < R) {
             p.inverse[i] = -1;
         }
-        __syncthreads();
-        for (int x = tid; x < E; x += ALIGN_THREADS) cursor[x] += count[x];
-        __syncthreads();
+        if (r0 + ALIGN_THREADS < R) {
+            // the next round starts from moved cursors and empty masks
+            __syncthreads();
+            if (leader && last) {
+                cursor[e] += below + __popc(peers);
+                warp_mask[e] = 0;
+            }
+            __syncthreads();
+        }
     }
 }
 

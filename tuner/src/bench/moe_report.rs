@@ -2,7 +2,7 @@
 //! `bench-moe.md` (per set and projection: fp4tune against the roofline, the read floor and the
 //! peers measured in the same run).
 
-use super::moe::MoeRow;
+use super::moe::{MoeRow, OpLog, Outcome};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -34,6 +34,34 @@ pub fn csv(rows: &[MoeRow]) -> String {
             r.verified,
             r.failed
         );
+    }
+    out
+}
+
+/// The header of `bench-moe-screen.csv`: every candidate a grouped screen measured.
+pub const SCREEN_CSV_HEADER: &str = "set,op,a_type,B,impl,median_us,lo_us,hi_us,outcome";
+
+/// Every candidate of the screens (`logs`) with its time, or its failure (commas and line breaks
+/// of the message replaced, so a row stays one CSV record).
+pub fn screen_csv(a_type: &str, logs: &[OpLog]) -> String {
+    let mut out = String::from(SCREEN_CSV_HEADER);
+    out.push('\n');
+    for (set, tokens, op, measured) in logs {
+        for m in measured {
+            let lead = format!("{set},{},{a_type},{tokens},{}", op.as_str(), m.config.name());
+            let _ = match &m.outcome {
+                Outcome::Timed(s) => {
+                    writeln!(out, "{lead},{:.3},{:.3},{:.3},ok", s.median, s.lo, s.hi)
+                }
+                Outcome::Failed(why) => {
+                    let why: String = why
+                        .chars()
+                        .map(|c| if c == ',' || c == '\n' || c == '\r' { ';' } else { c })
+                        .collect();
+                    writeln!(out, "{lead},,,,{why}")
+                }
+            };
+        }
     }
     out
 }
@@ -185,6 +213,34 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn screen_csv_has_one_record_per_candidate_and_keeps_failures_on_one_line() {
+        use crate::bench::moe::Measured;
+        use crate::moe::{MoeOp, MoeShape};
+        let space = crate::moe::config::search_space(MoeOp::Down, &MoeShape::GLM5_TP8);
+        let s = crate::bench::Summary { n: 5, median: 4.5, lo: 4.25, hi: 4.75, min: 4.0, max: 5.0 };
+        let logs = vec![(
+            "tp8".to_string(),
+            64,
+            MoeOp::Down,
+            vec![
+                Measured { config: space[0], outcome: Outcome::Timed(s) },
+                Measured { config: space[1], outcome: Outcome::Failed("a, b\nc".into()) },
+            ],
+        )];
+        let text = screen_csv("w4a16", &logs);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[0], SCREEN_CSV_HEADER);
+        let n = SCREEN_CSV_HEADER.split(',').count();
+        assert!(lines.iter().all(|l| l.split(',').count() == n), "{text}");
+        assert_eq!(
+            lines[1],
+            format!("tp8,moe_down,w4a16,64,{},4.500,4.250,4.750,ok", space[0].name())
+        );
+        assert!(lines[2].ends_with(",,,,a; b;c"), "{}", lines[2]);
+    }
 
     fn row(implementation: &str, tokens: u32, median: f64) -> MoeRow {
         MoeRow {

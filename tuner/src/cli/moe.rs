@@ -108,8 +108,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // Progress on standard error, best effort: a closed stream must not stop the benchmark.
     use std::io::Write as _;
     let mut rows = Vec::new();
+    let mut screens = Vec::new();
     for &a_type in &a_types {
-        let (r, _logs) = run_moe_bench_for(&gpu, &compiler, &plan, a_type, |p| match p {
+        let (r, logs) = run_moe_bench_for(&gpu, &compiler, &plan, a_type, |p| match p {
             MoeProgress::Step { set, tokens, active_experts } => {
                 let _ = writeln!(
                     std::io::stderr(),
@@ -126,6 +127,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
         })?;
         rows.extend(r);
+        screens.push((a_type, logs));
     }
     let provenance = format!(
         "Command: `{}`\n\nDevice: {} (compute capability {}.{}, {} SMs, driver {}.{}), NVRTC {}.{}; timing: {}; \
@@ -175,6 +177,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
     .with_context(|| format!("writing {}", stem.with_extension("csv").display()))?;
     fp4tune::compile::cache::write_atomic(&stem.with_extension("md"), md.as_bytes())
         .with_context(|| format!("writing {}", stem.with_extension("md").display()))?;
+    // Every screened candidate, one file per activation type.
+    for (a_type, logs) in &screens {
+        let path = a.out.join(format!("bench-moe-{}-screen.csv", a_type.as_str()));
+        fp4tune::compile::cache::write_atomic(
+            &path,
+            moe_report::screen_csv(a_type.as_str(), logs).as_bytes(),
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+    }
     outln!("{md}")?;
     outln!(
         "wrote {} and {}",

@@ -829,14 +829,18 @@ pub fn align_source(arch: Arch) -> KernelSource {
         .expect("moe/align.cuh is embedded")
 }
 
-pub fn finalize_source(arch: Arch) -> KernelSource {
+/// The finalize kernel reading its slots in groups of `slot_group` (one of
+/// [`FINALIZE_SLOT_GROUPS`]; templates/moe/finalize.cuh).
+pub fn finalize_source(arch: Arch, slot_group: u32) -> KernelSource {
     KernelSource::from_unit(
-        "fp4tune_moe_finalize".to_string(),
+        format!("fp4tune_moe_finalize_s{slot_group}"),
         arch,
-        "#include \"moe/finalize.cuh\"\n\
-         extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::FINALIZE_THREADS) fp4tune_moe_finalize(const fp4tune::moe::FinalizeParams p) {\n\
-         \x20   fp4tune::moe::moe_finalize(p);\n\
-         }\n",
+        &format!(
+            "#include \"moe/finalize.cuh\"\n\
+             extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::FINALIZE_THREADS) fp4tune_moe_finalize_s{slot_group}(const fp4tune::moe::FinalizeParams p) {{\n\
+             \x20   fp4tune::moe::moe_finalize<{slot_group}>(p);\n\
+             }}\n"
+        ),
     )
     .expect("moe/finalize.cuh is embedded")
 }
@@ -884,6 +888,9 @@ pub fn family_template_hash(family: Family) -> String {
 /// Threads of the align and finalize kernels (templates/moe/align.cuh, finalize.cuh).
 pub const ALIGN_THREADS: u32 = 1024;
 pub const FINALIZE_THREADS: u32 = 256;
+/// The finalize kernels' slot groups: the whole top-k of a token in flight (a grid of one wave),
+/// or one slot at a time (more CTAs per SM for large grids).
+pub const FINALIZE_SLOT_GROUPS: [u32; 2] = [8, 1];
 
 #[cfg(test)]
 mod tests {
@@ -1277,7 +1284,8 @@ mod tests {
         // The fixed kernels for both families' architectures.
         let mut sources = Vec::new();
         for arch in [Arch::Sm90a, Arch::Sm120a] {
-            sources.extend([align_source(arch), finalize_source(arch)]);
+            sources.push(align_source(arch));
+            sources.extend(FINALIZE_SLOT_GROUPS.map(|g| finalize_source(arch, g)));
         }
         let mut warp_rings = std::collections::HashSet::new();
         for op in MoeOp::ALL {

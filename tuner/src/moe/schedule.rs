@@ -215,6 +215,96 @@ mod tests {
         }
     }
 
+    /// The placement of templates/moe/align.cuh (pass 2) step by step: rounds of ALIGN_THREADS
+    /// ids, warps of 32 lanes, `__match_any_sync` groups, one leader per (warp, expert) recording
+    /// its group's size and setting the warp's bit in the expert's mask; an id's position is the
+    /// cursor plus the groups of lower warps in the mask plus its rank among the group's lower
+    /// lanes; the last warp's leader moves the cursor. Returns (sorted ids, inverse).
+    fn align_kernel_placement(ids: &[i32], begin: i32, experts: u32) -> (Vec<i32>, Vec<i32>) {
+        const THREADS: usize = crate::moe::config::ALIGN_THREADS as usize;
+        let local = |i: usize| -> i32 {
+            let e = ids[i] as i64 - begin as i64;
+            if e >= 0 && e < experts as i64 {
+                e as i32
+            } else {
+                -1
+            }
+        };
+        let offsets = RouteSchedule::build(ids, begin, experts).offsets;
+        let mut cursor = offsets[..experts as usize].to_vec();
+        let mut sorted = vec![-1; offsets[experts as usize] as usize];
+        let mut inverse = vec![i32::MIN; ids.len()];
+        for r0 in (0..ids.len()).step_by(THREADS) {
+            let e: Vec<i32> =
+                (0..THREADS).map(|t| if r0 + t < ids.len() { local(r0 + t) } else { -1 }).collect();
+            // __match_any_sync: the lanes of the warp with the same value
+            let peers: Vec<u32> = (0..THREADS)
+                .map(|t| {
+                    let w = t / 32 * 32;
+                    (0..32).filter(|&l| e[w + l] == e[t]).fold(0u32, |m, l| m | 1 << l)
+                })
+                .collect();
+            let leader = |t: usize| e[t] >= 0 && t % 32 == peers[t].trailing_zeros() as usize;
+            let mut mask = vec![0u32; experts as usize];
+            let mut group = vec![[0u16; 32]; experts as usize];
+            for t in (0..THREADS).filter(|&t| leader(t)) {
+                group[e[t] as usize][t / 32] = peers[t].count_ones() as u16;
+                mask[e[t] as usize] |= 1 << (t / 32);
+            }
+            let mut moves = Vec::new();
+            for t in 0..THREADS {
+                let (i, warp, lane) = (r0 + t, t / 32, t % 32);
+                if e[t] < 0 {
+                    if i < ids.len() {
+                        inverse[i] = -1;
+                    }
+                    continue;
+                }
+                let x = e[t] as usize;
+                let lower = mask[x] & ((1u32 << warp) - 1);
+                let below: i32 =
+                    (0..32).filter(|w| lower >> w & 1 == 1).map(|w| group[x][w] as i32).sum();
+                let pos = cursor[x] + below + (peers[t] & ((1u32 << lane) - 1)).count_ones() as i32;
+                sorted[pos as usize] = i as i32;
+                inverse[i] = pos;
+                if leader(t) && mask[x] >> warp == 1 {
+                    moves.push((x, below + peers[t].count_ones() as i32));
+                }
+            }
+            for (x, d) in moves {
+                cursor[x] += d;
+            }
+        }
+        (sorted, inverse)
+    }
+
+    #[test]
+    fn the_align_kernels_placement_is_the_stable_counting_sort() {
+        // one round (decode) and several (prefill), uniform and skewed, all experts local or a
+        // slice of them (expert parallelism), top_k 8 and 1
+        for (tokens, top_k, begin, experts, routing) in [
+            (1u32, 8u32, 0i32, 256u32, Routing::Uniform),
+            (64, 8, 0, 256, Routing::Uniform),
+            (128, 8, 0, 256, Routing::Skewed),
+            (300, 8, 0, 256, Routing::Uniform),
+            (600, 8, 224, 32, Routing::Skewed),
+            (1000, 1, 0, 256, Routing::Uniform),
+            (2500, 1, 96, 32, Routing::Uniform),
+        ] {
+            let ids = draw_routing(tokens as u64 + 5, tokens, top_k, 256, routing);
+            let want = RouteSchedule::build(&ids, begin, experts);
+            let (sorted, inverse) = align_kernel_placement(&ids, begin, experts);
+            assert_eq!(sorted, want.sorted_ids, "B {tokens} top_k {top_k} experts {experts}");
+            assert_eq!(inverse, want.inverse, "B {tokens} top_k {top_k} experts {experts}");
+        }
+        // every id to one expert: one group per warp, 32 warps per round
+        let ids = vec![7; 3000];
+        assert_eq!(
+            align_kernel_placement(&ids, 0, 8).0,
+            RouteSchedule::build(&ids, 0, 8).sorted_ids
+        );
+    }
+
     #[test]
     fn ids_of_other_gpus_and_out_of_range_ids_are_skipped() {
         let ids = [5, -1, 40, 33, 32, 1 << 30, 32, 63, 64];

@@ -16,7 +16,9 @@ use crate::gpu::moe_params::{MoeAlignParams, MoeFinalizeParams, MoeGroupedParams
 use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
-use crate::moe::config::{align_source, finalize_source, ALIGN_THREADS, FINALIZE_THREADS};
+use crate::moe::config::{
+    align_source, finalize_source, ALIGN_THREADS, FINALIZE_SLOT_GROUPS, FINALIZE_THREADS,
+};
 use crate::moe::{max_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
 use crate::template::{quantize, Family};
@@ -64,31 +66,45 @@ pub struct MoeKernels {
     pub family: Family,
     align: Kernel,
     quantize: Kernel,
-    finalize: Kernel,
+    /// One finalize kernel per slot group (`FINALIZE_SLOT_GROUPS`: whole groups first).
+    finalize: [Kernel; 2],
+    /// CTAs per SM of the grouped finalize kernel (`finalize[0]`) at its register count.
+    finalize_grouped_ctas: u32,
 }
 
 impl MoeKernels {
     pub fn load(gpu: &Gpu, compiler: &Compiler) -> Result<Self, RuntimeError> {
-        let load = |src: crate::template::KernelSource| -> Result<Kernel, RuntimeError> {
-            let k = compiler.compile(&src).map_err(|error| RuntimeError::Compile {
-                config: src.kernel_name.clone(),
-                error,
-            })?;
-            Ok(gpu.load(&k, 0)?)
+        let compile = |src: crate::template::KernelSource| {
+            compiler
+                .compile(&src)
+                .map_err(|error| RuntimeError::Compile { config: src.kernel_name.clone(), error })
         };
+        let load = |src| -> Result<Kernel, RuntimeError> { Ok(gpu.load(&*compile(src)?, 0)?) };
         let family = crate::runtime::family_for(gpu.info())?;
         let arch = family.arch();
         let quantizer = quantize::render(arch).map_err(|e| RuntimeError::Render {
             config: quantize::QUANTIZE_KERNEL.into(),
             reason: e.to_string(),
         })?;
+        let [grouped, single] = FINALIZE_SLOT_GROUPS.map(|g| compile(finalize_source(arch, g)));
+        let (grouped, single) = (grouped?, single?);
+        let registers = grouped.stats.map_or(64, |s| s.registers.max(1));
         Ok(Self {
             family,
             align: load(align_source(arch))?,
             quantize: load(quantizer)?,
-            finalize: load(finalize_source(arch))?,
+            finalize: [gpu.load(&*grouped, 0)?, gpu.load(&*single, 0)?],
+            finalize_grouped_ctas: finalize_ctas_per_sm(registers),
         })
     }
+}
+
+/// CTAs of the finalize kernel (FINALIZE_THREADS threads) that fit on one SM at `registers` per
+/// thread: the finalize kernel whose slots are read in groups takes a grid that fits in one wave
+/// of these, the one-slot kernel a larger grid.
+fn finalize_ctas_per_sm(registers: u32) -> u32 {
+    let per_cta = FINALIZE_THREADS * registers.next_multiple_of(8);
+    (65_536 / per_cta).clamp(1, 2048 / FINALIZE_THREADS)
 }
 
 /// Byte offsets of one workspace's regions (each 256-byte aligned).
@@ -519,14 +535,13 @@ impl MoeLauncher<'_> {
             top_k: ws.shape.top_k as i32,
             n: n as i32,
         };
-        let dims = LaunchDims {
-            grid: (args.tokens, n.div_ceil(FINALIZE_THREADS * 8), 1),
-            block: (FINALIZE_THREADS, 1, 1),
-            smem_bytes: 0,
-        };
-        // SAFETY: the finalize kernel takes one MoeFinalizeParams; hidden % 8 == 0 (checked when
+        let grid = (args.tokens, n.div_ceil(FINALIZE_THREADS * 8), 1);
+        let dims = LaunchDims { grid, block: (FINALIZE_THREADS, 1, 1), smem_bytes: 0 };
+        let one_wave = self.kernels.finalize_grouped_ctas * self.gpu.info().sm_count;
+        let kernel = &self.kernels.finalize[usize::from(grid.0 * grid.1 > one_wave)];
+        // SAFETY: the finalize kernels take one MoeFinalizeParams; hidden % 8 == 0 (checked when
         // the layer was built), buffers per the contract above.
-        unsafe { self.gpu.launch_params_on_stream(&self.kernels.finalize, dims, &p, stream) }?;
+        unsafe { self.gpu.launch_params_on_stream(kernel, dims, &p, stream) }?;
         Ok(())
     }
 
@@ -659,6 +674,17 @@ pub fn nearest_bucket(buckets: impl Iterator<Item = u32>, tokens: u32) -> usize 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finalize_ctas_per_sm_follow_the_register_file() {
+        // 256 threads: 32 registers fill an SM with 8 CTAs, 64 with 4; allocation in 8s
+        assert_eq!(finalize_ctas_per_sm(32), 8);
+        assert_eq!(finalize_ctas_per_sm(40), 6);
+        assert_eq!(finalize_ctas_per_sm(64), 4);
+        assert_eq!(finalize_ctas_per_sm(60), 4);
+        assert_eq!(finalize_ctas_per_sm(255), 1);
+        assert_eq!(finalize_ctas_per_sm(1), 8);
+    }
 
     #[test]
     fn workspace_regions_are_aligned_disjoint_and_sized_for_max_tokens() {
