@@ -3,9 +3,10 @@
 // pos = inverse[t * top_k + s], slots with pos < 0 (experts of other GPUs) skipped.
 //
 // The slots are read in groups of SLOT_GROUP (positions, then the weights and rows of the slots
-// whose expert is local), so a group's loads are in flight together; the sums keep slot order, so every SLOT_GROUP gives the same bits.
-// SLOT_GROUP 8 holds a whole top-8 token's rows in flight (decode: one wave of CTAs); 1 needs half
-// the registers, so twice the CTAs of a large grid share an SM.
+// whose expert is local), so a group's loads are in flight together; the sums keep slot order, so
+// every SLOT_GROUP gives the same bits. SLOT_GROUP 8 holds a whole top-8 token's rows in flight
+// (decode: one wave of CTAs); 1 needs half the registers, so twice the CTAs of a large grid share
+// an SM.
 //
 // Launch contract (runtime::moe): grid (tokens, ceil(n / (FINALIZE_THREADS * 8))), FINALIZE_THREADS
 // threads, n % 8 == 0, rows 16-byte aligned; each thread owns 8 consecutive columns.
@@ -26,8 +27,6 @@ __device__ __forceinline__ void moe_finalize(const FinalizeParams& p) {
     float acc[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
-    // Slots in groups of SLOT_GROUP: the group's positions first, then the weight and row of every
-    // local slot, then the sums in slot order; the loads of a group are in flight together.
     for (int s0 = 0; s0 < p.top_k; s0 += SLOT_GROUP) {
         int pos[SLOT_GROUP];
         float w[SLOT_GROUP];

@@ -38,7 +38,7 @@ pub fn csv(rows: &[MoeRow]) -> String {
     out
 }
 
-/// The header of `bench-moe-screen.csv`: every candidate a grouped screen measured.
+/// The header of `bench-moe-<a_type>-screen.csv`: every candidate a grouped screen measured.
 pub const SCREEN_CSV_HEADER: &str = "set,op,a_type,B,impl,median_us,lo_us,hi_us,outcome";
 
 /// Every candidate of the screens (`logs`) with its time, or its failure (commas and line breaks

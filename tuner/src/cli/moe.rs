@@ -178,6 +178,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     fp4tune::compile::cache::write_atomic(&stem.with_extension("md"), md.as_bytes())
         .with_context(|| format!("writing {}", stem.with_extension("md").display()))?;
     // Every screened candidate, one file per activation type.
+    let mut written = vec![stem.with_extension("csv"), stem.with_extension("md")];
     for (a_type, logs) in &screens {
         let path = a.out.join(format!("bench-moe-{}-screen.csv", a_type.as_str()));
         fp4tune::compile::cache::write_atomic(
@@ -185,13 +186,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
             moe_report::screen_csv(a_type.as_str(), logs).as_bytes(),
         )
         .with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
     }
     outln!("{md}")?;
-    outln!(
-        "wrote {} and {}",
-        stem.with_extension("csv").display(),
-        stem.with_extension("md").display()
-    )
+    let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+    outln!("wrote {}", names.join(", "))
 }
 
 /// `--render`: bench-moe.md at `out` rendered again from `csv` (a bench-moe.csv), with the title

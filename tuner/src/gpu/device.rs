@@ -144,6 +144,15 @@ impl Gpu {
         &self.info
     }
 
+    /// The threads and the 32-bit registers one SM holds (the occupancy limits), from the driver.
+    pub fn sm_limits(&self) -> Result<(u32, u32), GpuError> {
+        let attr = |a: Attr| self.ctx.attribute(a).map_err(drv("cuDeviceGetAttribute"));
+        Ok((
+            attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)? as u32,
+        ))
+    }
+
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }

@@ -215,13 +215,16 @@ mod tests {
         }
     }
 
-    /// The placement of templates/moe/align.cuh (pass 2) step by step: rounds of ALIGN_THREADS
-    /// ids, warps of 32 lanes, `__match_any_sync` groups, one leader per (warp, expert) recording
-    /// its group's size and setting the warp's bit in the expert's mask; an id's position is the
-    /// cursor plus the groups of lower warps in the mask plus its rank among the group's lower
-    /// lanes; the last warp's leader moves the cursor. Returns (sorted ids, inverse).
-    fn align_kernel_placement(ids: &[i32], begin: i32, experts: u32) -> (Vec<i32>, Vec<i32>) {
+    /// templates/moe/align.cuh step by step: rounds of ALIGN_THREADS ids, warps of 32 lanes,
+    /// `__match_any_sync` groups and their leaders. Pass 1 counts; 16 warps of 32 experts scan
+    /// (count, tiles per list) with per-warp inclusive scans plus the totals of the lower warps,
+    /// and each expert's thread writes its offset and tiles; pass 2 places: leaders record their
+    /// group's size and set their warp's bit in the expert's mask, an id lands at cursor + the
+    /// groups of the lower warps in the mask + its rank, and between rounds the last warp's leader
+    /// moves the cursor and clears the mask (the group sizes stay, valid only where a mask says).
+    fn align_kernel_model(ids: &[i32], begin: i32, experts: u32) -> RouteSchedule {
         const THREADS: usize = crate::moe::config::ALIGN_THREADS as usize;
+        let (r_n, e_n) = (ids.len(), experts as usize);
         let local = |i: usize| -> i32 {
             let e = ids[i] as i64 - begin as i64;
             if e >= 0 && e < experts as i64 {
@@ -230,24 +233,92 @@ mod tests {
                 -1
             }
         };
-        let offsets = RouteSchedule::build(ids, begin, experts).offsets;
-        let mut cursor = offsets[..experts as usize].to_vec();
-        let mut sorted = vec![-1; offsets[experts as usize] as usize];
-        let mut inverse = vec![i32::MIN; ids.len()];
-        for r0 in (0..ids.len()).step_by(THREADS) {
+        // one round's experts (-1: not local or past the ids) and match groups
+        let round = |r0: usize| -> (Vec<i32>, Vec<u32>) {
             let e: Vec<i32> =
-                (0..THREADS).map(|t| if r0 + t < ids.len() { local(r0 + t) } else { -1 }).collect();
-            // __match_any_sync: the lanes of the warp with the same value
-            let peers: Vec<u32> = (0..THREADS)
+                (0..THREADS).map(|t| if r0 + t < r_n { local(r0 + t) } else { -1 }).collect();
+            let peers = (0..THREADS)
                 .map(|t| {
                     let w = t / 32 * 32;
                     (0..32).filter(|&l| e[w + l] == e[t]).fold(0u32, |m, l| m | 1 << l)
                 })
                 .collect();
-            let leader = |t: usize| e[t] >= 0 && t % 32 == peers[t].trailing_zeros() as usize;
-            let mut mask = vec![0u32; experts as usize];
-            let mut group = vec![[0u16; 32]; experts as usize];
-            for t in (0..THREADS).filter(|&t| leader(t)) {
+            (e, peers)
+        };
+        let leader =
+            |e: i32, peers: u32, t: usize| e >= 0 && t % 32 == peers.trailing_zeros() as usize;
+        // pass 1
+        let mut count = vec![0i32; e_n];
+        for r0 in (0..r_n).step_by(THREADS) {
+            let (e, peers) = round(r0);
+            for t in 0..THREADS {
+                if r0 == 0 && leader(e[t], peers[t], t) {
+                    count[e[t] as usize] += peers[t].count_ones() as i32;
+                } else if r0 > 0 && e[t] >= 0 {
+                    count[e[t] as usize] += 1;
+                }
+            }
+        }
+        // the scan: thread x of the 16 scanning warps holds expert x
+        const V: usize = 1 + TILE_BLOCK_M.len();
+        let max_e = MAX_EXPERTS as usize;
+        let v: Vec<[i32; V]> = (0..max_e)
+            .map(|x| {
+                let c = if x < e_n { count[x] } else { 0 };
+                let mut row = [c; V];
+                for (l, bm) in TILE_BLOCK_M.iter().enumerate() {
+                    row[1 + l] = (c + *bm as i32 - 1) / *bm as i32;
+                }
+                row
+            })
+            .collect();
+        let mut incl = v.clone();
+        for x in (0..max_e).filter(|x| x % 32 != 0) {
+            let prev = incl[x - 1];
+            for (a, b) in incl[x].iter_mut().zip(prev) {
+                *a += b;
+            }
+        }
+        let warp_total: Vec<[i32; V]> = (0..max_e / 32).map(|w| incl[w * 32 + 31]).collect();
+        let mut offsets = vec![0i32; e_n + 1];
+        let mut cursor = vec![0i32; e_n];
+        let mut tiles: [Vec<Tile>; TILE_BLOCK_M.len()] = Default::default();
+        let mut firsts = vec![[0i32; V]; e_n];
+        for x in 0..e_n {
+            let mut excl = [0i32; V];
+            for j in 0..V {
+                excl[j] =
+                    incl[x][j] - v[x][j] + warp_total[..x / 32].iter().map(|t| t[j]).sum::<i32>();
+            }
+            firsts[x] = excl;
+            cursor[x] = excl[0];
+            offsets[x] = excl[0];
+            if x == e_n - 1 {
+                offsets[e_n] = excl[0] + v[x][0];
+            }
+        }
+        for (l, bm) in TILE_BLOCK_M.iter().enumerate() {
+            let total = firsts.last().map_or(0, |f| f[1 + l]) + v[e_n - 1][1 + l];
+            let mut list = vec![None; total as usize];
+            for x in 0..e_n {
+                let c = v[x][0];
+                for j in 0..v[x][1 + l] {
+                    let rows = (*bm as i32).min(c - j * *bm as i32) as u32;
+                    let first_row = (firsts[x][0] + j * *bm as i32) as u32;
+                    list[(firsts[x][1 + l] + j) as usize] =
+                        Some(Tile { expert: x as u32, first_row, rows });
+                }
+            }
+            tiles[l] = list.into_iter().map(|t| t.expect("every tile slot written")).collect();
+        }
+        // pass 2: masks and group sizes persist across rounds, as in shared memory
+        let mut sorted = vec![-1; offsets[e_n] as usize];
+        let mut inverse = vec![i32::MIN; r_n];
+        let mut mask = vec![0u32; e_n];
+        let mut group = vec![[u16::MAX; 32]; e_n];
+        for r0 in (0..r_n).step_by(THREADS) {
+            let (e, peers) = round(r0);
+            for t in (0..THREADS).filter(|&t| leader(e[t], peers[t], t)) {
                 group[e[t] as usize][t / 32] = peers[t].count_ones() as u16;
                 mask[e[t] as usize] |= 1 << (t / 32);
             }
@@ -255,7 +326,7 @@ mod tests {
             for t in 0..THREADS {
                 let (i, warp, lane) = (r0 + t, t / 32, t % 32);
                 if e[t] < 0 {
-                    if i < ids.len() {
+                    if i < r_n {
                         inverse[i] = -1;
                     }
                     continue;
@@ -267,42 +338,45 @@ mod tests {
                 let pos = cursor[x] + below + (peers[t] & ((1u32 << lane) - 1)).count_ones() as i32;
                 sorted[pos as usize] = i as i32;
                 inverse[i] = pos;
-                if leader(t) && mask[x] >> warp == 1 {
+                if leader(e[t], peers[t], t) && mask[x] >> warp == 1 {
                     moves.push((x, below + peers[t].count_ones() as i32));
                 }
             }
             for (x, d) in moves {
                 cursor[x] += d;
+                mask[x] = 0;
             }
         }
-        (sorted, inverse)
+        RouteSchedule { offsets, sorted_ids: sorted, inverse, tiles }
     }
 
     #[test]
-    fn the_align_kernels_placement_is_the_stable_counting_sort() {
+    fn the_align_kernel_model_is_the_stable_counting_sort() {
         // one round (decode) and several (prefill), uniform and skewed, all experts local or a
-        // slice of them (expert parallelism), top_k 8 and 1
-        for (tokens, top_k, begin, experts, routing) in [
-            (1u32, 8u32, 0i32, 256u32, Routing::Uniform),
-            (64, 8, 0, 256, Routing::Uniform),
-            (128, 8, 0, 256, Routing::Skewed),
-            (300, 8, 0, 256, Routing::Uniform),
-            (600, 8, 224, 32, Routing::Skewed),
-            (1000, 1, 0, 256, Routing::Uniform),
-            (2500, 1, 96, 32, Routing::Uniform),
+        // slice of them (expert parallelism), top_k 8 and 1, 1 to 512 experts
+        for (tokens, top_k, total, begin, experts, routing) in [
+            (1u32, 8u32, 256u32, 0i32, 256u32, Routing::Uniform),
+            (64, 8, 256, 0, 256, Routing::Uniform),
+            (128, 8, 256, 0, 256, Routing::Skewed),
+            (300, 8, 256, 0, 256, Routing::Uniform),
+            (600, 8, 256, 224, 32, Routing::Skewed),
+            (1000, 1, 256, 0, 256, Routing::Uniform),
+            (2500, 1, 256, 96, 32, Routing::Uniform),
+            (200, 8, 512, 0, 512, Routing::Uniform),
+            (700, 4, 512, 100, 33, Routing::Uniform),
+            (300, 2, 64, 5, 1, Routing::Uniform),
         ] {
-            let ids = draw_routing(tokens as u64 + 5, tokens, top_k, 256, routing);
+            let ids = draw_routing(tokens as u64 + 5, tokens, top_k, total, routing);
             let want = RouteSchedule::build(&ids, begin, experts);
-            let (sorted, inverse) = align_kernel_placement(&ids, begin, experts);
-            assert_eq!(sorted, want.sorted_ids, "B {tokens} top_k {top_k} experts {experts}");
-            assert_eq!(inverse, want.inverse, "B {tokens} top_k {top_k} experts {experts}");
+            assert_eq!(
+                align_kernel_model(&ids, begin, experts),
+                want,
+                "B {tokens} top_k {top_k} experts {begin}..+{experts}"
+            );
         }
         // every id to one expert: one group per warp, 32 warps per round
         let ids = vec![7; 3000];
-        assert_eq!(
-            align_kernel_placement(&ids, 0, 8).0,
-            RouteSchedule::build(&ids, 0, 8).sorted_ids
-        );
+        assert_eq!(align_kernel_model(&ids, 0, 8), RouteSchedule::build(&ids, 0, 8));
     }
 
     #[test]

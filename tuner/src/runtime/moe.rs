@@ -17,7 +17,7 @@ use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
 use crate::moe::config::{
-    align_source, finalize_source, ALIGN_THREADS, FINALIZE_SLOT_GROUPS, FINALIZE_THREADS,
+    align_source, finalize_source, ALIGN_THREADS, FINALIZE_GROUPED_SLOTS, FINALIZE_THREADS,
 };
 use crate::moe::{max_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
@@ -66,9 +66,11 @@ pub struct MoeKernels {
     pub family: Family,
     align: Kernel,
     quantize: Kernel,
-    /// One finalize kernel per slot group (`FINALIZE_SLOT_GROUPS`: whole groups first).
-    finalize: [Kernel; 2],
-    /// CTAs per SM of the grouped finalize kernel (`finalize[0]`) at its register count.
+    /// The finalize kernel that reads a token's slots in groups (`FINALIZE_GROUPED_SLOTS`), and
+    /// the one that reads one slot at a time.
+    finalize_grouped: Kernel,
+    finalize_single: Kernel,
+    /// CTAs of `finalize_grouped` that one SM holds at its register count.
     finalize_grouped_ctas: u32,
 }
 
@@ -86,25 +88,26 @@ impl MoeKernels {
             config: quantize::QUANTIZE_KERNEL.into(),
             reason: e.to_string(),
         })?;
-        let [grouped, single] = FINALIZE_SLOT_GROUPS.map(|g| compile(finalize_source(arch, g)));
-        let (grouped, single) = (grouped?, single?);
-        let registers = grouped.stats.map_or(64, |s| s.registers.max(1));
+        let grouped = compile(finalize_source(arch, FINALIZE_GROUPED_SLOTS))?;
+        // ptxas reports the registers (no report: assume the cap of one CTA per SM's threads)
+        let registers = grouped.stats.map_or(255, |s| s.registers);
         Ok(Self {
             family,
             align: load(align_source(arch))?,
             quantize: load(quantizer)?,
-            finalize: [gpu.load(&*grouped, 0)?, gpu.load(&*single, 0)?],
-            finalize_grouped_ctas: finalize_ctas_per_sm(registers),
+            finalize_grouped: gpu.load(&*grouped, 0)?,
+            finalize_single: load(finalize_source(arch, 1))?,
+            finalize_grouped_ctas: finalize_ctas_per_sm(registers, gpu.sm_limits()?),
         })
     }
 }
 
-/// CTAs of the finalize kernel (FINALIZE_THREADS threads) that fit on one SM at `registers` per
-/// thread: the finalize kernel whose slots are read in groups takes a grid that fits in one wave
-/// of these, the one-slot kernel a larger grid.
-fn finalize_ctas_per_sm(registers: u32) -> u32 {
-    let per_cta = FINALIZE_THREADS * registers.next_multiple_of(8);
-    (65_536 / per_cta).clamp(1, 2048 / FINALIZE_THREADS)
+/// CTAs of a finalize kernel (FINALIZE_THREADS threads, `registers` per thread, no shared
+/// memory) that one SM holds, given the SM's (threads, registers); registers are allocated per
+/// thread in multiples of 8.
+fn finalize_ctas_per_sm(registers: u32, (sm_threads, sm_registers): (u32, u32)) -> u32 {
+    let per_cta = FINALIZE_THREADS * registers.max(1).next_multiple_of(8);
+    (sm_registers / per_cta).min(sm_threads / FINALIZE_THREADS).max(1)
 }
 
 /// Byte offsets of one workspace's regions (each 256-byte aligned).
@@ -537,8 +540,13 @@ impl MoeLauncher<'_> {
         };
         let grid = (args.tokens, n.div_ceil(FINALIZE_THREADS * 8), 1);
         let dims = LaunchDims { grid, block: (FINALIZE_THREADS, 1, 1), smem_bytes: 0 };
+        // the grouped kernel when its grid fits in one wave of it, else the one-slot kernel
         let one_wave = self.kernels.finalize_grouped_ctas * self.gpu.info().sm_count;
-        let kernel = &self.kernels.finalize[usize::from(grid.0 * grid.1 > one_wave)];
+        let kernel = if grid.0 * grid.1 <= one_wave {
+            &self.kernels.finalize_grouped
+        } else {
+            &self.kernels.finalize_single
+        };
         // SAFETY: the finalize kernels take one MoeFinalizeParams; hidden % 8 == 0 (checked when
         // the layer was built), buffers per the contract above.
         unsafe { self.gpu.launch_params_on_stream(kernel, dims, &p, stream) }?;
@@ -676,14 +684,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finalize_ctas_per_sm_follow_the_register_file() {
-        // 256 threads: 32 registers fill an SM with 8 CTAs, 64 with 4; allocation in 8s
-        assert_eq!(finalize_ctas_per_sm(32), 8);
-        assert_eq!(finalize_ctas_per_sm(40), 6);
-        assert_eq!(finalize_ctas_per_sm(64), 4);
-        assert_eq!(finalize_ctas_per_sm(60), 4);
-        assert_eq!(finalize_ctas_per_sm(255), 1);
-        assert_eq!(finalize_ctas_per_sm(1), 8);
+    fn finalize_ctas_per_sm_follow_registers_and_threads() {
+        // H200 (2048 threads, 64 Ki registers per SM) and SM120 (1536 threads)
+        let (h200, sm120) = ((2048, 65_536), (1536, 65_536));
+        assert_eq!(finalize_ctas_per_sm(60, h200), 4);
+        assert_eq!(finalize_ctas_per_sm(64, h200), 4);
+        assert_eq!(finalize_ctas_per_sm(40, h200), 6);
+        assert_eq!(finalize_ctas_per_sm(32, h200), 8);
+        assert_eq!(finalize_ctas_per_sm(32, sm120), 6);
+        assert_eq!(finalize_ctas_per_sm(60, sm120), 4);
+        assert_eq!(finalize_ctas_per_sm(255, h200), 1);
+        assert_eq!(finalize_ctas_per_sm(0, h200), 8);
     }
 
     #[test]
