@@ -1,0 +1,347 @@
+//! The grouped layers of a dispatch table at run time: per layer shape and activation type the
+//! kernels chosen per token count (nearest bucket in log scale), and the operations an open
+//! dispatcher exposes.
+
+use super::*;
+
+/// The kernels of one layer shape and activation type, chosen per token count: (bucket, index
+/// into `kernels`) per op, buckets ascending; a token count takes the nearest bucket in log scale
+/// (ties: the larger). Buckets that chose the same configuration share one loaded kernel.
+#[derive(Debug)]
+pub struct MoeRoutes {
+    pub shape: MoeShape,
+    pub a_type: AType,
+    kernels: Vec<GroupedKernel>,
+    gate_up: Vec<(u32, usize)>,
+    down: Vec<(u32, usize)>,
+}
+
+impl MoeRoutes {
+    /// Load every (op, bucket, config) of one shape and activation type: the distinct
+    /// configurations compiled in parallel, each loaded once.
+    pub fn load(
+        gpu: &Gpu,
+        compiler: &Compiler,
+        shape: MoeShape,
+        a_type: AType,
+        choices: &[(MoeOp, u32, GroupedConfig)],
+    ) -> Result<Self, RuntimeError> {
+        if shape.hidden % 16 != 0 || shape.inter % 16 != 0 {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "{shape}: hidden and inter must be multiples of 16"
+            )));
+        }
+        let family = crate::runtime::family_for(gpu.info())?;
+        let mut configs: Vec<GroupedConfig> = Vec::new();
+        for (_, _, c) in choices {
+            c.check(&shape)
+                .map_err(|e| RuntimeError::Render { config: c.name(), reason: e.reason })?;
+            if c.a_type != a_type || c.family != family {
+                return Err(RuntimeError::Render {
+                    config: c.name(),
+                    reason: format!(
+                        "a {} {} kernel in the {} {family} routes",
+                        c.family, c.a_type, a_type
+                    ),
+                });
+            }
+            if !configs.contains(c) {
+                configs.push(*c);
+            }
+        }
+        let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
+        let mut kernels = Vec::with_capacity(configs.len());
+        for ((c, src), r) in configs.iter().zip(&sources).zip(compiler.compile_many(&sources)) {
+            let compiled = r.map_err(|error| RuntimeError::Compile {
+                config: src.kernel_name.clone(),
+                error,
+            })?;
+            kernels.push(GroupedKernel::from_compiled(gpu, *c, &compiled)?);
+        }
+        let index =
+            |c: &GroupedConfig| configs.iter().position(|x| x == c).expect("collected above");
+        let mut routes =
+            MoeRoutes { shape, a_type, kernels, gate_up: Vec::new(), down: Vec::new() };
+        for (op, bucket, config) in choices {
+            let k = index(config);
+            match op {
+                MoeOp::GateUp => routes.gate_up.push((*bucket, k)),
+                MoeOp::Down => routes.down.push((*bucket, k)),
+            }
+        }
+        routes.gate_up.sort_by_key(|(b, _)| *b);
+        routes.down.sort_by_key(|(b, _)| *b);
+        if routes.gate_up.is_empty() || routes.down.is_empty() {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "{shape} ({a_type}): the table has no grouped gate_up or down entry"
+            )));
+        }
+        Ok(routes)
+    }
+
+    /// The kernel for `tokens` of `op`.
+    pub fn pick(&self, op: MoeOp, tokens: u32) -> &GroupedKernel {
+        let list = match op {
+            MoeOp::GateUp => &self.gate_up,
+            MoeOp::Down => &self.down,
+        };
+        &self.kernels[list[nearest_bucket(list.iter().map(|(b, _)| *b), tokens)].1]
+    }
+}
+
+/// Index of the bucket nearest to `tokens` in log scale (ties: the larger); `buckets` ascending,
+/// not empty.
+pub fn nearest_bucket(buckets: impl Iterator<Item = u32>, tokens: u32) -> usize {
+    let t = (tokens.max(1) as f64).ln();
+    let mut best = (f64::INFINITY, 0usize);
+    for (i, b) in buckets.enumerate() {
+        let d = ((b.max(1) as f64).ln() - t).abs();
+        if d <= best.0 {
+            best = (d, i);
+        }
+    }
+    best.1
+}
+
+/// The grouped layers of a dispatch table, loaded at open: every layer shape's routes and the
+/// fixed kernels.
+#[derive(Debug)]
+pub struct MoeRuntime {
+    kernels: MoeKernels,
+    layers: Vec<MoeRoutes>,
+}
+
+impl MoeRuntime {
+    /// Load the table's grouped entries (grouped by layer shape). A table whose grouped templates
+    /// differ from this build's loads anyway (the kernels are rebuilt from this build's
+    /// templates) with a warning pushed to `warnings`.
+    pub fn load(
+        gpu: &Gpu,
+        compiler: &Compiler,
+        table: &crate::table::Table,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<Self>, RuntimeError> {
+        if table.moe.is_empty() {
+            return Ok(None);
+        }
+        // The entries of this device's family (a table is measured on one device, so all of
+        // them or none).
+        let family = crate::runtime::family_for(gpu.info())?;
+        if table.moe.iter().any(|e| e.key.family != family) {
+            warnings.push(format!(
+                "the table's grouped MoE entries are not all for the {family} family of {}: the \
+                 grouped layer is not available",
+                gpu.info().name
+            ));
+            return Ok(None);
+        }
+        let now = crate::moe::config::template_hash();
+        if table.moe_template_hash.as_deref() != Some(now.as_str()) {
+            warnings.push(
+                "the grouped MoE entries were tuned with other kernel templates: their kernels are built from \
+                 this build's templates, their recorded times may not hold (re-tune with `fp4tune tune --moe-only`)"
+                    .into(),
+            );
+        }
+        let mut layers_of: Vec<(MoeShape, AType)> = Vec::new();
+        for e in &table.moe {
+            let layer = (e.key.shape(), e.key.a_type);
+            if !layers_of.contains(&layer) {
+                layers_of.push(layer);
+            }
+        }
+        let mut layers = Vec::with_capacity(layers_of.len());
+        for (shape, a_type) in layers_of {
+            let choices: Vec<_> = table
+                .moe
+                .iter()
+                .filter(|e| e.key.shape() == shape && e.key.a_type == a_type)
+                .map(|e| (e.key.op, e.key.tokens, e.config))
+                .collect();
+            layers.push(MoeRoutes::load(gpu, compiler, shape, a_type, &choices)?);
+        }
+        Ok(Some(MoeRuntime { kernels: MoeKernels::load(gpu, compiler)?, layers }))
+    }
+
+    /// The layer shapes the table has grouped entries for (each once).
+    pub fn shapes(&self) -> Vec<MoeShape> {
+        let mut out: Vec<MoeShape> = Vec::new();
+        for l in &self.layers {
+            if !out.contains(&l.shape) {
+                out.push(l.shape);
+            }
+        }
+        out
+    }
+
+    fn routes(&self, shape: &MoeShape, a_type: AType) -> Result<&MoeRoutes, RuntimeError> {
+        self.layers.iter().find(|l| l.shape == *shape && l.a_type == a_type).ok_or_else(|| {
+            RuntimeError::InvalidArgument(format!(
+                "the table has no {a_type} grouped entries for the layer {shape} (it has: {})",
+                self.layers
+                    .iter()
+                    .map(|l| format!("{} {}", l.a_type, l.shape))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))
+        })
+    }
+}
+
+/// The grouped operations of an open dispatcher (`Dispatcher::moe`).
+#[derive(Debug, Clone, Copy)]
+pub struct MoeOps<'a> {
+    pub(in crate::runtime) gpu: &'a Gpu,
+    pub(in crate::runtime) runtime: &'a MoeRuntime,
+}
+
+impl MoeOps<'_> {
+    fn launcher(&self) -> MoeLauncher<'_> {
+        MoeLauncher { gpu: self.gpu, kernels: &self.runtime.kernels }
+    }
+
+    /// A workspace for one stream's launches of `shape` with up to `max_tokens` tokens (both
+    /// activation types).
+    pub fn workspace(
+        &self,
+        shape: MoeShape,
+        max_tokens: u32,
+    ) -> Result<MoeWorkspace, RuntimeError> {
+        if !self.runtime.shapes().contains(&shape) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "the table has no grouped entries for the layer {shape} (it has: {})",
+                self.runtime.shapes().iter().map(|s| s.to_string()).collect::<Vec<_>>().join("; ")
+            )));
+        }
+        MoeWorkspace::new(self.gpu, shape, max_tokens)
+    }
+
+    /// The configurations the W4A16 layer launches for `tokens` (gate_up, down), no launch.
+    pub fn route(
+        &self,
+        shape: &MoeShape,
+        tokens: u32,
+    ) -> Result<(GroupedConfig, GroupedConfig), RuntimeError> {
+        self.route_for(shape, AType::Bf16, tokens)
+    }
+
+    /// The configurations the layer of activation type `a_type` launches for `tokens`.
+    pub fn route_for(
+        &self,
+        shape: &MoeShape,
+        a_type: AType,
+        tokens: u32,
+    ) -> Result<(GroupedConfig, GroupedConfig), RuntimeError> {
+        let r = self.runtime.routes(shape, a_type)?;
+        Ok((r.pick(MoeOp::GateUp, tokens).config, r.pick(MoeOp::Down, tokens).config))
+    }
+
+    /// The whole layer on `stream`: align, (W4A4 with bf16 X) the quantization of X, gate_up
+    /// (SiLU(gate) * up into the workspace), down, and the router-weighted sum into `args.y`.
+    /// No allocation, no synchronization.
+    ///
+    /// # Safety
+    /// Every pointer of `args` must be a device buffer of this context of the documented size
+    /// (`MoeArgs`) for `ws.shape` and `args.tokens`, alive until the work on `stream` completes;
+    /// `ws` must not be used by launches on other streams meanwhile; `stream` 0 or a live stream
+    /// of the device's primary context.
+    pub unsafe fn layer(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let r = self.runtime.routes(&ws.shape, args.a_type())?;
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe {
+            self.launcher().layer(
+                r.pick(MoeOp::GateUp, args.tokens),
+                r.pick(MoeOp::Down, args.tokens),
+                args,
+                ws,
+                stream,
+            )
+        }
+    }
+
+    /// moe_align alone: the routed-row schedule of `args.topk_ids` into `ws`.
+    ///
+    /// # Safety
+    /// As `layer` (only `topk_ids` is read).
+    pub unsafe fn align(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        if args.tokens == 0 || args.tokens > ws.layout.max_tokens || args.topk_ids == 0 {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "{} tokens (the workspace holds 1..={}) with topk_ids {:#x}",
+                args.tokens, ws.layout.max_tokens, args.topk_ids
+            )));
+        }
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe { self.launcher().align(args, ws, stream) }
+    }
+
+    /// gate_up alone over the schedule `align` wrote into `ws` for the same tokens: H (sorted
+    /// order, `[rows, inter]` bf16; W4A4 also NVFP4) in the workspace (`MoeWorkspace::h`,
+    /// `MoeWorkspace::h_fp4`). W4A4 with bf16 X quantizes X first.
+    ///
+    /// # Safety
+    /// As `layer`; `align` ran on `ws` for these tokens earlier on `stream`.
+    pub unsafe fn gate_up(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        args.validate(ws)?;
+        let r = self.runtime.routes(&ws.shape, args.a_type())?;
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe {
+            if args.quantizes_x() {
+                self.launcher().quantize_x(args, ws, stream)?;
+            }
+            self.launcher().grouped(r.pick(MoeOp::GateUp, args.tokens), args, ws, stream)
+        }
+    }
+
+    /// down and the router-weighted sum into `args.y`, from the H in `ws`.
+    ///
+    /// # Safety
+    /// As `gate_up`; `gate_up` (or a caller's writes of H) happened on `ws` earlier on `stream`.
+    pub unsafe fn down(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        args.validate(ws)?;
+        let r = self.runtime.routes(&ws.shape, args.a_type())?;
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe {
+            self.launcher().grouped(r.pick(MoeOp::Down, args.tokens), args, ws, stream)?;
+            self.launcher().finalize(args, ws, stream)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_counts_take_the_nearest_bucket_in_log_scale() {
+        let b = [1u32, 8, 64, 256];
+        let pick = |t| b[nearest_bucket(b.iter().copied(), t)];
+        assert_eq!(pick(1), 1);
+        assert_eq!(pick(2), 1);
+        assert_eq!(pick(3), 8);
+        assert_eq!(pick(8), 8);
+        assert_eq!(pick(20), 8);
+        assert_eq!(pick(23), 64);
+        assert_eq!(pick(100), 64);
+        assert_eq!(pick(4096), 256);
+    }
+}
