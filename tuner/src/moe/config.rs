@@ -830,7 +830,7 @@ pub fn align_source(arch: Arch) -> KernelSource {
 }
 
 /// The finalize kernel reading its slots in groups of `slot_group` (one of
-/// [`FINALIZE_SLOT_GROUPS`]; templates/moe/finalize.cuh).
+/// [`FINALIZE_GROUPED_SLOTS`], [`FINALIZE_SINGLE_SLOT`]; templates/moe/finalize.cuh).
 pub fn finalize_source(arch: Arch, slot_group: u32) -> KernelSource {
     KernelSource::from_unit(
         format!("fp4tune_moe_finalize_s{slot_group}"),
@@ -887,8 +887,8 @@ pub const FINALIZE_THREADS: u32 = 256;
 /// (grids of one wave); the other finalize kernel reads one slot at a time (more CTAs per SM for
 /// larger grids).
 pub const FINALIZE_GROUPED_SLOTS: u32 = 8;
-/// Both finalize kernels' slot groups.
-pub const FINALIZE_SLOT_GROUPS: [u32; 2] = [FINALIZE_GROUPED_SLOTS, 1];
+/// The slot group of the finalize kernel that reads one slot at a time.
+pub const FINALIZE_SINGLE_SLOT: u32 = 1;
 
 #[cfg(test)]
 mod tests {
@@ -1286,7 +1286,9 @@ mod tests {
         let mut sources = Vec::new();
         for arch in [Arch::Sm90a, Arch::Sm120a] {
             sources.push(align_source(arch));
-            sources.extend(FINALIZE_SLOT_GROUPS.map(|g| finalize_source(arch, g)));
+            sources.extend(
+                [FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT].map(|g| finalize_source(arch, g)),
+            );
         }
         let mut warp_rings = std::collections::HashSet::new();
         for op in MoeOp::ALL {

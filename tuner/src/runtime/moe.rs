@@ -17,7 +17,8 @@ use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
 use crate::moe::config::{
-    align_source, finalize_source, ALIGN_THREADS, FINALIZE_GROUPED_SLOTS, FINALIZE_THREADS,
+    align_source, finalize_source, ALIGN_THREADS, FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT,
+    FINALIZE_THREADS,
 };
 use crate::moe::{max_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
@@ -70,8 +71,9 @@ pub struct MoeKernels {
     /// the one that reads one slot at a time.
     finalize_grouped: Kernel,
     finalize_single: Kernel,
-    /// CTAs of `finalize_grouped` that one SM holds at its register count.
-    finalize_grouped_ctas: u32,
+    /// The largest grid of `finalize_grouped` that runs in one wave (its CTAs per SM at its
+    /// register count, times the SMs); larger grids take `finalize_single`.
+    finalize_grouped_wave: u32,
 }
 
 impl MoeKernels {
@@ -96,8 +98,9 @@ impl MoeKernels {
             align: load(align_source(arch))?,
             quantize: load(quantizer)?,
             finalize_grouped: gpu.load(&*grouped, 0)?,
-            finalize_single: load(finalize_source(arch, 1))?,
-            finalize_grouped_ctas: finalize_ctas_per_sm(registers, gpu.sm_limits()?),
+            finalize_single: load(finalize_source(arch, FINALIZE_SINGLE_SLOT))?,
+            finalize_grouped_wave: finalize_ctas_per_sm(registers, gpu.sm_limits()?)
+                * gpu.info().sm_count,
         })
     }
 }
@@ -292,8 +295,7 @@ impl MoeLauncher<'_> {
         let grid = (args.tokens, n.div_ceil(FINALIZE_THREADS * 8), 1);
         let dims = LaunchDims { grid, block: (FINALIZE_THREADS, 1, 1), smem_bytes: 0 };
         // the grouped kernel when its grid fits in one wave of it, else the one-slot kernel
-        let one_wave = self.kernels.finalize_grouped_ctas * self.gpu.info().sm_count;
-        let kernel = if grid.0 * grid.1 <= one_wave {
+        let kernel = if grid.0 * grid.1 <= self.kernels.finalize_grouped_wave {
             &self.kernels.finalize_grouped
         } else {
             &self.kernels.finalize_single
