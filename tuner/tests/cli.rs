@@ -312,7 +312,7 @@ fn table_check_compares_template_hashes_without_a_device() {
     assert!(warning.contains("foreign.ron") && warning.contains("abababab"), "{warning}");
     // A change under templates/moe/ leaves the committed grouped entries stale until they are
     // re-tuned on a GPU: one more warning, and --strict refuses the committed table for it.
-    let stale_moe = !table.contains(&fp4tune::moe::config::template_hash());
+    let stale_moe = !table.contains(&fp4tune::moe::templates::template_hash());
     let warnings = if stale_moe { "2 warnings" } else { "1 warning" };
     assert!(stdout.contains(&format!("foreign.ron: ok, {warnings}")), "{stdout}");
 

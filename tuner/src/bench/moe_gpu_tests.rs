@@ -8,7 +8,7 @@
 //! equal to the layer with X quantized on the CPU).
 
 use super::*;
-use crate::moe::config::search_space_for;
+use crate::moe::space::search_space_for;
 
 fn quick() -> TimingPolicy {
     TimingPolicy {

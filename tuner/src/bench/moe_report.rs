@@ -218,7 +218,7 @@ mod tests {
     fn screen_csv_has_one_record_per_candidate_and_keeps_failures_on_one_line() {
         use crate::bench::moe::Measured;
         use crate::moe::{MoeOp, MoeShape};
-        let space = crate::moe::config::search_space(MoeOp::Down, &MoeShape::GLM5_TP8);
+        let space = crate::moe::space::search_space(MoeOp::Down, &MoeShape::GLM5_TP8);
         let s = crate::bench::Summary { n: 5, median: 4.5, lo: 4.25, hi: 4.75, min: 4.0, max: 5.0 };
         let logs = vec![(
             "tp8".to_string(),

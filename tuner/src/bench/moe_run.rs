@@ -79,16 +79,16 @@ pub fn screen_candidates(
     extra: &[GroupedConfig],
     keep: impl Fn(&GroupedConfig) -> bool,
 ) -> Vec<GroupedConfig> {
-    let mut space = crate::moe::config::search_space_for(family, a_type, op, shape);
+    let mut space = crate::moe::space::search_space_for(family, a_type, op, shape);
     space.retain(&keep);
     let (tiled, streamed): (Vec<_>, Vec<_>) = space.into_iter().partition(|c| c.tiled);
     let rows_per_expert = step.rows() / step.active_experts().max(1);
-    let wgmma_ok = rows_per_expert >= crate::moe::config::WGMMA_MIN_ROWS_PER_EXPERT;
+    let wgmma_ok = rows_per_expert >= crate::moe::space::WGMMA_MIN_ROWS_PER_EXPERT;
     let tiled: Vec<_> = tiled.into_iter().filter(|c| !c.wgmma || wgmma_ok).collect();
     let tiled_only =
-        rows_per_expert >= crate::moe::config::TILED_ONLY_ROWS_PER_EXPERT && !tiled.is_empty();
+        rows_per_expert >= crate::moe::space::TILED_ONLY_ROWS_PER_EXPERT && !tiled.is_empty();
     let mut space = if tiled_only { Vec::new() } else { spread(streamed, max) };
-    if rows_per_expert >= crate::moe::config::TILED_MIN_ROWS_PER_EXPERT {
+    if rows_per_expert >= crate::moe::space::TILED_MIN_ROWS_PER_EXPERT {
         space.extend(tiled);
     }
     let seeds = crate::moe::seeds::measured_seeds(family, a_type, op);
@@ -282,7 +282,7 @@ mod tests {
     fn screens_take_the_tiled_kernels_by_rows_per_expert() {
         let shape = MoeShape::GLM5_TP8;
         let key = (Family::Sm90, AType::Bf16, MoeOp::GateUp);
-        let space = crate::moe::config::search_space(MoeOp::GateUp, &shape);
+        let space = crate::moe::space::search_space(MoeOp::GateUp, &shape);
         let tiled_space = space.iter().filter(|c| c.tiled).count();
         let wgmma_space = space.iter().filter(|c| c.wgmma).count();
         assert!(wgmma_space >= 12);

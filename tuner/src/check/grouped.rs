@@ -20,8 +20,8 @@ use crate::bench::timer::{measure as time_launches, LaunchFn};
 use crate::bench::{Summary, TimingPolicy};
 use crate::compile::Compiler;
 use crate::gpu::{Gpu, GpuError};
-use crate::moe::config::search_space_for;
 use crate::moe::schedule::Routing;
+use crate::moe::space::search_space_for;
 use crate::moe::{GroupedConfig, MoeOp};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeKernels, MoeLauncher};
@@ -308,7 +308,7 @@ mod tests {
         assert_eq!(gate_up_for(&t.moe, &s, Family::Sm90, AType::Bf16), Some(e.config));
         assert_eq!(
             gate_up_for(std::slice::from_ref(down), &s, Family::Sm90, AType::Bf16),
-            crate::moe::config::search_space(MoeOp::GateUp, &s.shape).first().copied()
+            crate::moe::space::search_space(MoeOp::GateUp, &s.shape).first().copied()
         );
         // A W4A4 down entry reads the H of a W4A4 gate_up kernel, never of the W4A16 entry.
         let w4a4 = gate_up_for(&t.moe, &s, Family::Sm90, AType::Nvfp4).unwrap();

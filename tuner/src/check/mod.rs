@@ -405,7 +405,7 @@ mod tests {
         let mut t = crate::table::Table::load(&root.join("nvidia-h200.ron")).unwrap();
         // The grouped templates as this build has them (whether the committed table is current
         // is the table tests' business).
-        t.moe_template_hash = Some(crate::moe::config::template_hash());
+        t.moe_template_hash = Some(crate::moe::templates::template_hash());
         let (measured, not) = grouped_split(&t);
         assert_eq!((measured.len(), not.len()), (t.moe.len(), 0));
         // Stale grouped templates: no grouped entry is measured, the GEMM entries still are.

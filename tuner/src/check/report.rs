@@ -552,7 +552,7 @@ pub(crate) mod tests {
                 top_k: shape.top_k,
                 tokens,
             },
-            config: crate::moe::config::search_space(op, &shape)[0],
+            config: crate::moe::space::search_space(op, &shape)[0],
             routing_seed: 0x5EED_0000 + tokens as u64,
             old_median_us: e.old_median_us,
             new: e.new,

@@ -149,7 +149,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         compiler.nvrtc_version().0,
         compiler.nvrtc_version().1,
         plan.policy.describe(),
-        fp4tune::moe::config::template_hash(),
+        fp4tune::moe::templates::template_hash(),
         report::utc_now(),
         if a.tables.is_empty() {
             "no table: the family defaults".to_string()
@@ -313,7 +313,7 @@ pub fn tune_phase(
     let keys: std::collections::HashSet<_> = entries.iter().map(|e| e.key).collect();
     table.moe.retain(|e| !keys.contains(&e.key));
     table.moe.extend(entries);
-    table.moe_template_hash = Some(fp4tune::moe::config::template_hash());
+    table.moe_template_hash = Some(fp4tune::moe::templates::template_hash());
     table.save(&path)?;
     let mut jsonl = String::new();
     for (key, measured) in &logs {

@@ -30,6 +30,8 @@ pub mod reference;
 pub mod schedule;
 pub mod seeds;
 pub mod sm120;
+pub mod space;
+pub mod templates;
 pub mod tiled;
 pub mod wgmma;
 

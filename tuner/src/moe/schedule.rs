@@ -223,7 +223,7 @@ mod tests {
     /// groups of the lower warps in the mask + its rank, and between rounds the last warp's leader
     /// moves the cursor and clears the mask (the group sizes stay, valid only where a mask says).
     fn align_kernel_model(ids: &[i32], begin: i32, experts: u32) -> RouteSchedule {
-        const THREADS: usize = crate::moe::config::ALIGN_THREADS as usize;
+        const THREADS: usize = crate::moe::templates::ALIGN_THREADS as usize;
         let (r_n, e_n) = (ids.len(), experts as usize);
         let local = |i: usize| -> i32 {
             let e = ids[i] as i64 - begin as i64;

@@ -128,7 +128,7 @@ pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedCo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::moe::config::search_space_for;
+    use crate::moe::space::search_space_for;
     use crate::moe::MoeShape;
 
     /// Every seed is a configuration of the space of a GLM-5 layer it was measured on (so a change

@@ -138,7 +138,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
 
 /// The distinct kernels (walks share one) of the sm120 grouped spaces of both ops for `shapes`.
 pub fn distinct_kernels(shapes: &[MoeShape]) -> Vec<GroupedConfig> {
-    super::config::distinct_kernels(shapes, search_space)
+    super::space::distinct_kernels(shapes, search_space)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -406,10 +406,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let compiler =
             Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
-        let configs = super::super::config::distinct_kernels(
-            &[MoeShape::GLM5_TP8, MoeShape::GLM5_EP8],
-            space,
-        );
+        let configs =
+            super::super::space::distinct_kernels(&[MoeShape::GLM5_TP8, MoeShape::GLM5_EP8], space);
         let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
         let mut problems = Vec::new();
         for (c, r) in configs.iter().zip(compiler.compile_many(&sources)) {

@@ -16,7 +16,7 @@ use crate::gpu::moe_params::{MoeAlignParams, MoeFinalizeParams, MoeGroupedParams
 use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
-use crate::moe::config::{
+use crate::moe::templates::{
     align_source, finalize_source, ALIGN_THREADS, FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT,
     FINALIZE_THREADS,
 };

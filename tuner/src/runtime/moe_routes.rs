@@ -135,7 +135,7 @@ impl MoeRuntime {
             ));
             return Ok(None);
         }
-        let now = crate::moe::config::template_hash();
+        let now = crate::moe::templates::template_hash();
         if table.moe_template_hash.as_deref() != Some(now.as_str()) {
             warnings.push(
                 "the grouped MoE entries were tuned with other kernel templates: their kernels are built from \

@@ -220,7 +220,7 @@ impl MoeRouteTable {
             l.gate_up.sort_by_key(|(b, _)| *b);
             l.down.sort_by_key(|(b, _)| *b);
         }
-        let now = crate::moe::config::template_hash();
+        let now = crate::moe::templates::template_hash();
         let stale_templates =
             !table.moe.is_empty() && table.moe_template_hash.as_deref() != Some(now.as_str());
         MoeRouteTable { layers, stale_templates }
@@ -337,7 +337,7 @@ mod tests {
             e.key.a_type == crate::problem::AType::Bf16 && [1, 8, 64, 256].contains(&e.key.tokens)
         });
         assert_eq!(t.moe.len(), 8, "both ops at B = 1, 8, 64, 256 in {}", path.display());
-        t.moe_template_hash = Some(crate::moe::config::template_hash());
+        t.moe_template_hash = Some(crate::moe::templates::template_hash());
         t
     }
 

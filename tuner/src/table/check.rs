@@ -164,7 +164,7 @@ impl Table {
             })
             .collect();
         if !self.moe.is_empty() || self.moe_template_hash.is_some() {
-            let current = crate::moe::config::template_hash();
+            let current = crate::moe::templates::template_hash();
             if self.moe_template_hash.as_deref() != Some(current.as_str()) {
                 out.push(Mismatch::MoeTemplateHash {
                     table: self.moe_template_hash.clone(),

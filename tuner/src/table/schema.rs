@@ -255,7 +255,7 @@ pub struct Table {
     /// The timing policy the medians were measured under, in words.
     pub timing_policy: String,
     pub entries: Vec<Entry>,
-    /// Hash of the grouped kernels' templates (`moe::config::template_hash`) when `moe` is not empty.
+    /// Hash of the grouped kernels' templates (`moe::templates::template_hash`) when `moe` is not empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_template_hash: Option<String>,
     /// Grouped MoE entries (version 3).
@@ -912,8 +912,8 @@ pub(crate) mod tests {
     fn with_moe() -> Table {
         let mut t = sample();
         let shape = MoeShape::GLM5_TP8;
-        let config = crate::moe::config::search_space(MoeOp::Down, &shape)[0];
-        t.moe_template_hash = Some(crate::moe::config::template_hash());
+        let config = crate::moe::space::search_space(MoeOp::Down, &shape)[0];
+        t.moe_template_hash = Some(crate::moe::templates::template_hash());
         t.moe.push(MoeEntry {
             key: MoeKey {
                 op: MoeOp::Down,
@@ -965,8 +965,7 @@ pub(crate) mod tests {
         let mut t = with_moe();
         let shape = t.moe[0].key.shape();
         let w4a4 =
-            crate::moe::config::search_space_for(Family::Sm90, AType::Nvfp4, MoeOp::Down, &shape)
-                [0];
+            crate::moe::space::search_space_for(Family::Sm90, AType::Nvfp4, MoeOp::Down, &shape)[0];
         t.moe[0].key.a_type = AType::Nvfp4;
         t.moe[0].config = w4a4;
         t.validate("t.ron").unwrap();
@@ -974,7 +973,7 @@ pub(crate) mod tests {
         assert_eq!(Table::from_ron_str(&text, "t.ron").unwrap().moe, t.moe);
         // A W4A16 kernel under a W4A4 key, or a key of another family, is refused.
         let mut bad = t.clone();
-        bad.moe[0].config = crate::moe::config::search_space(MoeOp::Down, &shape)[0];
+        bad.moe[0].config = crate::moe::space::search_space(MoeOp::Down, &shape)[0];
         let e = bad.validate("t.ron").unwrap_err().to_string();
         assert!(e.contains("moe entry 1") && e.contains("sm90 w4a16 kernel"), "{e}");
         let mut bad = t.clone();
@@ -984,7 +983,7 @@ pub(crate) mod tests {
         // An sm120 table (compute capability 12.0) holds sm120 W4A4 grouped entries; an sm90
         // device does not run them, and sm120 W4A16 keys do not exist.
         let sm120 =
-            crate::moe::config::search_space_for(Family::Sm120, AType::Nvfp4, MoeOp::Down, &shape)
+            crate::moe::space::search_space_for(Family::Sm120, AType::Nvfp4, MoeOp::Down, &shape)
                 [0];
         let mut t120 = t.clone();
         t120.device.compute_capability = (12, 0);

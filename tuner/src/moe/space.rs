@@ -1,0 +1,258 @@
+//! The grouped search space as data: per family, activation type, op and layer shape, every
+//! legal combination of the value lists below (`GroupedConfig::check` prunes it), and the distinct
+//! kernels of a space.
+
+use super::config::{GroupedConfig, MoeOp};
+use super::MoeShape;
+use crate::problem::AType;
+use crate::template::Family;
+
+/// The grouped search space of family sm90 with bf16 activations (W4A16) for one op and shape.
+pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
+    search_space_for(Family::Sm90, AType::Bf16, op, shape)
+}
+
+/// The grouped search space of one family and activation type for one op and shape: every legal
+/// combination of the value lists below (the space is data; `check` prunes it). Family sm120 has
+/// W4A4 only (`super::sm120::search_space`); other combinations are empty.
+pub fn search_space_for(
+    family: Family,
+    a_type: AType,
+    op: MoeOp,
+    shape: &MoeShape,
+) -> Vec<GroupedConfig> {
+    if family == Family::Sm120 {
+        return if a_type == AType::Nvfp4 {
+            super::sm120::search_space(op, shape)
+        } else {
+            Vec::new()
+        };
+    }
+    let (_, k) = shape.nk(op);
+    let mut out = Vec::new();
+    // (block_n, warps_n) pairs, warps_k, split_k, register-ring depths, warp-ring stages,
+    // min_ctas and walk values per op.
+    struct Lists {
+        tiles: &'static [(u32, u32)],
+        warps_k: &'static [u32],
+        splits: &'static [u32],
+        depths: &'static [u32],
+        stages: &'static [u32],
+        min_ctas: &'static [u32],
+        walks: &'static [u32],
+    }
+    let lists = match (op, a_type) {
+        // long K: many warps along K (in-CTA reduction), 1-2 K slices
+        (MoeOp::GateUp, AType::Bf16) => Lists {
+            tiles: &[(16, 1), (32, 1), (64, 2), (64, 4)],
+            warps_k: &[4, 8, 16],
+            splits: &[1, 2],
+            depths: &[1, 2, 3],
+            stages: &[2, 3, 4],
+            min_ctas: &[1, 2, 4],
+            walks: &[0, 1, 2],
+        },
+        // W4A4: 32 or 64 weight rows per warp (whole 16-column blocks of H); NVFP4 activations
+        // take a third of the ring's registers, so the ring can be deeper
+        (MoeOp::GateUp, AType::Nvfp4) => Lists {
+            tiles: &[(32, 1), (64, 2), (64, 1)],
+            warps_k: &[4, 8],
+            splits: &[1, 2],
+            depths: &[1, 2, 4],
+            stages: &[4],
+            min_ctas: &[1, 2, 4],
+            walks: &[0, 2],
+        },
+        // short K: many weight rows per CTA, a persistent walk
+        (MoeOp::Down, AType::Bf16) => Lists {
+            tiles: &[(32, 2), (64, 4), (128, 4), (128, 8), (256, 8)],
+            warps_k: &[1, 2],
+            splits: &[1],
+            depths: &[1, 2],
+            stages: &[2],
+            min_ctas: &[1, 2, 4],
+            walks: &[0, 2, 4],
+        },
+        (MoeOp::Down, AType::Nvfp4) => Lists {
+            tiles: &[(32, 2), (64, 4), (128, 4), (128, 8)],
+            warps_k: &[1, 2],
+            splits: &[1],
+            depths: &[1, 2],
+            stages: &[2],
+            min_ctas: &[1, 2, 4],
+            walks: &[0, 2, 4],
+        },
+    };
+    let Lists { tiles, warps_k, splits, depths, stages, min_ctas, walks } = lists;
+    let rings = depths.iter().map(|&d| (false, d)).chain(stages.iter().map(|&d| (true, d)));
+    let rings: Vec<(bool, u32)> = rings.collect();
+    for block_m in [8, 16, 32] {
+        for &(block_n, warps_n) in tiles {
+            for &wk in warps_k {
+                for &split_k in splits {
+                    // one pass per K slice when it fits, else the smallest legal pass (W4A4:
+                    // passes of 256 k per warp)
+                    let slice = k / split_k;
+                    let passes: &[u32] = if a_type == AType::Nvfp4 {
+                        &[slice, 256 * wk]
+                    } else {
+                        &[slice, 128 * wk, 256 * wk]
+                    };
+                    for &block_k in passes {
+                        for &(warp_ring, depth) in &rings {
+                            for &mc in min_ctas {
+                                for &walk in walks {
+                                    let c = GroupedConfig {
+                                        op,
+                                        block_m,
+                                        block_n,
+                                        block_k,
+                                        warps_n,
+                                        warps_k: wk,
+                                        depth,
+                                        split_k,
+                                        min_ctas: mc,
+                                        walk,
+                                        family,
+                                        a_type,
+                                        warp_ring,
+                                        tiled: false,
+                                        warps_m: 1,
+                                        wgmma: false,
+                                    };
+                                    if c.check(shape).is_ok() && !out.contains(&c) {
+                                        out.push(c);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if a_type == AType::Bf16 {
+        out.extend(tiled_space(op, shape));
+        out.extend(super::wgmma::space(op, shape));
+    }
+    out
+}
+
+/// Routed rows per active expert from which a grouped screen measures every tiled configuration
+/// ([`GroupedConfig::tiled`]); below it their tiles of 16 or 32 rows are mostly empty.
+pub const TILED_MIN_ROWS_PER_EXPERT: u32 = 4;
+/// Routed rows per active expert from which a grouped screen measures the wgmma configurations
+/// ([`GroupedConfig::wgmma`]) among the tiled ones: their tiles have 32 to 128 rows, and at 8
+/// rows per expert and fewer the best of them is 1.4-1.8x slower than the pick on the H200
+/// (`results/h200/nvidia-h200-moe-w4a16-wgmma.jsonl.gz`, `nvidia-h200-ep8-moe-w4a16-wgmma.jsonl.gz`).
+pub const WGMMA_MIN_ROWS_PER_EXPERT: u32 = 16;
+/// Routed rows per active expert from which a grouped screen measures only tiled configurations:
+/// there the streamed kernels, which decode every weight once per tile of at most 32 rows and
+/// load the activations once per weight tile, are several times slower.
+pub const TILED_ONLY_ROWS_PER_EXPERT: u32 = 32;
+
+/// The tiled kernel's configurations (W4A16): routed-row tiles of 16 to 128 (one or two warps
+/// along them), 64 to 256 weight rows over 2 to 8 warps along N, 128 k per stage in 3 or 4
+/// stages or 256 k in 2 or 3.
+fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
+    // (block_m, [(block_n, warps_m, warps_n)], [(block_k, stages)]); the 64- and 128-row tiles
+    // keep to the combinations that compile without spills
+    type Tiles = &'static [(u32, u32, u32)];
+    type Stages = &'static [(u32, u32)];
+    const SMALL: Stages = &[(128, 3), (128, 4), (256, 2), (256, 3)];
+    const K128: Stages = &[(128, 3), (128, 4)];
+    const LARGE: Stages = &[(128, 3), (128, 4), (256, 2)];
+    let small: Tiles = &[(64, 1, 2), (128, 1, 4), (128, 1, 8), (256, 1, 8)];
+    let lists: [(u32, Tiles, Stages); 6] = [
+        (16, small, SMALL),
+        (32, small, SMALL),
+        (64, &[(64, 1, 2), (128, 1, 4)], K128),
+        (64, &[(128, 1, 8), (128, 2, 4)], LARGE),
+        (128, &[(128, 1, 8), (128, 2, 4)], K128),
+        (128, &[(128, 1, 8)], &[(256, 2)]),
+    ];
+    let mut out = Vec::new();
+    for (block_m, tiles, stages) in lists {
+        for &(block_n, warps_m, warps_n) in tiles {
+            for &(block_k, depth) in stages {
+                let c = GroupedConfig {
+                    op,
+                    block_m,
+                    block_n,
+                    block_k,
+                    warps_n,
+                    warps_k: 1,
+                    depth,
+                    split_k: 1,
+                    min_ctas: 1,
+                    walk: 0,
+                    family: Family::Sm90,
+                    a_type: AType::Bf16,
+                    warp_ring: false,
+                    tiled: true,
+                    warps_m,
+                    wgmma: false,
+                };
+                if c.check(shape).is_ok() {
+                    out.push(c);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The distinct kernels of `space` (per op and shape) over both ops of `shapes`: configurations
+/// that differ only in their walk share one kernel, kept once with walk 0.
+pub fn distinct_kernels(
+    shapes: &[MoeShape],
+    space: impl Fn(MoeOp, &MoeShape) -> Vec<GroupedConfig>,
+) -> Vec<GroupedConfig> {
+    let mut out: Vec<GroupedConfig> = Vec::new();
+    for shape in shapes {
+        for op in MoeOp::ALL {
+            for c in space(op, shape) {
+                if !out.iter().any(|x| x.kernel_name() == c.kernel_name()) {
+                    out.push(GroupedConfig { walk: 0, ..c });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_search_space_is_legal_and_covers_both_ops_of_both_glm5_shapes() {
+        for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
+            for op in MoeOp::ALL {
+                let space = search_space(op, &shape);
+                assert!(space.len() >= 20, "{op} {shape}: {} configurations", space.len());
+                for c in &space {
+                    c.check(&shape).unwrap();
+                    assert_eq!((c.op, c.family, c.a_type), (op, Family::Sm90, AType::Bf16));
+                }
+                let w4a4 = search_space_for(Family::Sm90, AType::Nvfp4, op, &shape);
+                assert!(w4a4.len() >= 20, "{op} {shape}: {} W4A4 configurations", w4a4.len());
+                for c in &w4a4 {
+                    c.check(&shape).unwrap();
+                    assert_eq!((c.op, c.family, c.a_type), (op, Family::Sm90, AType::Nvfp4));
+                    if op == MoeOp::GateUp {
+                        assert_eq!(c.block_n / c.warps_n % 32, 0, "{c}: whole H blocks per warp");
+                    }
+                }
+                assert!(w4a4.iter().any(|c| c.walk > 0) && w4a4.iter().any(|c| c.walk == 0));
+                assert!(search_space_for(Family::Sm120, AType::Bf16, op, &shape).is_empty());
+                for bm in [8, 16] {
+                    assert!(space.iter().any(|c| c.block_m == bm), "{op}: no block_m {bm}");
+                }
+                assert!(space.iter().any(|c| c.walk > 0) && space.iter().any(|c| c.walk == 0));
+                assert!(space.iter().any(|c| c.warp_ring) && space.iter().any(|c| !c.warp_ring));
+                assert!(w4a4.iter().any(|c| c.warp_ring), "{op} {shape}: no W4A4 warp ring");
+            }
+        }
+    }
+}
