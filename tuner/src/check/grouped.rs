@@ -347,15 +347,31 @@ mod tests {
         }
         let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
         let t = committed();
-        let mut moe: Vec<MoeEntry> = t
-            .moe
-            .iter()
-            .filter(|e| [1, 8].contains(&e.key.tokens) && e.key.a_type == AType::Bf16)
-            .cloned()
-            .collect();
-        assert_eq!(moe.len(), 4);
+        // W4A4 first: its down leaves an NVFP4 H in the step's workspace, which the W4A16 down
+        // entries of the same routing must not be judged on.
+        let pick = |a_type: AType, tokens: &[u32]| -> Vec<MoeEntry> {
+            t.moe
+                .iter()
+                .filter(|e| tokens.contains(&e.key.tokens) && e.key.a_type == a_type)
+                .cloned()
+                .collect()
+        };
+        let mut moe = pick(AType::Nvfp4, &[1]);
+        moe.extend(pick(AType::Bf16, &[1, 8]));
+        assert_eq!(moe.len(), 6);
+        let w4a4_down = moe.iter().find(|e| e.key.op == MoeOp::Down).unwrap();
+        assert!(
+            moe.iter().any(|e| e.key.a_type == AType::Bf16
+                && e.key.op == MoeOp::Down
+                && e.routing_seed == w4a4_down.routing_seed),
+            "one routing for both activation types at B = 1"
+        );
         // A down entry alone in its step (another seed): H from the gate_up space's first kernel.
-        let mut lone = moe.iter().find(|e| e.key.op == MoeOp::Down).unwrap().clone();
+        let mut lone = moe
+            .iter()
+            .find(|e| e.key.op == MoeOp::Down && e.key.a_type == AType::Bf16)
+            .unwrap()
+            .clone();
         lone.routing_seed += 1000;
         moe.push(lone);
         let policy = TimingPolicy::quick();
