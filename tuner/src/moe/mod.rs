@@ -36,7 +36,7 @@ pub mod tiled;
 pub mod wgmma;
 
 pub use config::{GroupedConfig, MoeOp};
-pub use schedule::{max_tiles, RouteSchedule, TILE_BLOCK_M};
+pub use schedule::{list_tiles, max_tiles, RouteSchedule, TILE_BLOCK_M};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -9,10 +9,18 @@ pub const TILE_BLOCK_M: [u32; 5] = [8, 16, 32, 64, 128];
 pub const MAX_EXPERTS: u32 = 512;
 
 /// Capacity of every tile list for `tokens * top_k` routed ids over `experts` local experts:
-/// sum over experts of ceil(rows / 8) <= min(experts, rows) + rows / 8.
+/// the bound of the list of 8-row tiles, the longest (`list_tiles`).
 pub fn max_tiles(tokens: u32, top_k: u32, experts: u32) -> u32 {
+    list_tiles(tokens, top_k, experts, TILE_BLOCK_M[0])
+}
+
+/// Most tiles the list of `block_m`-row tiles can hold for `tokens * top_k` routed ids over
+/// `experts` local experts: sum over experts of ceil(rows_e / block_m) <= min(experts, rows) +
+/// rows / block_m (each non-empty expert adds at most one partial tile). A one-tile-per-CTA
+/// grid of this height leaves no CTA of a full list without its tile and launches few empty ones.
+pub fn list_tiles(tokens: u32, top_k: u32, experts: u32, block_m: u32) -> u32 {
     let rows = tokens * top_k;
-    experts.min(rows) + rows / 8
+    experts.min(rows) + rows / block_m
 }
 
 /// One tile: up to BLOCK_M consecutive sorted rows of one expert.
@@ -192,8 +200,9 @@ mod tests {
                 next += t.rows;
             }
             assert_eq!(next, s.rows());
-            let tokens = ids.len() as u32; // with top_k = 1 in the bound below
-            assert!(s.tiles[l].len() as u32 <= max_tiles(tokens, 1, experts));
+            let tokens = ids.len() as u32; // with top_k = 1 in the bounds below
+            assert!(s.tiles[l].len() as u32 <= list_tiles(tokens, 1, experts, *bm));
+            assert!(list_tiles(tokens, 1, experts, *bm) <= max_tiles(tokens, 1, experts));
         }
     }
 

@@ -495,15 +495,25 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     let options = Options { cache_dir: Some(cache.path().to_path_buf()), ..Options::default() };
     let disp = Dispatcher::open_with(Some((&table, path.as_path())), &options).unwrap();
     let shape = crate::moe::MoeShape::GLM5_TP8;
-    assert_eq!(disp.moe_layers(), vec![(shape, AType::Bf16)]);
+    let mut layers = disp.moe_layers();
+    layers.sort_by_key(|&(_, a)| a != AType::Bf16);
+    assert_eq!(layers, vec![(shape, AType::Bf16), (shape, AType::Nvfp4)]);
     assert!(!disp.report().moe_layers.is_empty(), "{}", disp.report());
-    for tokens in [1, 2, 3, 5, 8, 20, 23, 100, 700, 1024, 4096, 100_000] {
-        let r = disp.moe_route(&shape, AType::Bf16, tokens).unwrap();
-        let (gate_up, down) = disp.moe().unwrap().route(&shape, tokens).unwrap();
-        assert_eq!((r.gate_up.config, r.down.config), (gate_up, down), "B={tokens}: {r}");
-        let entry = |op, b| table.moe.iter().find(|e| e.key.op == op && e.key.tokens == b).unwrap();
-        assert_eq!(entry(crate::moe::MoeOp::GateUp, r.gate_up.bucket).config, gate_up);
-        assert_eq!(entry(crate::moe::MoeOp::Down, r.down.bucket).config, down);
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        for tokens in [1, 2, 3, 5, 8, 20, 23, 100, 700, 1024, 4096, 100_000] {
+            let r = disp.moe_route(&shape, a_type, tokens).unwrap();
+            let (gate_up, down) = disp.moe().unwrap().route_for(&shape, a_type, tokens).unwrap();
+            let at = format!("{a_type:?} B={tokens}: {r}");
+            assert_eq!((r.gate_up.config, r.down.config), (gate_up, down), "{at}");
+            let entry = |op, b| {
+                let e = table.moe.iter().find(|e| {
+                    e.key.op == op && e.key.tokens == b && e.key.a_type == a_type
+                });
+                e.unwrap_or_else(|| panic!("{at}: no {op:?} entry of bucket {b}")).config
+            };
+            assert_eq!(entry(crate::moe::MoeOp::GateUp, r.gate_up.bucket), gate_up, "{at}");
+            assert_eq!(entry(crate::moe::MoeOp::Down, r.down.bucket), down, "{at}");
+        }
     }
     let e = disp.moe_route(&crate::moe::MoeShape::GLM5_EP8, AType::Bf16, 8).unwrap_err();
     assert!(e.to_string().contains("no grouped route"), "{e}");

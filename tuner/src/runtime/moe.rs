@@ -20,7 +20,7 @@ use crate::moe::templates::{
     align_source, finalize_source, ALIGN_THREADS, FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT,
     FINALIZE_THREADS,
 };
-use crate::moe::{max_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
+use crate::moe::{list_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
 use crate::template::{quantize, Family};
 
@@ -258,15 +258,18 @@ impl MoeLauncher<'_> {
             k: k as i32,
             top_k: shape.top_k as i32,
         };
-        let max_tiles = max_tiles(args.tokens, shape.top_k, shape.experts);
+        // grid y: the bound of the kernel's own tile list, not the workspace's capacity (the
+        // 8-row list's): a one-tile-per-CTA kernel of 64-row tiles at B = 4096 would otherwise
+        // launch 8x the CTAs it can use, the rest only to read tile_count and exit.
+        let bound = list_tiles(args.tokens, shape.top_k, shape.experts, c.block_m);
         let dims = LaunchDims {
-            grid: c.grid(shape, max_tiles, self.gpu.info().sm_count),
+            grid: c.grid(shape, bound, self.gpu.info().sm_count),
             block: (c.threads(), 1, 1),
             smem_bytes: c.smem_bytes(),
         };
-        // SAFETY: the grouped kernel takes one MoeGroupedParams; grid y <= max_tiles of `tokens`
-        // <= the workspace's capacity; the workspace's H and X regions hold its max_tokens; the
-        // caller's buffers per the contract above.
+        // SAFETY: the grouped kernel takes one MoeGroupedParams; grid y <= its list's bound <=
+        // max_tiles of `tokens` <= the workspace's capacity; the workspace's H and X regions hold
+        // its max_tokens; the caller's buffers per the contract above.
         unsafe { self.gpu.launch_params_on_stream(&kernel.kernel, dims, &p, stream) }?;
         Ok(())
     }

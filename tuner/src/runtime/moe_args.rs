@@ -2,6 +2,7 @@
 //! at creation for a maximum token count) and the caller's buffers with their checks.
 
 use super::*;
+use crate::moe::max_tiles;
 
 /// Byte offsets of one workspace's regions (each 256-byte aligned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
