@@ -19,6 +19,7 @@ use crate::compile::Compiler;
 use crate::gpu::{DeviceBuf, Gpu, GpuError};
 use crate::moe::reference::{self, Activations, ExpertWeights, Nvfp4Rows};
 use crate::moe::schedule::{draw_routing, RouteSchedule, Routing, SplitMix64, TILE_BLOCK_M};
+use crate::moe::templates::AlignForm;
 use crate::moe::{GroupedConfig, MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeArgs, MoeKernels, MoeLauncher, MoeWorkspace};
@@ -286,17 +287,38 @@ impl StepData {
         gpu.download(self.ws.buffer())
     }
 
-    /// The GPU schedule equals the CPU one (offsets, sorted ids, inverse, every tile list).
+    /// The GPU schedule equals the CPU one (offsets, sorted ids, inverse, every tile list), for
+    /// both routing forms; the form the layer takes runs last, so its schedule stays in the
+    /// workspace.
     pub fn check_schedule(
         &self,
         gpu: &Gpu,
         launcher: &MoeLauncher<'_>,
     ) -> Result<(), MoeBenchError> {
+        let layer = AlignForm::for_ids(self.step.tokens * self.step.shape.top_k);
+        let other = match layer {
+            AlignForm::OneCta => AlignForm::Chunked,
+            AlignForm::Chunked => AlignForm::OneCta,
+        };
+        for form in [other, layer] {
+            self.check_schedule_as(gpu, launcher, form)?;
+        }
+        Ok(())
+    }
+
+    fn check_schedule_as(
+        &self,
+        gpu: &Gpu,
+        launcher: &MoeLauncher<'_>,
+        form: AlignForm,
+    ) -> Result<(), MoeBenchError> {
+        let l = &self.ws.layout;
+        // poison: no schedule entry a form leaves unwritten can pass for the CPU's value
+        gpu.fill_range(self.ws.buffer(), l.offsets..l.h, 0x5a)?;
         // SAFETY: the ids and the workspace are this device's, sized for `tokens`.
-        unsafe { launcher.align(&self.args(0, 0), &self.ws, gpu.own_stream()) }?;
+        unsafe { launcher.align_as(form, &self.args(0, 0), &self.ws, gpu.own_stream()) }?;
         gpu.synchronize()?;
         let host = self.ws_host(gpu)?;
-        let l = &self.ws.layout;
         let ints = |off: usize, n: usize| -> Vec<i32> {
             host[off..off + 4 * n]
                 .chunks(4)
@@ -306,7 +328,7 @@ impl StepData {
         let s = &self.schedule;
         let e = self.step.shape.experts as usize;
         let r = (self.step.tokens * self.step.shape.top_k) as usize;
-        let mismatch = |what: &str| Err(MoeBenchError::Schedule(what.to_string()));
+        let mismatch = |what: &str| Err(MoeBenchError::Schedule(format!("{form:?} form: {what}")));
         if ints(l.offsets, e + 1) != s.offsets {
             return mismatch("offsets");
         }
@@ -684,7 +706,7 @@ pub fn best(measured: &[Measured]) -> Option<&Measured> {
 }
 
 /// Time the whole layer (align + gate_up + down + finalize; W4A4 also the quantization of X) with
-/// the given kernels, and the align and finalize kernels alone; checks finalize's output exactly
+/// the given kernels, and the align (both forms) and finalize kernels alone; checks finalize's output exactly
 /// against the CPU mirror and, for W4A4, the X the layer quantized byte for byte against the CPU
 /// quantizer (codes, and every scale byte padding included).
 pub fn measure_layer(
@@ -748,9 +770,9 @@ pub fn measure_layer(
         // SAFETY: as in measure_op; weight copy i % copies lies inside the weight buffers.
         unsafe { launcher.layer(gate_up, down, &all_copies[i % copies], &d.ws, stream) }
     };
-    let align = move |_| {
+    let align = move |form| {
         // SAFETY: as in measure_op.
-        unsafe { launcher.align(&args, &d.ws, stream) }
+        unsafe { launcher.align_as(form, &args, &d.ws, stream) }
     };
     let finalize = move |_| {
         // SAFETY: as in measure_op.
@@ -758,7 +780,8 @@ pub fn measure_layer(
     };
     let launches: Vec<LaunchFn<'_>> = vec![
         Box::new(move |i| layer(i).map_err(to_gpu)),
-        Box::new(move |i| align(i).map_err(to_gpu)),
+        Box::new(move |_| align(AlignForm::OneCta).map_err(to_gpu)),
+        Box::new(move |_| align(AlignForm::Chunked).map_err(to_gpu)),
         Box::new(move |i| finalize(i).map_err(to_gpu)),
     ];
     let mut t = measure(gpu, policy, launches)
@@ -766,7 +789,8 @@ pub fn measure_layer(
         .map(|r| r.map(|s| Summary::of(&s.us).expect("samples")).map_err(MoeBenchError::Gpu));
     Ok(LayerTimes {
         layer: t.next().unwrap()?,
-        align: t.next().unwrap()?,
+        align_one_cta: t.next().unwrap()?,
+        align_chunked: t.next().unwrap()?,
         finalize: t.next().unwrap()?,
     })
 }
@@ -775,7 +799,9 @@ pub fn measure_layer(
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LayerTimes {
     pub layer: Summary,
-    pub align: Summary,
+    /// moe_align in both forms (`AlignForm`); the layer takes `AlignForm::for_ids`'s.
+    pub align_one_cta: Summary,
+    pub align_chunked: Summary,
     pub finalize: Summary,
 }
 

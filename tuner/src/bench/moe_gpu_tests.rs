@@ -108,6 +108,38 @@ fn step(shape: MoeShape, begin: i32, tokens: u32, routing: Routing, seed: u64) -
     MoeStep { shape, experts_total: 256, expert_begin: begin, tokens, routing, seed }
 }
 
+/// Both routing forms (one CTA; chunked) write the CPU's schedule, on routings with a partial
+/// last chunk, uniform and skewed, top_k 8, 3 and 1, expert parallelism (ids of other GPUs
+/// skipped), and the 512 local experts moe_align takes at most; each form on a poisoned
+/// schedule (`StepData::check_schedule`).
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn both_routing_forms_write_the_cpu_schedule() {
+    let (gpu, dir) = setup();
+    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
+    let kernels = MoeKernels::load(&gpu, &compiler).unwrap();
+    let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
+    let tp8 = MoeShape::GLM5_TP8;
+    let ep8 = MoeShape::GLM5_EP8;
+    let wide = MoeShape { experts: 512, ..tp8 };
+    let steps = [
+        step(tp8, 0, 1000, Routing::Uniform, 31),
+        step(tp8, 0, 515, Routing::Skewed, 32),
+        step(MoeShape { top_k: 3, ..tp8 }, 0, 1501, Routing::Uniform, 33),
+        step(MoeShape { top_k: 1, ..tp8 }, 0, 4097, Routing::Skewed, 34),
+        step(ep8, 96, 700, Routing::Uniform, 35),
+        step(ep8, 224, 2048, Routing::Skewed, 36),
+        MoeStep { experts_total: 512, ..step(wide, 0, 640, Routing::Uniform, 37) },
+    ];
+    for s in steps {
+        let d = StepData::new_for(&gpu, s, AType::Bf16, &quick()).unwrap();
+        d.check_schedule(&gpu, &launcher).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+    }
+}
+
 #[test]
 #[cfg_attr(
     not(feature = "gpu"),

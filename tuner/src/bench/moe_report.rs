@@ -3,6 +3,11 @@
 //! peers measured in the same run).
 
 use super::moe::{MoeRow, OpLog, Outcome};
+use crate::moe::templates::{ALIGN_CHUNKED_MIN_IDS, ALIGN_THREADS};
+
+/// The `impl` names of the fixed kernels' rows: moe_align in its one-CTA and chunked forms, and
+/// moe_finalize (timed alone beside each layer; not peers).
+pub const FIXED_KERNEL_ROWS: [&str; 3] = ["moe_align", "moe_align_chunked", "moe_finalize"];
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -188,12 +193,18 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
             let _ = writeln!(md, "{line}");
         }
     }
-    let fixed: Vec<&MoeRow> = rows
-        .iter()
-        .filter(|r| r.implementation == "moe_align" || r.implementation == "moe_finalize")
-        .collect();
+    let fixed: Vec<&MoeRow> =
+        rows.iter().filter(|r| FIXED_KERNEL_ROWS.contains(&r.implementation.as_str())).collect();
     if !fixed.is_empty() {
-        let _ = writeln!(md, "\n## Routing and finalize kernels alone\n\n| set | B | moe_align us | moe_finalize us |\n|---|---|---|---|");
+        let _ = writeln!(
+            md,
+            "\n## Routing and finalize kernels alone\n\nmoe_align in both forms (one CTA in rounds of \
+             {threads} ids; chunked: three launches of one CTA per {threads} ids); the layer takes the \
+             chunked form from {min} routed ids (tokens x top_k).\n\n\
+             | set | B | moe_align one CTA us | moe_align chunked us | moe_finalize us |\n|---|---|---|---|---|",
+            threads = ALIGN_THREADS,
+            min = ALIGN_CHUNKED_MIN_IDS,
+        );
         let mut keys: Vec<(String, u32)> =
             fixed.iter().map(|r| (r.set.clone(), r.tokens)).collect();
         keys.dedup();
@@ -204,7 +215,8 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
                     .find(|r| r.set == set && r.tokens == b && r.implementation == name)
                     .map_or("-".to_string(), |r| format!("{:.2}", r.median_us))
             };
-            let _ = writeln!(md, "| {set} | {b} | {} | {} |", t("moe_align"), t("moe_finalize"));
+            let [one, chunked, finalize] = FIXED_KERNEL_ROWS.map(t);
+            let _ = writeln!(md, "| {set} | {b} | {one} | {chunked} | {finalize} |");
         }
     }
     md

@@ -225,7 +225,8 @@ pub fn run_moe_bench_for(
             let layer_name = format!("fp4tune_layer{suffix}");
             for (name, t, roof) in [
                 (layer_name.as_str(), layer.layer, both as f64 / (read_gbps * 1e3)),
-                ("moe_align", layer.align, 0.0),
+                ("moe_align", layer.align_one_cta, 0.0),
+                ("moe_align_chunked", layer.align_chunked, 0.0),
                 ("moe_finalize", layer.finalize, 0.0),
             ] {
                 rows.push(MoeRow {

@@ -213,7 +213,7 @@ fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
         .iter()
         .filter(|r| {
             !r.implementation.starts_with("fp4tune_")
-                && !["moe_align", "moe_finalize"].contains(&r.implementation.as_str())
+                && !moe_report::FIXED_KERNEL_ROWS.contains(&r.implementation.as_str())
         })
         .cloned()
         .collect();

@@ -242,6 +242,36 @@ impl Gpu {
         .map_err(drv("cuMemsetD8Async"))
     }
 
+    /// Fill bytes `range` of a buffer with `byte` (asynchronously, on the stream). It writes
+    /// through a shared reference, as a kernel launch on the buffer's address does.
+    pub fn fill_range<T: DeviceRepr>(
+        &self,
+        buf: &DeviceBuf<T>,
+        range: std::ops::Range<usize>,
+        byte: u8,
+    ) -> Result<(), GpuError> {
+        if range.start > range.end || range.end > buf.bytes() {
+            return Err(GpuError::Kernel {
+                kernel: "cuMemsetD8Async".into(),
+                message: format!("bytes {range:?} outside a buffer of {} bytes", buf.bytes()),
+            });
+        }
+        if range.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the range lies inside the live allocation owned by `buf` (checked above); the
+        // stream orders the write before any later use of the buffer on it.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                buf.ptr + range.start as u64,
+                byte,
+                range.len(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(drv("cuMemsetD8Async"))
+    }
+
     fn wrap<T>(&self, slice: CudaSlice<T>) -> DeviceBuf<T> {
         let ptr = {
             let (ptr, _sync) = slice.device_ptr(&self.stream);

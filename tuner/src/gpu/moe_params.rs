@@ -24,6 +24,19 @@ pub struct MoeAlignParams {
 // the single kernel argument.
 unsafe impl DeviceRepr for MoeAlignParams {}
 
+/// `fp4tune::moe::AlignChunkParams` (templates/moe/align.cuh): the routing parameters and the
+/// chunked form's per (chunk, expert) row counts (80 bytes; the instantiation's static_assert
+/// checks both sides).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MoeAlignChunkParams {
+    pub align: MoeAlignParams,
+    pub base: u64,
+}
+
+// SAFETY: as MoeAlignParams.
+unsafe impl DeviceRepr for MoeAlignChunkParams {}
+
 /// `fp4tune::moe::GroupedParams`: 11 pointers, 1 float, 3 ints (104 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -75,6 +88,8 @@ mod tests {
         assert_eq!((size_of::<MoeAlignParams>(), align_of::<MoeAlignParams>()), (72, 8));
         assert_eq!(offset_of!(MoeAlignParams, tokens), 48);
         assert_eq!(offset_of!(MoeAlignParams, max_tiles), 64);
+        assert_eq!((size_of::<MoeAlignChunkParams>(), align_of::<MoeAlignChunkParams>()), (80, 8));
+        assert_eq!(offset_of!(MoeAlignChunkParams, base), 72);
         assert_eq!((size_of::<MoeGroupedParams>(), align_of::<MoeGroupedParams>()), (104, 8));
         assert_eq!(offset_of!(MoeGroupedParams, h_codes), 72);
         assert_eq!(offset_of!(MoeGroupedParams, h_scale), 88);

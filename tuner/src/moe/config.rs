@@ -606,7 +606,7 @@ mod tests {
     use super::*;
     use crate::moe::space::{distinct_kernels, search_space, search_space_for};
     use crate::moe::templates::{
-        align_source, finalize_source, FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT,
+        align_source, finalize_source, AlignKernel, FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT,
     };
     use crate::template::Arch;
 
@@ -921,7 +921,7 @@ mod tests {
         // The fixed kernels for both families' architectures.
         let mut sources = Vec::new();
         for arch in [Arch::Sm90a, Arch::Sm120a] {
-            sources.push(align_source(arch));
+            sources.extend(AlignKernel::ALL.map(|k| align_source(arch, k)));
             sources.extend(
                 [FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT].map(|g| finalize_source(arch, g)),
             );

@@ -4,18 +4,77 @@
 
 use crate::template::{Arch, Family, KernelSource};
 
-/// The routing and finalize kernels (fixed code, one instantiation each), for the device's `arch`.
-pub fn align_source(arch: Arch) -> KernelSource {
+/// The routing kernels (templates/moe/align.cuh): the one-CTA form, and the three launches of
+/// the chunked form that long routings take (`AlignForm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlignKernel {
+    OneCta,
+    Count,
+    Scan,
+    Place,
+}
+
+impl AlignKernel {
+    pub const ALL: [AlignKernel; 4] =
+        [AlignKernel::OneCta, AlignKernel::Count, AlignKernel::Scan, AlignKernel::Place];
+
+    /// (kernel name, device function, parameter type) of the instantiation.
+    fn entry(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            AlignKernel::OneCta => ("fp4tune_moe_align", "moe_align", "AlignParams"),
+            AlignKernel::Count => {
+                ("fp4tune_moe_align_count", "moe_align_count", "AlignChunkParams")
+            }
+            AlignKernel::Scan => ("fp4tune_moe_align_scan", "moe_align_scan", "AlignChunkParams"),
+            AlignKernel::Place => {
+                ("fp4tune_moe_align_place", "moe_align_place", "AlignChunkParams")
+            }
+        }
+    }
+}
+
+/// The routing kernels' two forms: one CTA walks the ids in rounds of `ALIGN_THREADS`, or three
+/// launches take one chunk of `ALIGN_THREADS` ids per CTA. Both write the same schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlignForm {
+    OneCta,
+    Chunked,
+}
+
+impl AlignForm {
+    /// The form a layer of `ids` routed ids (tokens * top_k) launches: chunked from
+    /// `ALIGN_CHUNKED_MIN_IDS`.
+    pub fn for_ids(ids: u32) -> Self {
+        if ids >= ALIGN_CHUNKED_MIN_IDS {
+            AlignForm::Chunked
+        } else {
+            AlignForm::OneCta
+        }
+    }
+}
+
+/// Chunks (one CTA each) of the chunked routing form for `ids` routed ids.
+pub fn align_chunks(ids: u32) -> u32 {
+    ids.div_ceil(ALIGN_THREADS).max(1)
+}
+
+/// One routing kernel (fixed code, one instantiation each), for the device's `arch`.
+pub fn align_source(arch: Arch, kernel: AlignKernel) -> KernelSource {
+    let (name, function, params) = kernel.entry();
     let unit = format!(
         "#include \"moe/align.cuh\"\n\
          static_assert(fp4tune::moe::TILE_LISTS == {lists}, \"Rust (moe::TILE_BLOCK_M) and templates/moe/params.cuh disagree on the tile lists\");\n\
-         extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::ALIGN_THREADS) fp4tune_moe_align(const fp4tune::moe::AlignParams p) {{\n\
-         \x20   fp4tune::moe::moe_align(p);\n\
+         static_assert(fp4tune::moe::ALIGN_THREADS == {threads}, \"Rust (moe::templates::ALIGN_THREADS) and templates/moe/align.cuh disagree on the routing kernels' threads\");\n\
+         static_assert(sizeof(fp4tune::moe::AlignParams) == {base} && sizeof(fp4tune::moe::AlignChunkParams) == {size}, \"gpu::MoeAlignParams / MoeAlignChunkParams (Rust) and the C structs disagree (the chunked form's base pointer follows the AlignParams)\");\n\
+         extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::ALIGN_THREADS) {name}(const fp4tune::moe::{params} p) {{\n\
+         \x20   fp4tune::moe::{function}(p);\n\
          }}\n",
-        lists = super::TILE_BLOCK_M.len()
+        lists = super::TILE_BLOCK_M.len(),
+        threads = ALIGN_THREADS,
+        size = std::mem::size_of::<crate::gpu::moe_params::MoeAlignChunkParams>(),
+        base = std::mem::offset_of!(crate::gpu::moe_params::MoeAlignChunkParams, base),
     );
-    KernelSource::from_unit("fp4tune_moe_align".to_string(), arch, &unit)
-        .expect("moe/align.cuh is embedded")
+    KernelSource::from_unit(name.to_string(), arch, &unit).expect("moe/align.cuh is embedded")
 }
 
 /// The finalize kernel reading its slots in groups of `slot_group` (one of
@@ -71,6 +130,9 @@ pub fn family_template_hash(family: Family) -> String {
 
 /// Threads of the align and finalize kernels (templates/moe/align.cuh, finalize.cuh).
 pub const ALIGN_THREADS: u32 = 1024;
+/// Routed ids (tokens * top_k) from which the layer routes with the chunked form: below, the one
+/// CTA's rounds cost less than two more launches (`bench --moe` times both forms per B).
+pub const ALIGN_CHUNKED_MIN_IDS: u32 = 4 * ALIGN_THREADS;
 pub const FINALIZE_THREADS: u32 = 256;
 /// Slots per group of the finalize kernel that keeps a token's top-8 rows in flight together
 /// (grids of one wave); the other finalize kernel reads one slot at a time (more CTAs per SM for

@@ -506,9 +506,10 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
             let at = format!("{a_type:?} B={tokens}: {r}");
             assert_eq!((r.gate_up.config, r.down.config), (gate_up, down), "{at}");
             let entry = |op, b| {
-                let e = table.moe.iter().find(|e| {
-                    e.key.op == op && e.key.tokens == b && e.key.a_type == a_type
-                });
+                let e = table
+                    .moe
+                    .iter()
+                    .find(|e| e.key.op == op && e.key.tokens == b && e.key.a_type == a_type);
                 e.unwrap_or_else(|| panic!("{at}: no {op:?} entry of bucket {b}")).config
             };
             assert_eq!(entry(crate::moe::MoeOp::GateUp, r.gate_up.bucket), gate_up, "{at}");

@@ -12,13 +12,14 @@
 
 use super::error::RuntimeError;
 use crate::compile::Compiler;
+use crate::gpu::moe_params::MoeAlignChunkParams;
 use crate::gpu::moe_params::{MoeAlignParams, MoeFinalizeParams, MoeGroupedParams};
 use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
 use crate::moe::templates::{
-    align_source, finalize_source, ALIGN_THREADS, FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT,
-    FINALIZE_THREADS,
+    align_chunks, align_source, finalize_source, AlignForm, AlignKernel, ALIGN_THREADS,
+    FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT, FINALIZE_THREADS,
 };
 use crate::moe::{list_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
@@ -65,7 +66,11 @@ impl GroupedKernel {
 pub struct MoeKernels {
     /// The device's kernel family: the grouped kernels a launcher runs must be of it.
     pub family: Family,
+    /// The routing kernels: the one-CTA form, then the chunked form's count, scan and place.
     align: Kernel,
+    align_count: Kernel,
+    align_scan: Kernel,
+    align_place: Kernel,
     quantize: Kernel,
     /// The finalize kernel that reads a token's slots in groups (`FINALIZE_GROUPED_SLOTS`), and
     /// the one that reads one slot at a time.
@@ -95,7 +100,10 @@ impl MoeKernels {
         let registers = grouped.stats.map_or(255, |s| s.registers);
         Ok(Self {
             family,
-            align: load(align_source(arch))?,
+            align: load(align_source(arch, AlignKernel::OneCta))?,
+            align_count: load(align_source(arch, AlignKernel::Count))?,
+            align_scan: load(align_source(arch, AlignKernel::Scan))?,
+            align_place: load(align_source(arch, AlignKernel::Place))?,
             quantize: load(quantizer)?,
             finalize_grouped: gpu.load(&*grouped, 0)?,
             finalize_single: load(finalize_source(arch, FINALIZE_SINGLE_SLOT))?,
@@ -128,7 +136,8 @@ pub struct MoeLauncher<'a> {
 }
 
 impl MoeLauncher<'_> {
-    /// moe_align of `args.topk_ids` into `ws`.
+    /// moe_align of `args.topk_ids` into `ws`, in the form the layer takes for its routed ids
+    /// (`AlignForm::for_ids`).
     ///
     /// # Safety
     /// `args.topk_ids` must hold `tokens * top_k` i32 on this device, `ws` be this device's, and
@@ -136,6 +145,22 @@ impl MoeLauncher<'_> {
     /// device's primary context.
     pub unsafe fn align(
         &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let form = AlignForm::for_ids(args.tokens * ws.shape.top_k);
+        // SAFETY: the caller's contract.
+        unsafe { self.align_as(form, args, ws, stream) }
+    }
+
+    /// moe_align in the given form (both write the same schedule; `bench` times both).
+    ///
+    /// # Safety
+    /// As `align`.
+    pub unsafe fn align_as(
+        &self,
+        form: AlignForm,
         args: &MoeArgs,
         ws: &MoeWorkspace,
         stream: RawStream,
@@ -154,10 +179,33 @@ impl MoeLauncher<'_> {
             experts: ws.shape.experts as i32,
             max_tiles: ws.layout.max_tiles as i32,
         };
-        let dims = LaunchDims { grid: (1, 1, 1), block: (ALIGN_THREADS, 1, 1), smem_bytes: 0 };
-        // SAFETY: the align kernel takes one MoeAlignParams; the workspace regions are sized for
-        // max_tokens >= tokens (MoeArgs::validate) and max_tiles; ids per the contract above.
-        unsafe { self.gpu.launch_params_on_stream(&self.kernels.align, dims, &p, stream) }?;
+        let dims =
+            |ctas| LaunchDims { grid: (ctas, 1, 1), block: (ALIGN_THREADS, 1, 1), smem_bytes: 0 };
+        // The workspace regions are sized for max_tokens >= tokens (MoeArgs::validate), max_tiles
+        // and the chunks of max_tokens' ids; the chunked form's launches run in order on the one
+        // stream.
+        match form {
+            AlignForm::OneCta => {
+                // SAFETY: the one-CTA kernel takes one MoeAlignParams; ids and workspace per the
+                // contract above.
+                unsafe {
+                    self.gpu.launch_params_on_stream(&self.kernels.align, dims(1), &p, stream)
+                }?
+            }
+            AlignForm::Chunked => {
+                let q = MoeAlignChunkParams { align: p, base: ws.chunk_base() };
+                let chunks = align_chunks(args.tokens * ws.shape.top_k);
+                for (kernel, ctas) in [
+                    (&self.kernels.align_count, chunks),
+                    (&self.kernels.align_scan, 1),
+                    (&self.kernels.align_place, chunks),
+                ] {
+                    // SAFETY: the chunked kernels take one MoeAlignChunkParams, whose base region
+                    // holds `chunks` rows of the experts; ids and workspace per the contract above.
+                    unsafe { self.gpu.launch_params_on_stream(kernel, dims(ctas), &q, stream) }?;
+                }
+            }
+        }
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::moe::max_tiles;
+use crate::moe::templates::align_chunks;
 
 /// Byte offsets of one workspace's regions (each 256-byte aligned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +15,8 @@ pub struct WorkspaceLayout {
     pub inverse: usize,
     pub tiles: usize,
     pub tile_count: usize,
+    /// The chunked routing form's `[chunks][experts]` row counts (`moe::templates::align_chunks`).
+    pub chunk_base: usize,
     pub h: usize,
     pub y_rows: usize,
     /// W4A4: X quantized by the layer (codes `[tokens, hidden/2]`, swizzled scales).
@@ -41,6 +44,8 @@ impl WorkspaceLayout {
         let inverse = region(rows * 4);
         let tiles = region(TILE_BLOCK_M.len() * max_tiles as usize * 16);
         let tile_count = region(TILE_BLOCK_M.len() * 4);
+        let chunks = align_chunks(rows as u32) as usize;
+        let chunk_base = region(chunks * shape.experts as usize * 4);
         let h = region(rows * shape.inter as usize * 2);
         let y_rows = region(rows * shape.hidden as usize * 2);
         let (tokens, hidden, inter) =
@@ -57,6 +62,7 @@ impl WorkspaceLayout {
             inverse,
             tiles,
             tile_count,
+            chunk_base,
             h,
             y_rows,
             x_codes,
@@ -133,6 +139,11 @@ impl MoeWorkspace {
     /// Device address of the sorted ids (`[tokens * top_k]` i32).
     pub fn sorted_ids(&self) -> u64 {
         self.at(self.layout.sorted_ids)
+    }
+
+    /// Device address of the chunked routing form's row counts.
+    pub fn chunk_base(&self) -> u64 {
+        self.at(self.layout.chunk_base)
     }
 
     /// Device address of tile list `list` and of its count.
@@ -274,6 +285,7 @@ mod tests {
             (l.inverse, 2048 * 4),
             (l.tiles, TILE_BLOCK_M.len() * l.max_tiles as usize * 16),
             (l.tile_count, TILE_BLOCK_M.len() * 4),
+            (l.chunk_base, 2 * 256 * 4),
             (l.h, 2048 * 256 * 2),
             (l.y_rows, 2048 * 6144 * 2),
             (l.x_codes, 256 * 3072),
