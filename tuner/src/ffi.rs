@@ -497,242 +497,17 @@ pub extern "C" fn fp4tune_scale_bytes(rows: i32, k: i32) -> usize {
     crate::format::swizzle::swizzled_len(rows as usize, (k / 16) as usize)
 }
 
-/// The opaque per-stream scratch of the grouped MoE operations (`fp4tune_moe_workspace` in C).
-#[derive(Debug)]
-pub struct Fp4tuneMoeWorkspace {
-    inner: crate::runtime::moe::MoeWorkspace,
-}
-
-fn moe_shape(
-    hidden: i32,
-    inter: i32,
-    experts: i32,
-    top_k: i32,
-) -> Result<crate::moe::MoeShape, Failure> {
-    if hidden <= 0 || inter <= 0 || experts <= 0 || top_k <= 0 {
-        return Err(invalid(format!(
-            "MoE layer hidden {hidden}, inter {inter}, experts {experts}, top_k {top_k}: all must be positive"
-        )));
-    }
-    Ok(crate::moe::MoeShape {
-        hidden: hidden as u32,
-        inter: inter as u32,
-        experts: experts as u32,
-        top_k: top_k as u32,
-    })
-}
-
-/// Create a workspace for one stream's grouped MoE launches of the layer (hidden, inter per GPU,
-/// local experts, top_k) with up to `max_tokens` tokens; the table must have grouped entries for
-/// that layer. Use one workspace per stream.
-///
-/// # Safety
-/// `d` must be a live handle; `out` valid for one write.
-#[no_mangle]
-pub unsafe extern "C" fn fp4tune_moe_workspace_create(
-    d: *const Fp4tuneDispatcher,
-    hidden: i32,
-    inter: i32,
-    experts: i32,
-    top_k: i32,
-    max_tokens: i32,
-    out: *mut *mut Fp4tuneMoeWorkspace,
-) -> c_int {
-    guard(|| {
-        if out.is_null() {
-            return Err(invalid("out is NULL"));
-        }
-        // SAFETY: `out` is valid for one write per the contract.
-        unsafe { *out = std::ptr::null_mut() };
-        // SAFETY: live handle per the contract.
-        let d = unsafe { handle(d)? };
-        let shape = moe_shape(hidden, inter, experts, top_k)?;
-        if max_tokens <= 0 {
-            return Err(invalid(format!("max_tokens {max_tokens} must be positive")));
-        }
-        let ws = d
-            .moe()
-            .and_then(|m| m.workspace(shape, max_tokens as u32))
-            .map_err(|e| fail(e, false))?;
-        // SAFETY: as above.
-        unsafe { *out = Box::into_raw(Box::new(Fp4tuneMoeWorkspace { inner: ws })) };
-        Ok(())
-    })
-}
-
-/// Free a workspace (after the launches that use it completed). NULL is ignored.
-///
-/// # Safety
-/// `ws` must be NULL or a live workspace, destroyed at most once.
-#[no_mangle]
-pub unsafe extern "C" fn fp4tune_moe_workspace_destroy(ws: *mut Fp4tuneMoeWorkspace) {
-    let _ = guard(|| {
-        if !ws.is_null() {
-            // SAFETY: `ws` came from Box::into_raw in fp4tune_moe_workspace_create.
-            drop(unsafe { Box::from_raw(ws) });
-        }
-        Ok(())
-    });
-}
-
-/// Which grouped operation `moe_call` launches.
-#[derive(Clone, Copy)]
-enum MoeCall {
-    Layer,
-    Align,
-    GateUp,
-    Down,
-}
-
-/// # Safety
-/// As the exported functions that call it.
-unsafe fn moe_call(
-    d: *const Fp4tuneDispatcher,
-    ws: *mut Fp4tuneMoeWorkspace,
-    args: *const crate::runtime::moe::MoeArgs,
-    stream: u64,
-    call: MoeCall,
-) -> c_int {
-    guard(|| {
-        // SAFETY: live handle per the contract.
-        let d = unsafe { handle(d)? };
-        if ws.is_null() || args.is_null() {
-            return Err(invalid("workspace or args is NULL"));
-        }
-        // SAFETY: live workspace and args per the contract (read only).
-        let (ws, args) = unsafe { (&(*ws).inner, *args) };
-        if args.tokens == 0 {
-            return Err(invalid("tokens must be positive"));
-        }
-        let m = d.moe().map_err(|e| fail(e, false))?;
-        // SAFETY: buffer, workspace and stream contract forwarded from the caller.
-        unsafe {
-            match call {
-                MoeCall::Layer => m.layer(&args, ws, stream),
-                MoeCall::Align => m.align(&args, ws, stream),
-                MoeCall::GateUp => m.gate_up(&args, ws, stream),
-                MoeCall::Down => m.down(&args, ws, stream),
-            }
-        }
-        .map_err(|e| fail(e, true))
-    })
-}
-
-/// The whole routed-expert layer on `stream`: align, gate_up (SiLU(gate) * up), down and the
-/// router-weighted sum into `args->y`. No allocation, no synchronization (capturable).
-///
-/// # Safety
-/// `d` and `ws` live; `args` valid; its buffers device memory of the documented sizes, alive until
-/// the work completes; `ws` used by no other stream meanwhile; `stream` 0 or a live stream.
-#[no_mangle]
-pub unsafe extern "C" fn fp4tune_moe_layer(
-    d: *const Fp4tuneDispatcher,
-    ws: *mut Fp4tuneMoeWorkspace,
-    args: *const crate::runtime::moe::MoeArgs,
-    stream: u64,
-) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe { moe_call(d, ws, args, stream, MoeCall::Layer) }
-}
-
-/// moe_align alone (the routed-row schedule of `args->topk_ids` into the workspace).
-///
-/// # Safety
-/// As `fp4tune_moe_layer`.
-#[no_mangle]
-pub unsafe extern "C" fn fp4tune_moe_align(
-    d: *const Fp4tuneDispatcher,
-    ws: *mut Fp4tuneMoeWorkspace,
-    args: *const crate::runtime::moe::MoeArgs,
-    stream: u64,
-) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe { moe_call(d, ws, args, stream, MoeCall::Align) }
-}
-
-/// gate_up alone over the workspace's schedule (after `fp4tune_moe_align` on the same stream).
-///
-/// # Safety
-/// As `fp4tune_moe_layer`.
-#[no_mangle]
-pub unsafe extern "C" fn fp4tune_moe_gate_up(
-    d: *const Fp4tuneDispatcher,
-    ws: *mut Fp4tuneMoeWorkspace,
-    args: *const crate::runtime::moe::MoeArgs,
-    stream: u64,
-) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe { moe_call(d, ws, args, stream, MoeCall::GateUp) }
-}
-
-/// down and the router-weighted sum into `args->y` (after `fp4tune_moe_gate_up`).
-///
-/// # Safety
-/// As `fp4tune_moe_layer`.
-#[no_mangle]
-pub unsafe extern "C" fn fp4tune_moe_down(
-    d: *const Fp4tuneDispatcher,
-    ws: *mut Fp4tuneMoeWorkspace,
-    args: *const crate::runtime::moe::MoeArgs,
-    stream: u64,
-) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe { moe_call(d, ws, args, stream, MoeCall::Down) }
-}
-
-/// Write the grouped kernels the layer launches for `tokens`, per activation type the table has
-/// grouped entries for, and why (`Dispatcher::moe_route`): "w4a16: gate_up <config> (<why>);
-/// down <config> (<why>)", where why is `exact`, the nearest bucket between two tuned ones, or
-/// the nearest bucket outside the tuned range, and whether the entries were tuned with other
-/// grouped templates; several activation types are separated by " | ". Truncated to `len`. A
-/// layer without grouped routes is an error whose message says why.
-///
-/// # Safety
-/// `d` must be a live handle; `buf` valid for `len` bytes of writes.
-#[no_mangle]
-pub unsafe extern "C" fn fp4tune_moe_route(
-    d: *const Fp4tuneDispatcher,
-    hidden: i32,
-    inter: i32,
-    experts: i32,
-    top_k: i32,
-    tokens: i32,
-    buf: *mut c_char,
-    len: usize,
-) -> c_int {
-    guard(|| {
-        // SAFETY: live handle per the contract.
-        let d = unsafe { handle(d)? };
-        let shape = moe_shape(hidden, inter, experts, top_k)?;
-        if tokens <= 0 {
-            return Err(invalid(format!("tokens {tokens} must be positive")));
-        }
-        let mut routes = Vec::new();
-        let mut first_error = None;
-        for a in [crate::problem::AType::Bf16, crate::problem::AType::Nvfp4] {
-            match d.moe_route(&shape, a, tokens as u32) {
-                Ok(r) => routes.push(r.to_string()),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if routes.is_empty() {
-            if let Some(e) = first_error {
-                return Err(fail(e, false));
-            }
-        }
-        // SAFETY: forwarded buffer contract.
-        unsafe { write_str(&routes.join(" | "), buf, len) }
-    })
-}
+#[path = "ffi_moe.rs"]
+mod moe;
+pub use moe::*;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const HEADER: &str = include_str!("../../include/fp4tune.h");
-    const THIS_FILE: &str = include_str!("ffi.rs");
+    /// This file and its child with the grouped MoE calls.
+    const THIS_FILE: &str = concat!(include_str!("ffi.rs"), include_str!("ffi_moe.rs"));
 
     /// Top-level comma count of a parameter list ("void" and "" are empty).
     fn param_count(params: &str) -> usize {
@@ -765,7 +540,7 @@ mod tests {
         out
     }
 
-    /// `extern "C" fn <name>(<params>)` definitions of this file.
+    /// `extern "C" fn <name>(<params>)` definitions of this file and its child.
     fn rust_functions() -> Vec<(String, usize)> {
         let mut out = Vec::new();
         for (i, _) in THIS_FILE.match_indices("extern \"C\" fn ") {
@@ -811,54 +586,9 @@ mod tests {
         assert!(HEADER.contains(&format!("#define FP4TUNE_ABI_VERSION {ABI_VERSION}")));
     }
 
-    fn last_error() -> String {
+    pub(super) fn last_error() -> String {
         // SAFETY: the pointer is a NUL-terminated string owned by this thread's slot.
         unsafe { CStr::from_ptr(fp4tune_last_error()) }.to_string_lossy().into_owned()
-    }
-
-    #[test]
-    fn moe_calls_refuse_null_handles_and_bad_sizes_and_scale_bytes_are_padded() {
-        assert_eq!(fp4tune_scale_bytes(512, 6144), 512 * 384);
-        assert_eq!(fp4tune_scale_bytes(1, 64), 128 * 4);
-        assert_eq!(fp4tune_scale_bytes(8, 24), 0);
-        let args = crate::runtime::moe::MoeArgs {
-            x: 0,
-            topk_ids: 0,
-            topk_weights: 0,
-            w13: 0,
-            w13_sf: 0,
-            alpha13: 0,
-            w2: 0,
-            w2_sf: 0,
-            alpha2: 0,
-            y: 0,
-            tokens: 1,
-            expert_begin: 0,
-            w4a4: 1,
-            x_scale: 1.0,
-            h_scale: 1.0,
-            reserved: 0,
-            x_fp4: 0,
-            x_sf: 0,
-        };
-        // SAFETY: NULL handles are refused before anything is dereferenced.
-        let s = unsafe { fp4tune_moe_layer(std::ptr::null(), std::ptr::null_mut(), &args, 0) };
-        assert_eq!(s, Status::InvalidArgument as c_int);
-        let mut ws: *mut Fp4tuneMoeWorkspace = std::ptr::null_mut();
-        // SAFETY: as above; `ws` is a valid out pointer.
-        let s = unsafe {
-            fp4tune_moe_workspace_create(std::ptr::null(), 6144, 256, 256, 8, 64, &mut ws)
-        };
-        assert_eq!(s, Status::InvalidArgument as c_int);
-        assert!(ws.is_null());
-        let mut buf = [0 as c_char; 64];
-        // SAFETY: as above; `buf` is valid for its length.
-        let s = unsafe {
-            fp4tune_moe_route(std::ptr::null(), 6144, 256, 256, 8, 1, buf.as_mut_ptr(), 64)
-        };
-        assert_eq!(s, Status::InvalidArgument as c_int);
-        // SAFETY: NULL is ignored.
-        unsafe { fp4tune_moe_workspace_destroy(std::ptr::null_mut()) };
     }
 
     #[test]

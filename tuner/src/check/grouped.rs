@@ -6,9 +6,10 @@
 //! the entry's recorded time by the rule, `fp4tune selftest` uses the verification only.
 //!
 //! The step of an entry ([`step_of`]): its layer shape and token count B, and the uniform routing
-//! drawn from its recorded seed. A table records the experts of the GPU only (`MoeKey::experts`),
-//! so the draw takes every expert as local (expert_begin 0), which is how the tuner draws a layer
-//! whose experts are all on the GPU. Entries that share a step share its operands; down runs on
+//! drawn from its recorded seed over the model's experts the tuner drew it over
+//! (`MoeEntry::routed_experts`: 256 for a GLM-5 EP8 entry of 32 local experts, so about one slot
+//! in eight is local), this GPU holding the first `MoeKey::experts` of them (expert_begin 0), as
+//! the tuner does. Entries that share a step share its operands; down runs on
 //! the H written by the step's gate_up entry (or, when the table has none, by the first
 //! configuration of the gate_up space).
 //!
@@ -34,7 +35,7 @@ use crate::tune::log::Outcome;
 pub fn step_of(e: &MoeEntry) -> MoeStep {
     MoeStep {
         shape: e.key.shape(),
-        experts_total: e.key.experts,
+        experts_total: e.routed_experts(),
         expert_begin: 0,
         tokens: e.key.tokens,
         routing: Routing::Uniform,
@@ -291,7 +292,16 @@ mod tests {
         let s = step_of(e);
         assert_eq!(s.shape, e.key.shape());
         assert_eq!((s.tokens, s.seed, s.routing), (e.key.tokens, e.routing_seed, Routing::Uniform));
-        assert_eq!((s.experts_total, s.expert_begin), (e.key.experts, 0));
+        assert_eq!((s.experts_total, s.expert_begin), (e.routed_experts(), 0));
+        // an EP entry's routing is drawn over the model's experts, not only the local ones
+        let ep = MoeEntry {
+            key: MoeKey { experts: 32, ..e.key },
+            experts_total: Some(256),
+            ..e.clone()
+        };
+        assert_eq!((step_of(&ep).experts_total, step_of(&ep).shape.experts), (256, 32));
+        let old = MoeEntry { experts_total: None, ..ep.clone() };
+        assert_eq!(step_of(&old).experts_total, 32);
         assert!(measurable(&e.key).is_ok());
         let other = MoeKey { family: Family::Sm120, a_type: AType::Bf16, ..e.key };
         assert!(measurable(&other).unwrap_err().contains("this entry is sm120 w4a16"));

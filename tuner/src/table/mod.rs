@@ -7,11 +7,11 @@
 //! table made on another GPU or with other kernel sources is detected at load time
 //! ([`Table::check_against`]).
 //!
-//! # Format (schema version 3)
+//! # Format (schema version 5)
 //!
 //! ```text
 //! (
-//!     schema_version: 4,
+//!     schema_version: 5,
 //!     device: (name: "NVIDIA H200", compute_capability: (9, 0), sm_count: 132),
 //!     toolchain: (nvrtc: (13, 0), driver: (13, 0)),
 //!     template_hashes: {Sm90: "3f1c..."},
@@ -64,12 +64,14 @@
 //!
 //! The grouped MoE layer has its own section, `moe: [(key: (op: GateUp, family: Sm90, a_type:
 //! Bf16, n: 512, k: 6144, experts: 256, top_k: 8, tokens: 64), config: (op: GateUp, block_m: 8,
-//! ...), median_us, interval_us, skewed_us, routing_seed, roofline_fraction), ...]`, next to
+//! ...), median_us, interval_us, skewed_us, routing_seed, roofline_fraction, experts_total:
+//! Some(256)), ...]`, next to
 //! `moe_template_hash` (the grouped kernels' template hash). A [`MoeKey`] is one projection of
 //! one layer shape (per-expert N and K, local experts, top_k) at one token count B; its
 //! [`MoeEntry`] holds the [`crate::moe::GroupedConfig`] the tuner chose and its times on the
-//! uniform routing of `routing_seed` and on the skewed guard draw. Versions 1 and 2 cannot hold
-//! the section (a file that says otherwise is refused); the runtime picks, per step, the entry
+//! uniform routing of `routing_seed` (drawn over `experts_total` experts of the model, version 5;
+//! absent: every expert local) and on the skewed guard draw. Versions 1 and 2 cannot hold the
+//! section (a file that says otherwise is refused); the runtime picks, per step, the entry
 //! whose B is nearest in log scale. The `"grouped_gemm"` op of [`TableKey`] (a grouped GEMM with
 //! a per-expert M and a `GemmConfig`) is a reserved key form that no tuner writes.
 
@@ -77,6 +79,7 @@ mod check;
 mod lookup;
 mod schema;
 mod summary;
+mod validate;
 
 pub use check::{Mismatch, MismatchPolicy, TableCheck};
 pub use lookup::{Bucket, Fallback, Lookup, LookupError, Missing, Resolved};

@@ -192,6 +192,7 @@ pub fn tune_moe(
                 skewed_us: skew[pick].median().unwrap_or(t.median),
                 routing_seed: seed,
                 roofline_fraction: bytes as f64 / (read_gbps * 1e3) / t.median,
+                experts_total: Some(spec.experts_total),
             };
             let failed = screened.iter().filter(|m| m.median().is_none()).count();
             progress(MoeTuneEvent::Chosen {
