@@ -284,6 +284,23 @@ mod tests {
         crate::table::Table::load(&root.join("nvidia-h200.ron")).unwrap()
     }
 
+    /// The committed EP8 table's entries redraw the routing they were tuned on: ids over GLM-5's
+    /// 256 routed experts, of which this GPU holds 32, so about one routed row in eight is local.
+    #[test]
+    fn ep8_entries_route_over_the_models_experts() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+        let t = crate::table::Table::load(&root.join("nvidia-h200-ep8.ron")).unwrap();
+        assert!(!t.moe.is_empty());
+        for e in t.moe.iter().filter(|e| e.key.tokens >= 64) {
+            let s = step_of(e);
+            assert_eq!((s.experts_total, s.shape.experts), (256, 32), "{}", e.key);
+            let schedule = crate::moe::RouteSchedule::build(&s.ids(), s.expert_begin, 32);
+            let all = s.tokens * s.shape.top_k;
+            let local = schedule.rows();
+            assert!(local * 5 < all && local * 12 > all, "{}: {local} of {all} rows local", e.key);
+        }
+    }
+
     #[test]
     fn an_entrys_step_is_its_shape_tokens_and_seed() {
         let t = committed();
