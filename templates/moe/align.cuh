@@ -1,5 +1,6 @@
-// moe_align: the router's topk_ids -> the routed-row schedule of params.cuh, in one CTA, with no
-// host synchronization (capturable in a CUDA graph).
+// moe_align: the router's topk_ids -> the routed-row schedule of params.cuh, in one CTA (or, for
+// long routings, the chunked form below), with no host synchronization (capturable in a CUDA
+// graph).
 //
 // Rounds take ids [1024 r, 1024 r + 1024), one per thread; inside a warp __match_any_sync groups
 // the lanes of one expert (their rank: the lanes below them), and one leader lane per (warp,
@@ -16,7 +17,7 @@
 //
 // Long routings (prefill) take the chunked form instead (moe_align_count, moe_align_scan,
 // moe_align_place below): the rounds become chunks of ALIGN_THREADS ids, one CTA each, so R ids
-// cost three launches of R / 1024 CTAs, not R / 1024 rounds of one CTA. Chunk c places its ids
+// cost two launches of R / 1024 CTAs around a one-CTA scan, not R / 1024 rounds of one CTA. Chunk c places its ids
 // from offsets[e] + the rows of expert e in chunks before c, which is moe_align's cursor at round
 // c: both forms write the same schedule, bit for bit.
 //

@@ -37,7 +37,8 @@ pub struct MoeRow {
     pub top_k: u32,
     pub tokens: u32,
     pub active_experts: u32,
-    /// `fp4tune_grouped`, `fp4tune_layer`, `moe_align`, `moe_finalize`, or a peer's name.
+    /// `fp4tune_grouped`, `fp4tune_layer`, a fixed kernel's row
+    /// (`moe_report::FIXED_KERNEL_ROWS`), or a peer's name.
     pub implementation: String,
     pub config: String,
     pub median_us: f64,

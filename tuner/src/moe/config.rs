@@ -582,7 +582,9 @@ impl GroupedConfig {
             .expect("the grouped templates are embedded")
     }
 
-    /// Grid (x, y, z) for a schedule of at most `max_tiles` tiles on `sm_count` SMs.
+    /// Grid (x, y, z) for a tile list of at most `max_tiles` tiles (the bound of the kernel's own
+    /// list, `moe::list_tiles`) on `sm_count` SMs: one CTA row per tile, or (walk) a persistent
+    /// grid clamped to it.
     pub fn grid(&self, shape: &MoeShape, max_tiles: u32, sm_count: u32) -> (u32, u32, u32) {
         let (n, _) = shape.nk(self.op);
         let gx = n.div_ceil(self.block_n);

@@ -230,11 +230,12 @@ impl Table {
                     ),
                 ));
             }
-            if e.experts_total.is_some_and(|t| t < key.experts) {
+            if e.experts_total.is_some_and(|t| t < key.experts || t > i32::MAX as u32) {
                 return Err(invalid(
                     at(),
                     format!(
-                        "experts_total {} is below the GPU's {} experts",
+                        "experts_total {} is below the GPU's {} experts or past the int32 \
+                         expert ids",
                         e.routed_experts(),
                         key.experts
                     ),
@@ -320,6 +321,8 @@ mod tests {
         bad.moe[0].experts_total = Some(8);
         let e = bad.validate("t.ron").unwrap_err().to_string();
         assert!(e.contains("experts_total 8 is below the GPU's 256 experts"), "{e}");
+        bad.moe[0].experts_total = Some(1 << 31);
+        assert!(bad.validate("t.ron").unwrap_err().to_string().contains("int32 expert ids"));
         let v4 = text.replace("schema_version: 5,", "schema_version: 4,");
         let e = Table::from_ron_str(&v4, "v4.ron").unwrap_err().to_string();
         assert!(
