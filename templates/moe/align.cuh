@@ -54,6 +54,26 @@ __device__ __forceinline__ bool is_leader(unsigned peers, int lane) {
     return lane == __ffs(peers) - 1;
 }
 
+// One round's groups (the lanes of a warp with the same local expert): the leader lane of each
+// records its rows and sets the warp's bit in the expert's mask; returns whether this lane leads.
+__device__ __forceinline__ bool record_group(int e, unsigned peers, int lane, int warp,
+                                             uint16_t (*group_rows)[ALIGN_MAX_EXPERTS], uint32_t* warp_mask) {
+    const bool leader = e >= 0 && is_leader(peers, lane);
+    if (leader) {
+        group_rows[warp][e] = static_cast<uint16_t>(__popc(peers));
+        atomicOr(&warp_mask[e], 1u << warp);
+    }
+    return leader;
+}
+
+// The rows of expert e's groups in the round's warps below `warp` (`mask`: the expert's warps).
+__device__ __forceinline__ int rows_below(uint32_t mask, const uint16_t (*group_rows)[ALIGN_MAX_EXPERTS], int e,
+                                          int warp) {
+    int below = 0;
+    for (uint32_t b = mask & ((1u << warp) - 1u); b != 0; b &= b - 1) below += group_rows[__ffs(b) - 1][e];
+    return below;
+}
+
 // The offsets and the tile lists from the rows per expert in `count`: thread e of the first
 // ALIGN_SCAN_WARPS warps scans (rows, tiles of each list) of expert e; cursor[e] = offsets[e].
 // Called by every thread of the CTA; returns after a barrier.
@@ -159,18 +179,14 @@ __device__ __forceinline__ void moe_align(const AlignParams& p) {
         const int i_next = i + ALIGN_THREADS;
         e_next = i_next < R ? local_expert(p, i_next) : -1;
         const unsigned peers = r0 == 0 ? peers0 : __match_any_sync(0xffffffffu, e);
-        const bool leader = e >= 0 && is_leader(peers, lane);
-        if (leader) {
-            group_rows[warp][e] = static_cast<uint16_t>(__popc(peers));
-            atomicOr(&warp_mask[e], 1u << warp);
-        }
+        const bool leader = record_group(e, peers, lane, warp, group_rows, warp_mask);
         __syncthreads();
         int below = 0;
         bool last = false;
         if (e >= 0) {
             const uint32_t m = warp_mask[e];
             last = (m >> warp) == 1u;
-            for (uint32_t b = m & ((1u << warp) - 1u); b != 0; b &= b - 1) below += group_rows[__ffs(b) - 1][e];
+            below = rows_below(m, group_rows, e, warp);
             const int pos = cursor[e] + below + __popc(peers & ((1u << lane) - 1u));
             p.sorted_ids[pos] = i;
             p.inverse[i] = pos;
@@ -262,15 +278,10 @@ __device__ __forceinline__ void moe_align_place(const AlignChunkParams& q) {
     for (int x = tid; x < E; x += ALIGN_THREADS) warp_mask[x] = 0;
     const int start = e >= 0 ? p.offsets[e] + q.base[static_cast<size_t>(blockIdx.x) * E + e] : 0;
     __syncthreads();
-    if (e >= 0 && is_leader(peers, lane)) {
-        group_rows[warp][e] = static_cast<uint16_t>(__popc(peers));
-        atomicOr(&warp_mask[e], 1u << warp);
-    }
+    record_group(e, peers, lane, warp, group_rows, warp_mask);
     __syncthreads();
     if (e >= 0) {
-        int below = 0;
-        for (uint32_t b = warp_mask[e] & ((1u << warp) - 1u); b != 0; b &= b - 1) below += group_rows[__ffs(b) - 1][e];
-        const int pos = start + below + __popc(peers & ((1u << lane) - 1u));
+        const int pos = start + rows_below(warp_mask[e], group_rows, e, warp) + __popc(peers & ((1u << lane) - 1u));
         p.sorted_ids[pos] = i;
         p.inverse[i] = pos;
     } else if (i < R) {

@@ -230,16 +230,7 @@ impl Gpu {
         buf: &mut DeviceBuf<T>,
         byte: u8,
     ) -> Result<(), GpuError> {
-        let bytes = buf.bytes();
-        if bytes == 0 {
-            return Ok(());
-        }
-        // SAFETY: `buf.ptr` is the start of a live allocation of `bytes` bytes owned by `buf`,
-        // which the stream orders before any later use of it.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(buf.ptr, byte, bytes, self.stream.cu_stream())
-        }
-        .map_err(drv("cuMemsetD8Async"))
+        self.fill_range(buf, 0..buf.bytes(), byte)
     }
 
     /// Fill bytes `range` of a buffer with `byte` (asynchronously, on the stream). It writes

@@ -83,30 +83,41 @@ pub struct MoeKernels {
 
 impl MoeKernels {
     pub fn load(gpu: &Gpu, compiler: &Compiler) -> Result<Self, RuntimeError> {
-        let compile = |src: crate::template::KernelSource| {
-            compiler
-                .compile(&src)
-                .map_err(|error| RuntimeError::Compile { config: src.kernel_name.clone(), error })
-        };
-        let load = |src| -> Result<Kernel, RuntimeError> { Ok(gpu.load(&*compile(src)?, 0)?) };
         let family = crate::runtime::family_for(gpu.info())?;
         let arch = family.arch();
         let quantizer = quantize::render(arch).map_err(|e| RuntimeError::Render {
             config: quantize::QUANTIZE_KERNEL.into(),
             reason: e.to_string(),
         })?;
-        let grouped = compile(finalize_source(arch, FINALIZE_GROUPED_SLOTS))?;
+        // The seven fixed kernels compile (or come from the cache) on all cores at once.
+        let sources = [
+            align_source(arch, AlignKernel::OneCta),
+            align_source(arch, AlignKernel::Count),
+            align_source(arch, AlignKernel::Scan),
+            align_source(arch, AlignKernel::Place),
+            quantizer,
+            finalize_source(arch, FINALIZE_GROUPED_SLOTS),
+            finalize_source(arch, FINALIZE_SINGLE_SLOT),
+        ];
+        let mut compiled = Vec::with_capacity(sources.len());
+        for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
+            compiled.push(r.map_err(|error| RuntimeError::Compile {
+                config: src.kernel_name.clone(),
+                error,
+            })?);
+        }
+        let load = |i: usize| -> Result<Kernel, RuntimeError> { Ok(gpu.load(&*compiled[i], 0)?) };
         // ptxas reports the registers (no report: assume the cap of one CTA per SM's threads)
-        let registers = grouped.stats.map_or(255, |s| s.registers);
+        let registers = compiled[5].stats.as_ref().map_or(255, |s| s.registers);
         Ok(Self {
             family,
-            align: load(align_source(arch, AlignKernel::OneCta))?,
-            align_count: load(align_source(arch, AlignKernel::Count))?,
-            align_scan: load(align_source(arch, AlignKernel::Scan))?,
-            align_place: load(align_source(arch, AlignKernel::Place))?,
-            quantize: load(quantizer)?,
-            finalize_grouped: gpu.load(&*grouped, 0)?,
-            finalize_single: load(finalize_source(arch, FINALIZE_SINGLE_SLOT))?,
+            align: load(0)?,
+            align_count: load(1)?,
+            align_scan: load(2)?,
+            align_place: load(3)?,
+            quantize: load(4)?,
+            finalize_grouped: load(5)?,
+            finalize_single: load(6)?,
             finalize_grouped_wave: finalize_ctas_per_sm(registers, gpu.sm_limits()?)
                 * gpu.info().sm_count,
         })
