@@ -12,6 +12,9 @@ replays after warm-up. Output: CSV rows in bench-moe.csv's format (roofline and 
 are 0: fp4tune's report measures those itself).
 
 Usage: python3 scripts/moe_peers.py --sets tp8,ep8 --m 1,8,64,256 --out peers.csv
+       python3 scripts/moe_peers.py --sets "" --layer tp8=4096,192,128,128,8 --m 1,8 --out peers.csv
+(--layer NAME=hidden,inter,local experts,experts of the model,top_k: a layer of another model,
+its rows labelled NAME as `fp4tune bench --moe --shapes FILE --set NAME` labels its own)
 """
 import argparse
 import math
@@ -91,13 +94,24 @@ def main():
     ap.add_argument("--sets", default="tp8,ep8")
     ap.add_argument("--m", default="1,2,4,8,16,32,64,128,256,1024,4096")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--layer", action="append", default=[],
+                    help="NAME=hidden,inter,local experts,experts of the model,top_k (repeatable)")
     args = ap.parse_args()
+    layers = [(name, SETS[name]) for name in args.sets.split(",") if name]
+    for spec in args.layer:
+        name, _, dims = spec.partition("=")
+        try:
+            hidden, inter, experts, total, top_k = (int(v) for v in dims.split(","))
+        except ValueError:
+            raise SystemExit(f"--layer {spec!r}: expected NAME=hidden,inter,experts,experts_total,top_k")
+        if not name or min(hidden, inter, experts, total, top_k) <= 0 or experts > total or top_k > total:
+            raise SystemExit(f"--layer {spec!r}: sizes must be positive, experts <= experts_total, top_k <= experts_total")
+        layers.append((name, (hidden, inter, experts, total, top_k)))
     dev = torch.device("cuda")
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
     rows = ["op,N,K,experts,top_k,B,impl,median_us,lo_us,hi_us,roofline_us,read_floor_us,set,active_experts,config,verified,failed"]
     torch.manual_seed(0)
-    for name in args.sets.split(","):
-        hidden, inter, experts, total, top_k = SETS[name]
+    for name, (hidden, inter, experts, total, top_k) in layers:
         for op, n, k in (("moe_gate_up", 2 * inter, hidden), ("moe_down", hidden, inter)):
             layer_bytes = experts * n * k * 2
             copies = max(2, math.ceil(4 * l2 / layer_bytes))

@@ -48,6 +48,9 @@ pub enum MoeBenchError {
     Format(#[from] crate::format::FormatError),
     #[error("no verified {0} candidate: {1}")]
     NoCandidate(MoeOp, String),
+    /// No grouped kernel of the device's family takes the layer (`moe::space::check_layer`).
+    #[error("{0}")]
+    NoKernel(String),
 }
 
 /// One routed decode or prefill step: a shape, B tokens, a routing draw.

@@ -68,7 +68,8 @@ pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
 /// The candidates of one grouped screen of (family, a_type, op) on `step`'s shape: an even
 /// spread of at most `max` streamed configurations of the space (0: all); every tiled one when
 /// the step has at least `TILED_MIN_ROWS_PER_EXPERT` routed rows per active expert (the wgmma
-/// ones from `WGMMA_MIN_ROWS_PER_EXPERT`); then the
+/// ones from `WGMMA_MIN_ROWS_PER_EXPERT`), or at every size when no streamed configuration
+/// takes the shape (a K that is a multiple of 64 but not of 128); then the
 /// measured seeds (`moe::seeds`) and `extra`, each once, where legal for the shape; `keep`
 /// filters all of them. From `TILED_ONLY_ROWS_PER_EXPERT` rows per expert on, only the tiled
 /// configurations (of the space and of `extra`) are measured.
@@ -84,12 +85,15 @@ pub fn screen_candidates(
     space.retain(&keep);
     let (tiled, streamed): (Vec<_>, Vec<_>) = space.into_iter().partition(|c| c.tiled);
     let rows_per_expert = step.rows() / step.active_experts().max(1);
-    let wgmma_ok = rows_per_expert >= crate::moe::space::WGMMA_MIN_ROWS_PER_EXPERT;
+    // A K no streamed kernel takes (a multiple of 64 only): the tiled ones at every size.
+    let tiled_at_any_size = streamed.is_empty();
+    let wgmma_ok =
+        tiled_at_any_size || rows_per_expert >= crate::moe::space::WGMMA_MIN_ROWS_PER_EXPERT;
     let tiled: Vec<_> = tiled.into_iter().filter(|c| !c.wgmma || wgmma_ok).collect();
     let tiled_only =
         rows_per_expert >= crate::moe::space::TILED_ONLY_ROWS_PER_EXPERT && !tiled.is_empty();
     let mut space = if tiled_only { Vec::new() } else { spread(streamed, max) };
-    if rows_per_expert >= crate::moe::space::TILED_MIN_ROWS_PER_EXPERT {
+    if tiled_at_any_size || rows_per_expert >= crate::moe::space::TILED_MIN_ROWS_PER_EXPERT {
         space.extend(tiled);
     }
     let seeds = crate::moe::seeds::measured_seeds(family, a_type, op);
@@ -132,6 +136,9 @@ pub fn run_moe_bench_for(
     let suffix = if a_type == AType::Nvfp4 { "_w4a4" } else { "" };
     // The device's kernel family (sm120: W4A4 only, on the native block-scaled MMA).
     let family = crate::runtime::family_for(gpu.info())?;
+    for (_, shape, _) in &plan.sets {
+        crate::moe::space::check_layer(family, a_type, shape).map_err(MoeBenchError::NoKernel)?;
+    }
     let floors = Floors::new(gpu, compiler)?;
     let read_gbps = floors.read_bandwidth(&plan.policy, 2 << 30)?;
     let kernels = MoeKernels::load(gpu, compiler)?;
@@ -307,5 +314,25 @@ mod tests {
         let w4a4 = (Family::Sm90, AType::Nvfp4, MoeOp::GateUp);
         let fp4 = screen_candidates(w4a4, &schedule(4096), &shape, 48, &[], |_| true);
         assert!(fp4.len() >= 48 && fp4.iter().all(|c| !c.tiled));
+    }
+
+    /// A down projection whose K no streamed kernel takes (Qwen3-235B over 8 GPUs: K = 192)
+    /// screens the tiled and wgmma kernels at every size, decode included; its gate_up (K =
+    /// 4096) keeps the rules above.
+    #[test]
+    fn a_k_without_streamed_kernels_screens_the_tiled_ones_at_every_size() {
+        let shape = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
+        let down = (Family::Sm90, AType::Bf16, MoeOp::Down);
+        let space = crate::moe::space::search_space(MoeOp::Down, &shape);
+        assert!(space.iter().all(|c| c.tiled) && space.iter().any(|c| c.wgmma));
+        for tokens in [1, 8, 64, 4096] {
+            let ids = draw_routing(7, tokens, shape.top_k, shape.experts, Routing::Uniform);
+            let step = RouteSchedule::build(&ids, 0, shape.experts);
+            let screen = screen_candidates(down, &step, &shape, 48, &[], |_| true);
+            assert_eq!(screen.len(), space.len(), "B = {tokens}");
+            let gate_up = (Family::Sm90, AType::Bf16, MoeOp::GateUp);
+            let screen = screen_candidates(gate_up, &step, &shape, 48, &[], |_| true);
+            assert!(screen.iter().any(|c| !c.tiled) || tokens == 4096, "B = {tokens}");
+        }
     }
 }

@@ -252,6 +252,11 @@ pub fn tune_phase(
         (Family::Sm120, _) => AType::Nvfp4,
         (_, a) => a.unwrap_or(AType::Bf16),
     };
+    if let Err(e) = fp4tune::moe::space::check_layer(family, a_type, &shape) {
+        // The main job's GEMM table is already saved at --out.
+        let saved = if table.is_some() { "; the GEMM table is saved, --no-moe skips" } else { "" };
+        bail!("grouped MoE phase: {e}{saved}");
+    }
     let compiler = crate::default_compiler()?;
     let spec = MoeTuneSpec {
         shape,

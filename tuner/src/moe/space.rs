@@ -138,6 +138,48 @@ pub fn search_space_for(
     out
 }
 
+/// K up to which the tiled kernel's space also has 64-k stages: a short K (the down projection
+/// of an expert split over 8 GPUs) runs at most 4 stages of 128 per tile, and stages of 64 give
+/// the pipeline more of them with fewer registers (on the H200 the GLM-5 TP8 down at B = 1024
+/// runs in 206.7 us with 64-k stages against 223.9 us for the best 128-k configuration).
+pub const TILED_K64_MAX_K: u32 = 512;
+
+/// What the grouped kernels of a family and activation type take, for the message of a layer
+/// they cannot run (the rules of `GroupedConfig::check`; a test probes them against the space).
+fn kernel_rules(family: Family, a_type: AType) -> &'static str {
+    match (family, a_type) {
+        (Family::Sm90, AType::Bf16) => {
+            "its streamed kernels take K a multiple of 128 and at least 256, its tiled and wgmma \
+             kernels K a multiple of 64; N a multiple of 16"
+        }
+        (Family::Sm90, AType::Nvfp4) => {
+            "its streamed kernels take K a multiple of 128 and at least 256; N a multiple of 16, \
+             and gate_up's intermediate size a multiple of 16"
+        }
+        (Family::Sm120, AType::Nvfp4) => {
+            "its kernels take K a multiple of 128; N a multiple of 16, and gate_up's \
+             intermediate size a multiple of 16"
+        }
+        (Family::Sm120, AType::Bf16) => "family sm120 has no W4A16 grouped kernels (W4A4 only)",
+    }
+}
+
+/// Whether both projections of `shape` have grouped kernels of `family` with activations
+/// `a_type`; else one line naming the projection, its N and K, and what the kernels take (a
+/// campaign checks this before it measures anything).
+pub fn check_layer(family: Family, a_type: AType, shape: &MoeShape) -> Result<(), String> {
+    for op in MoeOp::ALL {
+        if search_space_for(family, a_type, op, shape).is_empty() {
+            let (n, k) = shape.nk(op);
+            return Err(format!(
+                "no {family} {a_type} grouped kernel runs {op} of {shape} (N = {n}, K = {k}): {}",
+                kernel_rules(family, a_type)
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Routed rows per active expert from which a grouped screen measures every tiled configuration
 /// ([`GroupedConfig::tiled`]); below it their tiles of 16 or 32 rows are mostly empty.
 pub const TILED_MIN_ROWS_PER_EXPERT: u32 = 4;
@@ -153,23 +195,41 @@ pub const TILED_ONLY_ROWS_PER_EXPERT: u32 = 32;
 
 /// The tiled kernel's configurations (W4A16): routed-row tiles of 16 to 128 (one or two warps
 /// along them), 64 to 256 weight rows over 2 to 8 warps along N, 128 k per stage in 3 or 4
-/// stages or 256 k in 2 or 3.
+/// stages or 256 k in 2 or 3, and 64 k per stage in 3 or 4 stages for a K of at most
+/// `TILED_K64_MAX_K`; a K that stages of 128 cannot split (a multiple of 64 only, e.g. the down
+/// projection of a 1536-wide expert over 8 GPUs, K = 192) gets only the 64-k stages.
 fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     // (block_m, [(block_n, warps_m, warps_n)], [(block_k, stages)]); the 64- and 128-row tiles
     // keep to the combinations that compile without spills
     type Tiles = &'static [(u32, u32, u32)];
     type Stages = &'static [(u32, u32)];
-    const SMALL: Stages = &[(128, 3), (128, 4), (256, 2), (256, 3)];
-    const K128: Stages = &[(128, 3), (128, 4)];
-    const LARGE: Stages = &[(128, 3), (128, 4), (256, 2)];
-    let small: Tiles = &[(64, 1, 2), (128, 1, 4), (128, 1, 8), (256, 1, 8)];
+    const K64: Stages = &[(64, 3), (64, 4)];
+    let (_, k) = shape.nk(op);
+    let (small, k128, large, k256): (Stages, Stages, Stages, Stages) = if k % 128 != 0 {
+        (K64, K64, K64, &[])
+    } else if k <= TILED_K64_MAX_K {
+        (
+            &[(128, 3), (128, 4), (256, 2), (256, 3), (64, 3), (64, 4)],
+            &[(128, 3), (128, 4), (64, 3), (64, 4)],
+            &[(128, 3), (128, 4), (256, 2), (64, 3), (64, 4)],
+            &[(256, 2)],
+        )
+    } else {
+        (
+            &[(128, 3), (128, 4), (256, 2), (256, 3)],
+            &[(128, 3), (128, 4)],
+            &[(128, 3), (128, 4), (256, 2)],
+            &[(256, 2)],
+        )
+    };
+    let small_tiles: Tiles = &[(64, 1, 2), (128, 1, 4), (128, 1, 8), (256, 1, 8)];
     let lists: [(u32, Tiles, Stages); 6] = [
-        (16, small, SMALL),
-        (32, small, SMALL),
-        (64, &[(64, 1, 2), (128, 1, 4)], K128),
-        (64, &[(128, 1, 8), (128, 2, 4)], LARGE),
-        (128, &[(128, 1, 8), (128, 2, 4)], K128),
-        (128, &[(128, 1, 8)], &[(256, 2)]),
+        (16, small_tiles, small),
+        (32, small_tiles, small),
+        (64, &[(64, 1, 2), (128, 1, 4)], k128),
+        (64, &[(128, 1, 8), (128, 2, 4)], large),
+        (128, &[(128, 1, 8), (128, 2, 4)], k128),
+        (128, &[(128, 1, 8)], k256),
     ];
     let mut out = Vec::new();
     for (block_m, tiles, stages) in lists {
@@ -252,6 +312,65 @@ mod tests {
                 assert!(space.iter().any(|c| c.walk > 0) && space.iter().any(|c| c.walk == 0));
                 assert!(space.iter().any(|c| c.warp_ring) && space.iter().any(|c| !c.warp_ring));
                 assert!(w4a4.iter().any(|c| c.warp_ring), "{op} {shape}: no W4A4 warp ring");
+            }
+        }
+    }
+
+    /// `check_layer`'s rules hold: layers whose down K is each multiple of 64 up to 1024 run
+    /// exactly where the rules say (W4A16 on sm90: every one, through the tiled and wgmma
+    /// kernels where no streamed kernel takes K; W4A4 and sm120: multiples of 128 from 256),
+    /// and a K of 176 or 96 (GLM-4.5-Air, Qwen3-30B-A3B over 8 GPUs) is refused naming the
+    /// projection and its N and K.
+    #[test]
+    fn check_layer_rules_match_the_spaces() {
+        for k in (64..=1024).step_by(64) {
+            let shape = MoeShape { hidden: 4096, inter: k, experts: 128, top_k: 8 };
+            let streamed = k % 128 == 0 && k >= 256;
+            for (family, a_type, runs) in [
+                (Family::Sm90, AType::Bf16, true),
+                (Family::Sm90, AType::Nvfp4, streamed),
+                (Family::Sm120, AType::Nvfp4, k % 128 == 0 && (k >= 256 || k == 128)),
+                (Family::Sm120, AType::Bf16, false),
+            ] {
+                let got = check_layer(family, a_type, &shape);
+                if family == Family::Sm120 && a_type == AType::Nvfp4 && k == 128 {
+                    continue; // sm120 takes K = 128 through block_k 128: either answer is its rule
+                }
+                assert_eq!(got.is_ok(), runs, "{family} {a_type} K = {k}: {got:?}");
+            }
+            if !streamed {
+                let down = search_space(MoeOp::Down, &shape);
+                assert!(down.iter().all(|c| c.tiled), "K = {k}: a streamed kernel takes it");
+                assert!(down.iter().any(|c| !c.wgmma) && down.iter().any(|c| c.wgmma), "K = {k}");
+                assert!(down.iter().filter(|c| !c.wgmma).all(|c| c.block_k == 64 || k % 128 == 0));
+            }
+        }
+        for (inter, hidden) in [(176, 4096), (96, 2048)] {
+            let shape = MoeShape { hidden, inter, experts: 128, top_k: 8 };
+            let e = check_layer(Family::Sm90, AType::Bf16, &shape).unwrap_err();
+            assert!(
+                e.contains(&format!("N = {hidden}, K = {inter}")) && e.contains("moe_down"),
+                "{e}"
+            );
+            assert!(e.contains("a multiple of 64"), "{e}");
+        }
+        // the GLM-5 layers run everywhere; 64-k tiled stages only where K <= TILED_K64_MAX_K
+        // (the TP8 down, K = 256), besides its 128- and 256-k ones
+        for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
+            for (family, a_type) in [
+                (Family::Sm90, AType::Bf16),
+                (Family::Sm90, AType::Nvfp4),
+                (Family::Sm120, AType::Nvfp4),
+            ] {
+                check_layer(family, a_type, &shape).unwrap();
+            }
+            for op in MoeOp::ALL {
+                let (_, k) = shape.nk(op);
+                let tiled: Vec<_> =
+                    search_space(op, &shape).into_iter().filter(|c| c.tiled && !c.wgmma).collect();
+                let k64 = tiled.iter().filter(|c| c.block_k == 64).count();
+                assert_eq!(k64 > 0, k <= TILED_K64_MAX_K, "{op} {shape}");
+                assert!(tiled.iter().any(|c| c.block_k == 128), "{op} {shape}");
             }
         }
     }
