@@ -95,16 +95,20 @@ pub fn instantiation(c: &GroupedConfig) -> String {
 
 /// The sm120 grouped search space for one op and shape: routed rows per tile 8, 16, 32; weight
 /// tiles of 16 to 128 rows over 1 to 8 warps (gate_up: 32 rows per warp at least); K per stage
-/// 128 (6 stages) or 256 (4 stages) over 1 or 2 warps; one CTA per tile or a persistent walk.
+/// 128 (6 stages) or 256 (4 stages) over 1 or 2 warps, or for a K that stages of 128 cannot
+/// split (a multiple of 64 only, e.g. K = 192) 64 (8 stages, one warp along K); one CTA per tile
+/// or a persistent walk.
 pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     let tiles: &[(u32, u32)] = match op {
         MoeOp::GateUp => &[(32, 1), (64, 1), (64, 2), (128, 2), (128, 4)],
         MoeOp::Down => &[(32, 1), (32, 2), (64, 4), (128, 4), (128, 8)],
     };
+    let (_, k) = shape.nk(op);
+    let stages: &[(u32, u32)] = if k % 128 != 0 { &[(64, 8)] } else { &[(128, 6), (256, 4)] };
     let mut out = Vec::new();
     for block_m in [8, 16, 32] {
         for &(block_n, warps_n) in tiles {
-            for (block_k, stages) in [(128, 6), (256, 4)] {
+            for &(block_k, stages) in stages {
                 for warps_k in [1, 2] {
                     for walk in [0, 2] {
                         let c = GroupedConfig {
@@ -654,6 +658,16 @@ mod tests {
                 Case { shape: dn, tokens: 4, routing: Routing::Uniform, seed: 7 },
                 grouped(MoeOp::Down, 32, 16, 64, 1, 1),
             ),
+            // a K of three 64-k stages, fewer than the space's 8 (Qwen3-235B's down over 8 GPUs)
+            (
+                Case {
+                    shape: MoeShape { hidden: 96, inter: 192, experts: 5, top_k: 2 },
+                    tokens: 7,
+                    routing: Routing::Skewed,
+                    seed: 8,
+                },
+                GroupedConfig { depth: 8, ..grouped(MoeOp::Down, 16, 32, 64, 2, 1) },
+            ),
         ];
         for (case, cfg) in &cases {
             cfg.check(&case.shape).unwrap_or_else(|e| panic!("{e}"));
@@ -770,8 +784,11 @@ mod tests {
     #[test]
     fn every_sm120_grouped_variant_compiles_with_omma_sf_and_no_spills() {
         let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
-        let configs = distinct_kernels(&[MoeShape::GLM5_TP8, MoeShape::GLM5_EP8]);
+        // GLM-5 TP8 and EP8, and a down K of 192 (Qwen3-235B over 8 GPUs: 64-k stages)
+        let qwen = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
+        let configs = distinct_kernels(&[MoeShape::GLM5_TP8, MoeShape::GLM5_EP8, qwen]);
         assert!(configs.len() >= 80, "{} kernels", configs.len());
+        assert!(configs.iter().any(|c| c.block_k == 64), "no 64-k stage kernel");
         let results = inspect_variants(&compiler, &configs);
         let mut problems = Vec::new();
         for (c, r) in configs.iter().zip(&results) {

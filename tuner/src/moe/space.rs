@@ -157,7 +157,7 @@ fn kernel_rules(family: Family, a_type: AType) -> &'static str {
              and gate_up's intermediate size a multiple of 16"
         }
         (Family::Sm120, AType::Nvfp4) => {
-            "its kernels take K a multiple of 128; N a multiple of 16, and gate_up's \
+            "its kernels take K a multiple of 64; N a multiple of 16, and gate_up's \
              intermediate size a multiple of 16"
         }
         (Family::Sm120, AType::Bf16) => "family sm120 has no W4A16 grouped kernels (W4A4 only)",
@@ -317,8 +317,9 @@ mod tests {
     }
 
     /// `check_layer`'s rules hold: layers whose down K is each multiple of 64 up to 1024 run
-    /// exactly where the rules say (W4A16 on sm90: every one, through the tiled and wgmma
-    /// kernels where no streamed kernel takes K; W4A4 and sm120: multiples of 128 from 256),
+    /// exactly where the rules say (W4A16 on sm90 and sm120: every one, through the tiled and
+    /// wgmma kernels, resp. 64-k stages, where K is not a multiple of 128; sm90 W4A4: multiples
+    /// of 128 from 256),
     /// and a K of 176 or 96 (GLM-4.5-Air, Qwen3-30B-A3B over 8 GPUs) is refused naming the
     /// projection and its N and K.
     #[test]
@@ -329,13 +330,10 @@ mod tests {
             for (family, a_type, runs) in [
                 (Family::Sm90, AType::Bf16, true),
                 (Family::Sm90, AType::Nvfp4, streamed),
-                (Family::Sm120, AType::Nvfp4, k % 128 == 0 && (k >= 256 || k == 128)),
+                (Family::Sm120, AType::Nvfp4, true),
                 (Family::Sm120, AType::Bf16, false),
             ] {
                 let got = check_layer(family, a_type, &shape);
-                if family == Family::Sm120 && a_type == AType::Nvfp4 && k == 128 {
-                    continue; // sm120 takes K = 128 through block_k 128: either answer is its rule
-                }
                 assert_eq!(got.is_ok(), runs, "{family} {a_type} K = {k}: {got:?}");
             }
             if !streamed {
