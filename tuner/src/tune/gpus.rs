@@ -565,13 +565,25 @@ fn gpu_thread(
         let r = match &spec.race {
             Some(rs) => c.race_one(space, &model, rs, &key, (index, total, left + 1), t0),
             None => c.tune_key(space, index, total, &key).map(|()| {
+                // The key's fastest fused kernel timed under the full policy so far (this run's
+                // records and the log's).
+                let best = c
+                    .sink
+                    .records()
+                    .into_iter()
+                    .chain(c.previous.iter().cloned())
+                    .filter(|r| {
+                        r.key == key && r.method.is_fused() && r.template_hash == c.template_hash
+                    })
+                    .filter_map(|r| r.outcome.median_us().map(|us| (r.config, us)))
+                    .min_by(|a, b| a.1.total_cmp(&b.1));
                 progress(Event::KeyDone {
                     index,
                     total,
                     key: key.clone(),
                     screened: 0,
                     timed: c.done.iter().filter(|(k, _)| *k == key).count(),
-                    best: None,
+                    best,
                     elapsed: t0.elapsed(),
                     short: false,
                 })

@@ -65,12 +65,20 @@ fn crashes_and_hangs_cost_one_candidate_each_and_runs_resume() {
     let compiler = Compiler::new(None).unwrap_or_else(|e| panic!("{e}"));
     let out = dir.path().join("results");
     let restarts = std::cell::Cell::new(0);
-    let first = run(&spec(exe.clone(), out.clone()), &compiler, &|e| {
-        if let Event::WorkerRestart(_) = e {
-            restarts.set(restarts.get() + 1);
-        }
+    let bests = std::cell::RefCell::new(Vec::new());
+    let first = run(&spec(exe.clone(), out.clone()), &compiler, &|e| match e {
+        Event::WorkerRestart(_) => restarts.set(restarts.get() + 1),
+        // a finished key names its fastest verified kernel (the non-racing strategies too)
+        Event::KeyDone { best, .. } => bests.borrow_mut().push(best),
+        _ => {}
     })
     .unwrap();
+    let bests = bests.into_inner();
+    assert_eq!(bests.len(), 2);
+    assert!(
+        bests.iter().all(|b| b.is_some_and(|(c, us)| c.block_n == 64 && us > 0.0)),
+        "{bests:?}"
+    );
     // 2 keys x 6 candidates, each recorded once.
     assert_eq!(first.new_records, 12);
     assert_eq!(first.records.len(), 12);
