@@ -288,8 +288,10 @@ pub fn default_config(a_type: AType) -> GemmConfig {
 
 /// The pruned search space. Decode (swap-AB): tokens 8/16/32 on the 8-wide side, weight tiles
 /// 16..128, K tiles 128/256, 2 to 8 warps (along the weights and along K), a shallow and a deep
-/// pipeline, split-K 1/2/4/8. Prefill (no swap): 64/128 square-ish tiles, 4 or 8 warps, 2 to 4
-/// stages. Everything returned passes [`check`]; W4A16 gives an empty space.
+/// pipeline, split-K 1/2/4/8; and K tiles of 64 with one warp along K and split-K 1/2, the only
+/// ones for a K that 128 cannot split (a multiple of 64: K = 192 is the down projection of a
+/// 1536-wide expert over 8 GPUs). Prefill (no swap): 64/128 square-ish tiles, 4 or 8 warps, 2 to
+/// 4 stages. Everything returned passes [`check`]; W4A16 gives an empty space.
 pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
     if a_type != AType::Nvfp4 {
         return Vec::new();
@@ -298,12 +300,15 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
     // Decode / small M: swap-AB. Memory bound, so the pipeline is as deep as fits (up to 6).
     for block_m in [8, 16, 32] {
         for block_n in [16, 32, 64, 128] {
-            for block_k in [128, 256] {
+            for block_k in [64, 128, 256] {
                 for (warps_n, warps_k) in [(1, 2), (2, 1), (2, 2), (4, 1), (4, 2)] {
                     if block_n / warps_n < 16 || (block_n >= 64 && warps_n == 1) {
                         continue;
                     }
                     for split_k in [1, 2, 4, 8] {
+                        if block_k == 64 && (warps_k > 1 || split_k > 2) {
+                            continue;
+                        }
                         // Big weight tiles already give few CTAs per expert: split deeper
                         // only with narrow tiles.
                         if block_n == 128 && split_k > 4 {
@@ -447,6 +452,16 @@ mod tests {
         assert!(space.iter().any(|c| c.swap_ab && c.block_n == 128));
         // Prefill: 128 x 128 tiles without swap.
         assert!(space.iter().any(|c| !c.swap_ab && c.block_m == 128 && c.block_n == 128));
+        // A K that 128-k tiles cannot split (192) still has decode tiles, and only 64-k ones.
+        let k192: Vec<_> = space
+            .iter()
+            .filter(|c| check_problem(c, &GemmProblem::new(4, 4096, 192, AType::Nvfp4)).is_ok())
+            .collect();
+        assert!(
+            k192.len() >= 10 && k192.iter().all(|c| c.block_k == 64 && c.swap_ab),
+            "{}",
+            k192.len()
+        );
         assert!(space.contains(&default_config(AType::Nvfp4)));
     }
 
