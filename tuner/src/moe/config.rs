@@ -402,9 +402,21 @@ impl GroupedConfig {
         if self.warps_k != 1 || self.split_k != 1 || self.walk != 0 {
             return err("the tiled kernel has one K slice per CTA (warps_k 1, split_k 1) and one tile per CTA (walk 0)".into());
         }
-        // the GEMM's limits: threads, shared memory, one CTA per SM for its cp.async pipeline
-        if let Err(e) = self.tile_gemm().check() {
+        // the GEMM's limits (threads, shared memory) for one CTA per SM; MIN_CTAS CTAs of the
+        // grouped kernel (its launch bounds) must fit an SM's threads and shared memory together
+        if let Err(e) = (GemmConfig { min_ctas: 1, ..self.tile_gemm() }).check() {
             return err(e.reason);
+        }
+        if !(1..=16).contains(&self.min_ctas)
+            || self.threads() * self.min_ctas > 2048
+            || self.min_ctas * (self.smem_bytes() + 1024) > 233_472
+        {
+            return err(format!(
+                "{} CTAs of {} threads and {} bytes of stages do not fit in one SM",
+                self.min_ctas,
+                self.threads(),
+                self.smem_bytes()
+            ));
         }
         if self.block_m < 16 {
             return err("block_m must be 16, 32, 64 or 128 (moe_align's tile lists of at least one m16 tile)".into());
@@ -769,8 +781,9 @@ mod tests {
                     .iter()
                     .all(|c| !c.tiled));
                 for c in &tiled {
+                    // the GEMM's rules for one CTA per SM; min_ctas is the grouped kernel's own
                     let g = c.tile_gemm();
-                    g.check().unwrap();
+                    GemmConfig { min_ctas: 1, ..g }.check().unwrap();
                     assert_eq!(c.smem_bytes(), g.smem_bytes());
                     assert_eq!(c.threads(), g.threads());
                     assert_eq!(
@@ -811,6 +824,13 @@ mod tests {
             .contains("shared memory"));
         // streamed kernels keep one warp along the routed rows
         assert!(why(GroupedConfig { warps_m: 2, ..streamed }).contains("warps_m"));
+        // CTAs per SM of a tiled kernel: its threads and stages must fit them all
+        let e = why(GroupedConfig { min_ctas: 8, ..c });
+        assert!(e.contains("8 CTAs") && e.contains("do not fit in one SM"), "{e}");
+        let k64 = GroupedConfig { block_k: 64, depth: 4, block_m: 64, min_ctas: 3, ..c };
+        k64.check(&shape).unwrap();
+        assert_eq!(k64.name(), "moe_gate_up_m64n128k64_w1x4x1_t4_s1_o3_walk0");
+        assert!(k64.source().code.contains("__launch_bounds__(128, 3)"));
     }
 
     #[test]
