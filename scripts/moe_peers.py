@@ -19,7 +19,10 @@ its rows labelled NAME as `fp4tune bench --moe --shapes FILE --set NAME` labels 
 import argparse
 import math
 
-import torch
+try:
+    import torch
+except ImportError:  # said after the arguments are checked
+    torch = None
 
 SETS = {
     # name: (hidden, inter per GPU, local experts, experts of the model, top_k)
@@ -97,16 +100,27 @@ def main():
     ap.add_argument("--layer", action="append", default=[],
                     help="NAME=hidden,inter,local experts,experts of the model,top_k (repeatable)")
     args = ap.parse_args()
-    layers = [(name, SETS[name]) for name in args.sets.split(",") if name]
+    layers = []
+    for name in (n for n in args.sets.split(",") if n):
+        if name not in SETS:
+            raise SystemExit(f"--sets: unknown set {name!r} (built in: {', '.join(SETS)}; other layers: --layer)")
+        layers.append((name, SETS[name]))
     for spec in args.layer:
         name, _, dims = spec.partition("=")
         try:
             hidden, inter, experts, total, top_k = (int(v) for v in dims.split(","))
         except ValueError:
-            raise SystemExit(f"--layer {spec!r}: expected NAME=hidden,inter,experts,experts_total,top_k")
-        if not name or min(hidden, inter, experts, total, top_k) <= 0 or experts > total or top_k > total:
-            raise SystemExit(f"--layer {spec!r}: sizes must be positive, experts <= experts_total, top_k <= experts_total")
+            raise SystemExit(f"--layer {spec!r}: expected NAME=hidden,inter,local experts,experts of the model,top_k")
+        if not name or "," in name or name != name.strip():
+            raise SystemExit(f"--layer {spec!r}: NAME must be a non-empty label without commas or spaces around it")
+        if min(hidden, inter, experts, total, top_k) <= 0 or experts > total or top_k > total:
+            raise SystemExit(f"--layer {spec!r}: sizes must be positive, local experts and top_k at most the experts of the model")
         layers.append((name, (hidden, inter, experts, total, top_k)))
+    names = [n for n, _ in layers]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"a layer label given twice: {names}")
+    if torch is None:
+        raise SystemExit("moe_peers.py needs PyTorch with CUDA: `import torch` failed")
     dev = torch.device("cuda")
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
     rows = ["op,N,K,experts,top_k,B,impl,median_us,lo_us,hi_us,roofline_us,read_floor_us,set,active_experts,config,verified,failed"]

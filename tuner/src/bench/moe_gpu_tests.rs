@@ -100,8 +100,18 @@ fn run_step(
     checked
 }
 
-fn setup() -> (Gpu, tempfile::TempDir) {
-    (Gpu::open(0).unwrap(), tempfile::tempdir().unwrap())
+/// The GPU, a compiler over a fresh cubin cache (kept alive by the returned folder) and the
+/// layer's fixed kernels; `None`, said on standard error, when `w4a16` asks for the W4A16 grouped
+/// kernels and the device's family has none (they are sm90 only).
+fn setup(w4a16: bool) -> Option<(Gpu, Compiler, MoeKernels, tempfile::TempDir)> {
+    let (gpu, dir) = (Gpu::open(0).unwrap(), tempfile::tempdir().unwrap());
+    if w4a16 && crate::runtime::family_for(gpu.info()).unwrap() != crate::template::Family::Sm90 {
+        eprintln!("skipped: W4A16 grouped kernels are sm90 only ({})", gpu.info().name);
+        return None;
+    }
+    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
+    let kernels = MoeKernels::load(&gpu, &compiler).unwrap();
+    Some((gpu, compiler, kernels, dir))
 }
 
 fn step(shape: MoeShape, begin: i32, tokens: u32, routing: Routing, seed: u64) -> MoeStep {
@@ -118,9 +128,7 @@ fn step(shape: MoeShape, begin: i32, tokens: u32, routing: Routing, seed: u64) -
     ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
 )]
 fn both_routing_forms_write_the_cpu_schedule() {
-    let (gpu, dir) = setup();
-    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
-    let kernels = MoeKernels::load(&gpu, &compiler).unwrap();
+    let Some((gpu, _compiler, kernels, _dir)) = setup(false) else { return };
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
     let tp8 = MoeShape::GLM5_TP8;
     let ep8 = MoeShape::GLM5_EP8;
@@ -146,13 +154,7 @@ fn both_routing_forms_write_the_cpu_schedule() {
     ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
 )]
 fn grouped_moe_matches_the_cpu_reference_over_routings_and_sizes() {
-    let (gpu, dir) = setup();
-    if crate::runtime::family_for(gpu.info()).unwrap() != crate::template::Family::Sm90 {
-        eprintln!("skipped: W4A16 grouped kernels are sm90 only ({})", gpu.info().name);
-        return;
-    }
-    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
-    let kernels = MoeKernels::load(&gpu, &compiler).unwrap();
+    let Some((gpu, compiler, kernels, _dir)) = setup(true) else { return };
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
     let tp8 = MoeShape::GLM5_TP8;
     let ep8 = MoeShape::GLM5_EP8;
@@ -187,9 +189,7 @@ fn grouped_moe_matches_the_cpu_reference_over_routings_and_sizes() {
     ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
 )]
 fn grouped_moe_w4a4_matches_the_cpu_reference_over_routings_and_sizes() {
-    let (gpu, dir) = setup();
-    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
-    let kernels = MoeKernels::load(&gpu, &compiler).unwrap();
+    let Some((gpu, compiler, kernels, _dir)) = setup(false) else { return };
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
     let tp8 = MoeShape::GLM5_TP8;
     let ep8 = MoeShape::GLM5_EP8;
@@ -232,13 +232,7 @@ fn grouped_moe_w4a4_matches_the_cpu_reference_over_routings_and_sizes() {
     ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
 )]
 fn grouped_moe_takes_a_down_k_of_64_multiples() {
-    let (gpu, dir) = setup();
-    if crate::runtime::family_for(gpu.info()).unwrap() != crate::template::Family::Sm90 {
-        eprintln!("skipped: W4A16 grouped kernels are sm90 only ({})", gpu.info().name);
-        return;
-    }
-    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap();
-    let kernels = MoeKernels::load(&gpu, &compiler).unwrap();
+    let Some((gpu, compiler, kernels, _dir)) = setup(true) else { return };
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
     let qwen = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
     let odd = MoeShape { hidden: 2048, inter: 320, experts: 40, top_k: 3 };

@@ -26,6 +26,13 @@ pub struct MoeBenchPlan {
     pub expert_loop: Option<std::sync::Arc<crate::runtime::Dispatcher>>,
 }
 
+impl MoeBenchPlan {
+    /// Whether the plan's pipeline filter keeps `c`.
+    pub fn keeps(&self, c: &GroupedConfig) -> bool {
+        self.warp_ring.is_none_or(|r| c.warp_ring == r)
+    }
+}
+
 /// One row of the report (columns of `bench-moe.csv`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MoeRow {
@@ -69,7 +76,7 @@ pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
 /// spread of at most `max` streamed configurations of the space (0: all); every tiled one when
 /// the step has at least `TILED_MIN_ROWS_PER_EXPERT` routed rows per active expert (the wgmma
 /// ones from `WGMMA_MIN_ROWS_PER_EXPERT`), or at every size when no streamed configuration
-/// takes the shape (a K that is a multiple of 64 but not of 128); then the
+/// (that `keep` keeps) takes the shape, e.g. a K that is a multiple of 64 but not of 128; then the
 /// measured seeds (`moe::seeds`) and `extra`, each once, where legal for the shape; `keep`
 /// filters all of them. From `TILED_ONLY_ROWS_PER_EXPERT` rows per expert on, only the tiled
 /// configurations (of the space and of `extra`) are measured.
@@ -85,7 +92,8 @@ pub fn screen_candidates(
     space.retain(&keep);
     let (tiled, streamed): (Vec<_>, Vec<_>) = space.into_iter().partition(|c| c.tiled);
     let rows_per_expert = step.rows() / step.active_experts().max(1);
-    // A K no streamed kernel takes (a multiple of 64 only): the tiled ones at every size.
+    // A projection no streamed configuration takes (e.g. K a multiple of 64 only): the tiled
+    // ones at every size.
     let tiled_at_any_size = streamed.is_empty();
     let wgmma_ok =
         tiled_at_any_size || rows_per_expert >= crate::moe::space::WGMMA_MIN_ROWS_PER_EXPERT;
@@ -138,6 +146,17 @@ pub fn run_moe_bench_for(
     let family = crate::runtime::family_for(gpu.info())?;
     for (_, shape, _) in &plan.sets {
         crate::moe::space::check_layer(family, a_type, shape).map_err(MoeBenchError::NoKernel)?;
+        // the pipeline filter (`--pipeline`) must leave a configuration of each projection
+        for op in MoeOp::ALL {
+            let space = crate::moe::space::search_space_for(family, a_type, op, shape);
+            if !space.iter().any(|c| plan.keeps(c)) {
+                let (n, k) = shape.nk(op);
+                return Err(MoeBenchError::NoKernel(format!(
+                    "the pipeline filter leaves no {family} {a_type} configuration of {op} \
+                     (N = {n}, K = {k}) of {shape}"
+                )));
+            }
+        }
     }
     let floors = Floors::new(gpu, compiler)?;
     let read_gbps = floors.read_bandwidth(&plan.policy, 2 << 30)?;
@@ -177,7 +196,7 @@ pub fn run_moe_bench_for(
                     shape,
                     plan.max_candidates,
                     &plan.extra,
-                    |c| plan.warp_ring.is_none_or(|r| c.warp_ring == r),
+                    |c| plan.keeps(c),
                 );
                 let measured = measure_op(
                     gpu,

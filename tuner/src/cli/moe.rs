@@ -223,6 +223,28 @@ fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
     outln!("rendered {} from {}", md_path.display(), csv.display())
 }
 
+/// The grouped phase's activation type on `info`'s kernel family (sm120: W4A4 only, the native
+/// block-scaled MMA; sm90 defaults to W4A16), or one line saying why the family's grouped
+/// kernels cannot run `shape` (checked before anything is measured).
+pub fn phase_a_type(
+    shape: &MoeShape,
+    a_type: Option<AType>,
+    info: &fp4tune::gpu::DeviceInfo,
+) -> Result<AType> {
+    let family = fp4tune::runtime::family_for(info)?;
+    let a_type = match (family, a_type) {
+        (Family::Sm120, Some(AType::Bf16)) => {
+            bail!("{}: the sm120 grouped MoE kernels are W4A4 (use --a-type w4a4)", info.name)
+        }
+        (Family::Sm120, _) => AType::Nvfp4,
+        (_, a) => a.unwrap_or(AType::Bf16),
+    };
+    if let Err(e) = fp4tune::moe::space::check_layer(family, a_type, shape) {
+        bail!("grouped MoE phase: {e}");
+    }
+    Ok(a_type)
+}
+
 /// The grouped phase of `fp4tune tune`: tune the layer, then write its entries into `table` (the
 /// GEMM campaign's), else into the table already at the output path, else into a new table; the
 /// screened candidates (failures included) go to `<sku>-moe.jsonl`.
@@ -243,20 +265,7 @@ pub fn tune_phase(
     };
     let gpu = fp4tune::gpu::Gpu::open(device)?;
     let info = gpu.info().clone();
-    let family = fp4tune::runtime::family_for(&info)?;
-    // sm120 grouped kernels are W4A4 (the native block-scaled MMA); sm90 defaults to W4A16.
-    let a_type = match (family, a_type) {
-        (Family::Sm120, Some(AType::Bf16)) => {
-            bail!("{}: the sm120 grouped MoE kernels are W4A4 (use --a-type w4a4)", info.name)
-        }
-        (Family::Sm120, _) => AType::Nvfp4,
-        (_, a) => a.unwrap_or(AType::Bf16),
-    };
-    if let Err(e) = fp4tune::moe::space::check_layer(family, a_type, &shape) {
-        // The main job's GEMM table is already saved at --out.
-        let saved = if table.is_some() { "; the GEMM table is saved, --no-moe skips" } else { "" };
-        bail!("grouped MoE phase: {e}{saved}");
-    }
+    let a_type = phase_a_type(&shape, a_type, &info)?;
     let compiler = crate::default_compiler()?;
     let spec = MoeTuneSpec {
         shape,

@@ -177,6 +177,17 @@ pub fn run(args: TuneArgs) -> Result<()> {
         Some(s) => s.resolve()?,
         None => Shard::all(),
     };
+    // The grouped phase runs after the GEMM keys: a layer the device's grouped kernels cannot
+    // run is said now, not after minutes of GEMM measurements.
+    if let Some((shape, _)) = moe_layer.filter(|_| !no_moe && shard.index == 0) {
+        let first = match &gpus {
+            Some(GpuSelection::List(v)) => v.first().copied().unwrap_or(device),
+            _ => device,
+        };
+        let info = fp4tune::gpu::Gpu::open(first)?.info().clone();
+        super::moe::phase_a_type(&shape, a_type, &info)
+            .map_err(|e| anyhow::anyhow!("{e} (--no-moe tunes the GEMM keys alone)"))?;
+    }
     let selection = gpus.unwrap_or(GpuSelection::List(vec![device]));
     let spec = TuneSpec {
         shapes: dims,

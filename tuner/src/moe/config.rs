@@ -164,8 +164,10 @@ impl GroupedConfig {
     /// The tiled kernel's tile as the SM90 GEMM's cp.async configuration it is built on (no swap:
     /// routed rows are the GEMM's M): its limits, shared memory and registers are the GEMM's.
     pub fn tile_gemm(&self) -> GemmConfig {
+        // the GEMM tile for one CTA per SM (the GEMM's cp.async rule); the grouped kernel's CTAs
+        // per SM are its own (`min_ctas`, its launch bounds, checked by `check`)
         GemmConfig {
-            min_ctas: self.min_ctas,
+            min_ctas: 1,
             ..GemmConfig::cp_async(
                 self.family,
                 self.a_type,
@@ -404,7 +406,7 @@ impl GroupedConfig {
         }
         // the GEMM's limits (threads, shared memory) for one CTA per SM; MIN_CTAS CTAs of the
         // grouped kernel (its launch bounds) must fit an SM's threads and shared memory together
-        if let Err(e) = (GemmConfig { min_ctas: 1, ..self.tile_gemm() }).check() {
+        if let Err(e) = self.tile_gemm().check() {
             return err(e.reason);
         }
         if !(1..=16).contains(&self.min_ctas)
@@ -781,9 +783,8 @@ mod tests {
                     .iter()
                     .all(|c| !c.tiled));
                 for c in &tiled {
-                    // the GEMM's rules for one CTA per SM; min_ctas is the grouped kernel's own
                     let g = c.tile_gemm();
-                    GemmConfig { min_ctas: 1, ..g }.check().unwrap();
+                    g.check().unwrap();
                     assert_eq!(c.smem_bytes(), g.smem_bytes());
                     assert_eq!(c.threads(), g.threads());
                     assert_eq!(

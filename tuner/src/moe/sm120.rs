@@ -94,7 +94,7 @@ pub fn instantiation(c: &GroupedConfig) -> String {
 }
 
 /// The sm120 grouped search space for one op and shape: routed rows per tile 8, 16, 32; weight
-/// tiles of 16 to 128 rows over 1 to 8 warps (gate_up: 32 rows per warp at least); K per stage
+/// tiles of 32 to 128 rows over 1 to 8 warps (gate_up: 32 rows per warp at least); K per stage
 /// 128 (6 stages) or 256 (4 stages) over 1 or 2 warps, or for a K that stages of 128 cannot
 /// split (a multiple of 64 only, e.g. K = 192) 64 (8 stages, one warp along K); one CTA per tile
 /// or a persistent walk.

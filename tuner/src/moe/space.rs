@@ -141,33 +141,41 @@ pub fn search_space_for(
 /// K up to which the tiled kernel's space also has 64-k stages: a short K (the down projection
 /// of an expert split over 8 GPUs) runs at most 4 stages of 128 per tile, and stages of 64 give
 /// the pipeline more of them with fewer registers (on the H200 the GLM-5 TP8 down at B = 1024
-/// runs in 206.7 us with 64-k stages against 223.9 us for the best 128-k configuration).
+/// went from 219.2 to 205.4 us with them: `results/h200/moe-targets.md`).
 pub const TILED_K64_MAX_K: u32 = 512;
 
 /// What the grouped kernels of a family and activation type take, for the message of a layer
-/// they cannot run (the rules of `GroupedConfig::check`; a test probes them against the space).
+/// they cannot run (the rules of `GroupedConfig::check` and the spaces' value lists; a test
+/// probes them against the spaces over both projections' K).
 fn kernel_rules(family: Family, a_type: AType) -> &'static str {
     match (family, a_type) {
         (Family::Sm90, AType::Bf16) => {
-            "its streamed kernels take K a multiple of 128 and at least 256, its tiled and wgmma \
-             kernels K a multiple of 64; N a multiple of 16"
+            "its tiled and wgmma kernels take K a multiple of 64 (its streamed kernels a multiple \
+             of 128 times their warps along K, from 256) and N a multiple of 16"
         }
         (Family::Sm90, AType::Nvfp4) => {
-            "its streamed kernels take K a multiple of 128 and at least 256; N a multiple of 16, \
-             and gate_up's intermediate size a multiple of 16"
+            "its streamed kernels take K a multiple of 128 times their warps along K, from 256 \
+             (down: 1 or 2 warps, so a multiple of 128; gate_up: 4 or 8, so a multiple of 512), \
+             N a multiple of 16 and gate_up's intermediate size a multiple of 16"
         }
         (Family::Sm120, AType::Nvfp4) => {
-            "its kernels take K a multiple of 64; N a multiple of 16, and gate_up's \
-             intermediate size a multiple of 16"
+            "its kernels take K a multiple of 64, N a multiple of 16 and gate_up's intermediate \
+             size a multiple of 16"
         }
         (Family::Sm120, AType::Bf16) => "family sm120 has no W4A16 grouped kernels (W4A4 only)",
     }
 }
 
 /// Whether both projections of `shape` have grouped kernels of `family` with activations
-/// `a_type`; else one line naming the projection, its N and K, and what the kernels take (a
-/// campaign checks this before it measures anything).
+/// `a_type`; else one line naming the projection, its N and K, and what the kernels take. The
+/// grouped tune and benchmark check it before they measure the layer.
 pub fn check_layer(family: Family, a_type: AType, shape: &MoeShape) -> Result<(), String> {
+    if shape.experts == 0 || shape.experts > super::schedule::MAX_EXPERTS || shape.top_k == 0 {
+        return Err(format!(
+            "{shape}: the grouped layer takes 1 to {} local experts and a top_k of at least 1",
+            super::schedule::MAX_EXPERTS
+        ));
+    }
     for op in MoeOp::ALL {
         if search_space_for(family, a_type, op, shape).is_empty() {
             let (n, k) = shape.nk(op);
@@ -343,6 +351,23 @@ mod tests {
                 assert!(down.iter().filter(|c| !c.wgmma).all(|c| c.block_k == 64 || k % 128 == 0));
             }
         }
+        // gate_up's K (the hidden size): the W4A4 streamed kernels run 4 or 8 warps along it
+        for (hidden, w4a4) in
+            [(2048, true), (2304, false), (2560, true), (6400, false), (7168, true)]
+        {
+            let shape = MoeShape { hidden, inter: 256, experts: 64, top_k: 4 };
+            assert!(check_layer(Family::Sm90, AType::Bf16, &shape).is_ok(), "K = {hidden}");
+            assert!(check_layer(Family::Sm120, AType::Nvfp4, &shape).is_ok(), "K = {hidden}");
+            let got = check_layer(Family::Sm90, AType::Nvfp4, &shape);
+            assert_eq!(got.is_ok(), w4a4, "W4A4 gate_up K = {hidden}: {got:?}");
+            if let Err(e) = got {
+                assert!(e.contains("moe_gate_up") && e.contains("a multiple of 512"), "{e}");
+            }
+        }
+        // experts past moe_align's range
+        let many = MoeShape { experts: 600, ..MoeShape::GLM5_TP8 };
+        let e = check_layer(Family::Sm90, AType::Bf16, &many).unwrap_err();
+        assert!(e.contains("1 to 512 local experts"), "{e}");
         for (inter, hidden) in [(176, 4096), (96, 2048)] {
             let shape = MoeShape { hidden, inter, experts: 128, top_k: 8 };
             let e = check_layer(Family::Sm90, AType::Bf16, &shape).unwrap_err();

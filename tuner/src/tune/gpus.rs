@@ -91,6 +91,25 @@ impl Sink {
     pub(super) fn records(&self) -> Vec<Record> {
         self.lock().1.clone()
     }
+
+    /// The fastest fused kernel of `key` timed under the full policy in this run with templates
+    /// `hash` (read under the lock, nothing cloned but the answer).
+    pub(super) fn best_timed(&self, key: &TableKey, hash: &str) -> Option<(GemmConfig, f64)> {
+        best_timed(self.lock().1.iter(), key, hash)
+    }
+}
+
+/// The fastest fused kernel of `key` timed under the full policy among `records` with templates
+/// `hash`.
+fn best_timed<'a>(
+    records: impl Iterator<Item = &'a Record>,
+    key: &TableKey,
+    hash: &str,
+) -> Option<(GemmConfig, f64)> {
+    records
+        .filter(|r| &r.key == key && r.method.is_fused() && r.template_hash == hash)
+        .filter_map(|r| r.outcome.median_us().map(|us| (r.config, us)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
 }
 
 /// The keys waiting for each GPU, those a failed GPU left, and how many GPUs still have work
@@ -567,16 +586,13 @@ fn gpu_thread(
             None => c.tune_key(space, index, total, &key).map(|()| {
                 // The key's fastest fused kernel timed under the full policy so far (this run's
                 // records and the log's).
-                let best = c
-                    .sink
-                    .records()
-                    .into_iter()
-                    .chain(c.previous.iter().cloned())
-                    .filter(|r| {
-                        r.key == key && r.method.is_fused() && r.template_hash == c.template_hash
-                    })
-                    .filter_map(|r| r.outcome.median_us().map(|us| (r.config, us)))
-                    .min_by(|a, b| a.1.total_cmp(&b.1));
+                let best = [
+                    c.sink.best_timed(&key, &c.template_hash),
+                    best_timed(c.previous.iter(), &key, &c.template_hash),
+                ]
+                .into_iter()
+                .flatten()
+                .min_by(|a, b| a.1.total_cmp(&b.1));
                 progress(Event::KeyDone {
                     index,
                     total,

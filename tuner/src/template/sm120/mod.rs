@@ -288,10 +288,11 @@ pub fn default_config(a_type: AType) -> GemmConfig {
 
 /// The pruned search space. Decode (swap-AB): tokens 8/16/32 on the 8-wide side, weight tiles
 /// 16..128, K tiles 128/256, 2 to 8 warps (along the weights and along K), a shallow and a deep
-/// pipeline, split-K 1/2/4/8; and K tiles of 64 with one warp along K and split-K 1/2, the only
-/// ones for a K that 128 cannot split (a multiple of 64: K = 192 is the down projection of a
-/// 1536-wide expert over 8 GPUs). Prefill (no swap): 64/128 square-ish tiles, 4 or 8 warps, 2 to
-/// 4 stages. Everything returned passes [`check`]; W4A16 gives an empty space.
+/// pipeline, split-K 1/2/4/8; and K tiles of 64 with one warp along K and split-K 1/2 (legal for
+/// every K; for a K that 128 cannot split, a multiple of 64 such as K = 192, the down projection
+/// of a 1536-wide expert over 8 GPUs, they are the only tiles, so such a K runs on the swap-AB
+/// decode tiles at every M). Prefill (no swap): 64/128 square-ish tiles, 4 or 8 warps, 2 to 4
+/// stages. Everything returned passes [`check`]; W4A16 gives an empty space.
 pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
     if a_type != AType::Nvfp4 {
         return Vec::new();
