@@ -966,6 +966,12 @@ mod tests {
                 }
             }
         }
+        // a down K of 192 (Qwen3-235B over 8 GPUs): the tiled kernel's 64-k stages, every 3rd
+        let qwen = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
+        let k64: Vec<_> =
+            search_space(MoeOp::Down, &qwen).into_iter().filter(|c| c.tiled && !c.wgmma).collect();
+        assert!(!k64.is_empty() && k64.iter().all(|c| c.block_k == 64));
+        sources.extend(k64.iter().step_by(3).map(|c| c.source()));
         assert!(sources.len() >= 10);
         for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
             let k = r.unwrap_or_else(|e| panic!("{}: {e}", src.kernel_name));
