@@ -159,6 +159,9 @@ pub fn run(args: TuneArgs) -> Result<()> {
             Some(GpuSelection::List(v)) => v.first().copied().unwrap_or(device),
             _ => device,
         };
+        let info = fp4tune::gpu::Gpu::open(device)?.info().clone();
+        super::moe::phase_a_type(&shape, a_type, &info)
+            .map_err(|e| anyhow::anyhow!("{origin}, set {}: {e}", set.name))?;
         return super::moe::tune_phase(shape, total, a_type, &moe_buckets, device, &out, None);
     }
     if only_buckets.contains(&0) {
@@ -185,8 +188,9 @@ pub fn run(args: TuneArgs) -> Result<()> {
             _ => device,
         };
         let info = fp4tune::gpu::Gpu::open(first)?.info().clone();
-        super::moe::phase_a_type(&shape, a_type, &info)
-            .map_err(|e| anyhow::anyhow!("{e} (--no-moe tunes the GEMM keys alone)"))?;
+        super::moe::phase_a_type(&shape, a_type, &info).map_err(|e| {
+            anyhow::anyhow!("{origin}, set {}: {e} (--no-moe tunes the GEMM keys alone)", set.name)
+        })?;
     }
     let selection = gpus.unwrap_or(GpuSelection::List(vec![device]));
     let spec = TuneSpec {
