@@ -224,12 +224,14 @@ fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
 }
 
 /// The grouped phase's activation type on `info`'s kernel family (sm120: W4A4 only, the native
-/// block-scaled MMA; sm90 defaults to W4A16), or one line saying why the family's grouped
-/// kernels cannot run `shape` (checked before anything is measured).
+/// block-scaled MMA; sm90 defaults to W4A16), or one line, naming where the layer comes from
+/// (`origin`: the shape file and set), saying why the family's grouped kernels cannot run `shape`
+/// (checked before anything is measured).
 pub fn phase_a_type(
     shape: &MoeShape,
     a_type: Option<AType>,
     info: &fp4tune::gpu::DeviceInfo,
+    origin: &str,
 ) -> Result<AType> {
     let family = fp4tune::runtime::family_for(info)?;
     let a_type = match (family, a_type) {
@@ -240,7 +242,7 @@ pub fn phase_a_type(
         (_, a) => a.unwrap_or(AType::Bf16),
     };
     if let Err(e) = fp4tune::moe::space::check_layer(family, a_type, shape) {
-        bail!("grouped MoE phase: {e}");
+        bail!("{origin}: grouped MoE phase: {e}");
     }
     Ok(a_type)
 }
@@ -249,7 +251,7 @@ pub fn phase_a_type(
 /// GEMM campaign's), else into the table already at the output path, else into a new table; the
 /// screened candidates (failures included) go to `<sku>-moe.jsonl`.
 pub fn tune_phase(
-    shape: MoeShape,
+    (shape, origin): (MoeShape, &str),
     experts_total: u32,
     a_type: Option<AType>,
     buckets: &[u32],
@@ -265,7 +267,7 @@ pub fn tune_phase(
     };
     let gpu = fp4tune::gpu::Gpu::open(device)?;
     let info = gpu.info().clone();
-    let a_type = phase_a_type(&shape, a_type, &info)?;
+    let a_type = phase_a_type(&shape, a_type, &info, origin)?;
     let compiler = crate::default_compiler()?;
     let spec = MoeTuneSpec {
         shape,

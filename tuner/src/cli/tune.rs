@@ -159,10 +159,16 @@ pub fn run(args: TuneArgs) -> Result<()> {
             Some(GpuSelection::List(v)) => v.first().copied().unwrap_or(device),
             _ => device,
         };
-        let info = fp4tune::gpu::Gpu::open(device)?.info().clone();
-        super::moe::phase_a_type(&shape, a_type, &info)
-            .map_err(|e| anyhow::anyhow!("{origin}, set {}: {e}", set.name))?;
-        return super::moe::tune_phase(shape, total, a_type, &moe_buckets, device, &out, None);
+        let layer = format!("{origin}, set {}", set.name);
+        return super::moe::tune_phase(
+            (shape, &layer),
+            total,
+            a_type,
+            &moe_buckets,
+            device,
+            &out,
+            None,
+        );
     }
     if only_buckets.contains(&0) {
         bail!("--buckets: a token bucket must be at least 1");
@@ -188,9 +194,8 @@ pub fn run(args: TuneArgs) -> Result<()> {
             _ => device,
         };
         let info = fp4tune::gpu::Gpu::open(first)?.info().clone();
-        super::moe::phase_a_type(&shape, a_type, &info).map_err(|e| {
-            anyhow::anyhow!("{origin}, set {}: {e} (--no-moe tunes the GEMM keys alone)", set.name)
-        })?;
+        super::moe::phase_a_type(&shape, a_type, &info, &format!("{origin}, set {}", set.name))
+            .map_err(|e| anyhow::anyhow!("{e} (--no-moe tunes the GEMM keys alone)"))?;
     }
     let selection = gpus.unwrap_or(GpuSelection::List(vec![device]));
     let spec = TuneSpec {
@@ -284,17 +289,26 @@ pub fn run(args: TuneArgs) -> Result<()> {
             let t = std::time::Instant::now();
             // The campaign's activation type (sm120 campaigns are W4A4).
             let a_type = a_type.or_else(|| output.records.first().map(|r| r.key.a_type));
-            super::moe::tune_phase(shape, total, a_type, &moe_buckets, device, &out, Some(table))
-                .and_then(|()| {
-                    // The campaign block gets the grouped phase's time and the whole wall time.
-                    let mut t2 = fp4tune::table::Table::load(&path)?;
-                    if let Some(c) = t2.campaign.as_mut() {
-                        c.moe_wall_s = Some(t.elapsed().as_secs_f64());
-                        c.wall_s = started.elapsed().as_secs_f64();
-                    }
-                    t2.save(&path)?;
-                    Ok(())
-                })
+            let layer = format!("{origin}, set {}", set.name);
+            super::moe::tune_phase(
+                (shape, &layer),
+                total,
+                a_type,
+                &moe_buckets,
+                device,
+                &out,
+                Some(table),
+            )
+            .and_then(|()| {
+                // The campaign block gets the grouped phase's time and the whole wall time.
+                let mut t2 = fp4tune::table::Table::load(&path)?;
+                if let Some(c) = t2.campaign.as_mut() {
+                    c.moe_wall_s = Some(t.elapsed().as_secs_f64());
+                    c.wall_s = started.elapsed().as_secs_f64();
+                }
+                t2.save(&path)?;
+                Ok(())
+            })
         }
         _ => Ok(()),
     };

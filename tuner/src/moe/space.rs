@@ -213,36 +213,26 @@ fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     type Stages = &'static [(u32, u32)];
     const K64: Stages = &[(64, 3), (64, 4)];
     let (_, k) = shape.nk(op);
-    let (small, k128, large, k256): (Stages, Stages, Stages, Stages) = if k % 128 != 0 {
-        (K64, K64, K64, &[])
-    } else if k <= TILED_K64_MAX_K {
-        (
-            &[(128, 3), (128, 4), (256, 2), (256, 3), (64, 3), (64, 4)],
-            &[(128, 3), (128, 4), (64, 3), (64, 4)],
-            &[(128, 3), (128, 4), (256, 2), (64, 3), (64, 4)],
-            &[(256, 2)],
-        )
-    } else {
-        (
-            &[(128, 3), (128, 4), (256, 2), (256, 3)],
-            &[(128, 3), (128, 4)],
-            &[(128, 3), (128, 4), (256, 2)],
-            &[(256, 2)],
-        )
-    };
+    // stages of 128 and 256 k where they split K; 64-k stages where they do not, and besides
+    // them up to TILED_K64_MAX_K (all lists but the last)
+    let long = k % 128 == 0;
+    let k64 = !long || k <= TILED_K64_MAX_K;
+    const SMALL: Stages = &[(128, 3), (128, 4), (256, 2), (256, 3)];
+    const K128: Stages = &[(128, 3), (128, 4)];
     let small_tiles: Tiles = &[(64, 1, 2), (128, 1, 4), (128, 1, 8), (256, 1, 8)];
-    let lists: [(u32, Tiles, Stages); 6] = [
-        (16, small_tiles, small),
-        (32, small_tiles, small),
-        (64, &[(64, 1, 2), (128, 1, 4)], k128),
-        (64, &[(128, 1, 8), (128, 2, 4)], large),
-        (128, &[(128, 1, 8), (128, 2, 4)], k128),
-        (128, &[(128, 1, 8)], k256),
+    let lists: [(u32, Tiles, Stages, bool); 6] = [
+        (16, small_tiles, SMALL, true),
+        (32, small_tiles, SMALL, true),
+        (64, &[(64, 1, 2), (128, 1, 4)], K128, true),
+        (64, &[(128, 1, 8), (128, 2, 4)], &[(128, 3), (128, 4), (256, 2)], true),
+        (128, &[(128, 1, 8), (128, 2, 4)], K128, true),
+        (128, &[(128, 1, 8)], &[(256, 2)], false),
     ];
     let mut out = Vec::new();
-    for (block_m, tiles, stages) in lists {
+    for (block_m, tiles, stages, takes_k64) in lists {
+        let stages = stages.iter().filter(|_| long).chain(K64.iter().filter(|_| k64 && takes_k64));
         for &(block_n, warps_m, warps_n) in tiles {
-            for &(block_k, depth) in stages {
+            for &(block_k, depth) in stages.clone() {
                 let c = GroupedConfig {
                     op,
                     block_m,

@@ -110,14 +110,8 @@ impl Table {
                     ),
                 ));
             }
-            if !e.roofline_fraction.is_finite() || e.roofline_fraction < 0.0 {
-                return Err(invalid(
-                    at(),
-                    format!(
-                        "roofline_fraction {} is not a finite number >= 0",
-                        e.roofline_fraction
-                    ),
-                ));
+            if let Some(why) = bad_roofline_fraction(e.roofline_fraction) {
+                return Err(invalid(at(), why));
             }
             if let Some(r) =
                 e.runners_up.iter().find(|r| !r.median_us.is_finite() || r.median_us <= 0.0)
@@ -221,14 +215,8 @@ impl Table {
                     "times must be finite and positive with lo <= hi".into(),
                 ));
             }
-            if !e.roofline_fraction.is_finite() || e.roofline_fraction < 0.0 {
-                return Err(invalid(
-                    at(),
-                    format!(
-                        "roofline_fraction {} is not a finite number >= 0",
-                        e.roofline_fraction
-                    ),
-                ));
+            if let Some(why) = bad_roofline_fraction(e.roofline_fraction) {
+                return Err(invalid(at(), why));
             }
             if e.experts_total.is_some_and(|t| t < key.experts || t > i32::MAX as u32) {
                 return Err(invalid(
@@ -250,6 +238,12 @@ impl Table {
         }
         Ok(())
     }
+}
+
+/// Why a recorded roofline fraction is unusable (not a finite number >= 0), if it is.
+fn bad_roofline_fraction(f: f64) -> Option<String> {
+    (!f.is_finite() || f < 0.0)
+        .then(|| format!("roofline_fraction {f} is not a finite number >= 0"))
 }
 
 #[cfg(test)]
