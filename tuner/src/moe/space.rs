@@ -144,6 +144,13 @@ pub fn search_space_for(
 /// went from 219.2 to 205.4 us with them: `results/h200/moe-targets.md`).
 pub const TILED_K64_MAX_K: u32 = 512;
 
+/// CTAs per SM the tiled kernel's 64 x 128 tile of four warps also comes compiled for with its
+/// 64-k stages: at 1 (its launch bounds' default) it holds 181-188 registers per thread and 2
+/// CTAs (8 warps) per SM; capped for 3 CTAs, ptxas fits it in 168 registers without spilling
+/// (sm_90a), and three CTAs' stages fit the SM's shared memory, for 12 warps per SM where the
+/// short-K down projection at prefill sizes is bound by latency at 8.
+pub const TILED_K64_MIN_CTAS: u32 = 3;
+
 /// What the grouped kernels of a family and activation type take, for the message of a layer
 /// they cannot run (the rules of `GroupedConfig::check` and the spaces' value lists; a test
 /// probes them against the spaces over both projections' K).
@@ -205,7 +212,9 @@ pub const TILED_ONLY_ROWS_PER_EXPERT: u32 = 32;
 /// along them), 64 to 256 weight rows over 2 to 8 warps along N, 128 k per stage in 3 or 4
 /// stages or 256 k in 2 or 3, and 64 k per stage in 3 or 4 stages for a K of at most
 /// `TILED_K64_MAX_K`; a K that stages of 128 cannot split (a multiple of 64 only, e.g. the down
-/// projection of a 1536-wide expert over 8 GPUs, K = 192) gets only the 64-k stages.
+/// projection of a 1536-wide expert over 8 GPUs, K = 192) gets only the 64-k stages. The 64 x 128
+/// tile of four warps with 64-k stages also comes compiled for 3 CTAs per SM
+/// (`TILED_K64_MIN_CTAS`).
 fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     // (block_m, [(block_n, warps_m, warps_n)], [(block_k, stages)]); the 64- and 128-row tiles
     // keep to the combinations that compile without spills
@@ -233,26 +242,34 @@ fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
         let stages = stages.iter().filter(|_| long).chain(K64.iter().filter(|_| k64 && takes_k64));
         for &(block_n, warps_m, warps_n) in tiles {
             for &(block_k, depth) in stages.clone() {
-                let c = GroupedConfig {
-                    op,
-                    block_m,
-                    block_n,
-                    block_k,
-                    warps_n,
-                    warps_k: 1,
-                    depth,
-                    split_k: 1,
-                    min_ctas: 1,
-                    walk: 0,
-                    family: Family::Sm90,
-                    a_type: AType::Bf16,
-                    warp_ring: false,
-                    tiled: true,
-                    warps_m,
-                    wgmma: false,
-                };
-                if c.check(shape).is_ok() {
-                    out.push(c);
+                let occupancy: &[u32] =
+                    if (block_m, block_n, warps_m * warps_n, block_k) == (64, 128, 4, 64) {
+                        &[1, TILED_K64_MIN_CTAS]
+                    } else {
+                        &[1]
+                    };
+                for &min_ctas in occupancy {
+                    let c = GroupedConfig {
+                        op,
+                        block_m,
+                        block_n,
+                        block_k,
+                        warps_n,
+                        warps_k: 1,
+                        depth,
+                        split_k: 1,
+                        min_ctas,
+                        walk: 0,
+                        family: Family::Sm90,
+                        a_type: AType::Bf16,
+                        warp_ring: false,
+                        tiled: true,
+                        warps_m,
+                        wgmma: false,
+                    };
+                    if c.check(shape).is_ok() {
+                        out.push(c);
+                    }
                 }
             }
         }
@@ -383,6 +400,13 @@ mod tests {
                     search_space(op, &shape).into_iter().filter(|c| c.tiled && !c.wgmma).collect();
                 let k64 = tiled.iter().filter(|c| c.block_k == 64).count();
                 assert_eq!(k64 > 0, k <= TILED_K64_MAX_K, "{op} {shape}");
+                // the 3-CTA form: only the 64 x 128 tile of four warps with 64-k stages
+                let three: Vec<_> = tiled.iter().filter(|c| c.min_ctas != 1).collect();
+                assert_eq!(three.len(), if k <= TILED_K64_MAX_K { 2 } else { 0 }, "{op} {shape}");
+                for c in three {
+                    assert_eq!(c.min_ctas, TILED_K64_MIN_CTAS);
+                    assert_eq!((c.block_m, c.block_n, c.block_k, c.threads()), (64, 128, 64, 128));
+                }
                 assert!(tiled.iter().any(|c| c.block_k == 128), "{op} {shape}");
             }
         }
