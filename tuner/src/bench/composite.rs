@@ -98,7 +98,7 @@ impl<'g> Composite<'g> {
         policy: &TimingPolicy,
         dp: &DeviceProblem,
     ) -> Result<Samples, GpuError> {
-        measure(self.gpu, policy, vec![Box::new(move |i| self.launch(s, dp, i))])
+        measure(self.gpu, policy, dp.copies, vec![Box::new(move |i| self.launch(s, dp, i))])
             .pop()
             .expect("one candidate")
     }

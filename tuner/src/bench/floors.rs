@@ -74,7 +74,7 @@ impl<'g> Floors<'g> {
             // SAFETY: the empty kernel only reads its pointer argument.
             unsafe { self.gpu.launch_u64s(&self.empty, dims, &[sink]) }
         });
-        let s = measure(self.gpu, policy, vec![f]).pop().expect("one candidate")?;
+        let s = measure(self.gpu, policy, 1, vec![f]).pop().expect("one candidate")?;
         Ok(Summary::of(&s.us).expect("samples"))
     }
 
@@ -103,7 +103,7 @@ impl<'g> Floors<'g> {
                 }) as LaunchFn<'_>
             })
             .collect();
-        let results = measure(self.gpu, policy, fs);
+        let results = measure(self.gpu, policy, copies, fs);
         let mut best: Option<ReadFloor> = None;
         for (g, r) in grids.iter().zip(results) {
             let s = Summary::of(&r?.us).expect("samples");

@@ -422,5 +422,5 @@ pub fn time_candidates(
         .iter()
         .map(|c| Box::new(move |i: usize| c.launch(gpu, dp, i)) as LaunchFn<'_>)
         .collect();
-    measure(gpu, policy, fs)
+    measure(gpu, policy, dp.copies, fs)
 }

@@ -683,7 +683,7 @@ pub fn measure_op_samples(
             }) as LaunchFn<'_>
         })
         .collect();
-    let times = measure(gpu, policy, launches);
+    let times = measure(gpu, policy, copies, launches);
     for ((slot, _), t) in ready.iter().zip(times) {
         let (m, samples) = &mut out[*slot];
         m.outcome = match t {
@@ -787,7 +787,7 @@ pub fn measure_layer(
         Box::new(move |_| align(AlignForm::Chunked).map_err(to_gpu)),
         Box::new(move |i| finalize(i).map_err(to_gpu)),
     ];
-    let mut t = measure(gpu, policy, launches)
+    let mut t = measure(gpu, policy, copies, launches)
         .into_iter()
         .map(|r| r.map(|s| Summary::of(&s.us).expect("samples")).map_err(MoeBenchError::Gpu));
     Ok(LayerTimes {

@@ -271,7 +271,7 @@ fn run_op(
             other => GpuError::Kernel { kernel: IMPL.into(), message: other.to_string() },
         })
     });
-    let timed = measure(gpu, policy, vec![f]).pop().expect("one candidate");
+    let timed = measure(gpu, policy, copies, vec![f]).pop().expect("one candidate");
     Ok(match timed.map(|s| Summary::of(&s.us)) {
         Ok(Some(sum)) => Ok((sum, describe_routes(&routes))),
         Ok(None) => Err("no samples".into()),

@@ -8,7 +8,8 @@ pub struct TimingPolicy {
     /// Operand copies are rotated so their total exceeds this multiple of the L2 size.
     pub l2_multiple: f64,
     /// Launches captured in one CUDA graph; a sample is one replay divided by this count
-    /// (chosen per candidate to reach `min_sample_us`, at most `max_launches`).
+    /// (chosen per candidate to reach `min_sample_us`, at most `max_launches`, and at least the
+    /// operand copies of the rotation: `timer::launches_per_graph`).
     pub min_sample_us: f64,
     pub max_launches: usize,
     /// Samples kept per candidate (all of them are reported).
@@ -47,8 +48,9 @@ impl TimingPolicy {
     /// One line for reports.
     pub fn describe(&self) -> String {
         format!(
-            "cold L2 (operands rotated over > {}x L2), CUDA-graph replay of back-to-back launches \
-             (>= {} us per sample, <= {} launches), {} warm-up replays, {} samples per candidate, {}, \
+            "cold L2 (operands rotated over > {}x L2, every graph replay walks all copies), \
+             CUDA-graph replay of back-to-back launches (>= {} us per sample, <= {} launches \
+             unless the rotation needs more), {} warm-up replays, {} samples per candidate, {}, \
              median with 95% order-statistic interval",
             self.l2_multiple,
             self.min_sample_us,

@@ -270,7 +270,7 @@ fn time_entry(
             other => GpuError::Kernel { kernel: kernel.config.name(), message: other.to_string() },
         })
     });
-    let mut timed = time_launches(gpu, policy, vec![launch]);
+    let mut timed = time_launches(gpu, policy, copies, vec![launch]);
     let samples = timed.pop().expect("one kernel timed").map_err(|e| format!("timing: {e}"))?;
     Ok(samples.us)
 }
