@@ -492,3 +492,47 @@ fn bad_shard_and_gpu_selections_are_one_line_errors() {
     let (ok, err) = tune(&[], &["--gpus", "0,0"]);
     assert!(!ok && err.contains("named twice"), "{err}");
 }
+
+/// A command that fails keeps what it was given: merge refuses records that make no valid
+/// table before it writes its log (the old `--out` stays), names a misspelled log among real
+/// ones, and check refuses an `--out` that would replace its own `--baseline`.
+#[test]
+fn failed_commands_keep_what_they_were_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // a committed record with its measurement context, its N made impossible for its kernel
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+    let logged =
+        fp4tune::tune::log::read(&results.join("h200/nvidia-h200-w4a16.jsonl.gz")).unwrap();
+    let mut bad = logged.into_iter().find(|r| r.context.is_some()).unwrap();
+    bad.key.n = 4_294_967_288;
+    std::fs::write(d.join("bad.jsonl"), serde_json::to_string(&bad).unwrap() + "\n").unwrap();
+    std::fs::write(d.join("keep.jsonl"), "PRECIOUS\n").unwrap();
+    let (ok, err) =
+        run(&fp4tune(), &["merge", "bad.jsonl", "--out", "keep.jsonl", "--table", "keep.ron"], d);
+    assert_clean_error(ok, &err, &["merged from bad.jsonl", "N=4294967288"]);
+    assert_eq!(std::fs::read_to_string(d.join("keep.jsonl")).unwrap(), "PRECIOUS\n");
+    assert!(!d.join("keep.ron").exists());
+    std::fs::write(d.join("good.jsonl"), format!("{}\n", record_line(1, None))).unwrap();
+    let (ok, err) = run(&fp4tune(), &["merge", "good.jsonl", "typo.jsonl", "--out", "m.jsonl"], d);
+    assert_clean_error(ok, &err, &["typo.jsonl", "no such file"]);
+    assert!(!d.join("m.jsonl").exists());
+    let ck = d.join("ck");
+    std::fs::create_dir(&ck).unwrap();
+    let base =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/h200/check-aa.json"))
+            .unwrap();
+    std::fs::write(ck.join("check.json"), &base).unwrap();
+    let table = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/nvidia-h200.ron");
+    let out = Command::new(fp4tune())
+        .args(["check", "--table", table.to_str().unwrap(), "--baseline", "ck/check.json"])
+        .args(["--out", "ck"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("would replace the baseline ck/check.json"), "{err}");
+    assert_eq!(std::fs::read(ck.join("check.json")).unwrap(), base);
+    assert!(!ck.join("check.md").exists());
+}

@@ -85,7 +85,12 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
             return Err(bad());
         }
         let u = |s: &str| s.trim().parse::<u32>().map_err(|_| bad());
-        let x = |s: &str| s.trim().parse::<f64>().map_err(|_| bad());
+        // times are finite and not negative (0: not measured)
+        let x = |s: &str| {
+            s.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0).ok_or_else(|| {
+                format!("{origin}:{}: `{}` is not a time in microseconds: {line}", i + 1, s.trim())
+            })
+        };
         rows.push(MoeRow {
             op: f[0].into(),
             n: u(f[1])?,
@@ -289,6 +294,12 @@ mod tests {
         assert_eq!(back[0].median_us, 8.5);
         let err = parse_csv("h\nmoe_gate_up,1,2\n", "p.csv").unwrap_err();
         assert!(err.starts_with("p.csv:2:"), "{err}");
+        // a negative or non-finite time is refused with its line
+        for bad in ["-8.5", "NaN"] {
+            let text = csv(&rows).replacen("8.500", bad, 1);
+            let err = parse_csv(&text, "q.csv").unwrap_err();
+            assert!(err.starts_with("q.csv:2:") && err.contains("not a time"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Token counts M, comma separated (default: 1,2,4,8,16,32,64,128,256,512,1024).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     pub m: Vec<u32>,
     /// Activation type.
     #[arg(long, value_enum, default_value = "w4a16")]

@@ -9,7 +9,7 @@
 //! measures that entry's kernel slowed by a delay prologue (`check::delay`) instead of the table's
 //! kernel, and says so in the report's notes.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use fp4tune::bench::TimingPolicy;
 use fp4tune::check::delay::InjectDelay;
 use fp4tune::check::{self, baseline, Blocker, CheckReport, EntryStatus, RuleConfig};
@@ -49,7 +49,7 @@ pub struct CheckArgs {
     pub quick: bool,
     /// Longest wait for one answer of the measuring worker (seconds) before its kernel counts as
     /// hung.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
     /// Test of the check itself: measure entry <entry> (its position, e.g. 3, or its key
     /// <N>x<K>:<M>[:w4a4|:w4a16]) with its kernel slowed by <us> microseconds per thread.
@@ -167,6 +167,22 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
     };
     // Refuse a bad rule before any GPU work.
     check::compare(&check::Baseline::Samples(vec![1.0]), &[1.0], &rule)?;
+    // This run's report must not replace the earlier check it is compared with.
+    if let Some(b) = &a.baseline {
+        for name in ["check.json", "check.md"] {
+            let report = a.out.join(name);
+            if let (Ok(x), Ok(y)) = (b.canonicalize(), report.canonicalize()) {
+                if x == y {
+                    bail!(
+                        "--out {} would replace the baseline {} with this run's report: write \
+                         the new check to another folder",
+                        a.out.display(),
+                        b.display()
+                    );
+                }
+            }
+        }
+    }
     let policy = if a.quick { TimingPolicy::quick() } else { TimingPolicy::default() };
     let mut blockers = Vec::new();
     let baselines = match &a.baseline {

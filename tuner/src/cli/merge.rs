@@ -53,13 +53,22 @@ pub fn run(args: MergeArgs) -> Result<()> {
     let logs = expand(&logs)?;
     let shards = fp4tune::tune::merge::check_shards(&logs)?;
     let list = |v: &[u32]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
-    if !shards.missing.is_empty() || !shards.unfinished.is_empty() {
+    if !shards.missing.is_empty()
+        || !shards.unfinished.is_empty()
+        || !shards.without_manifest.is_empty()
+    {
         let mut why = Vec::new();
         if !shards.missing.is_empty() {
             why.push(format!("shards {} of {} are missing", list(&shards.missing), shards.count));
         }
         if !shards.unfinished.is_empty() {
             why.push(format!("shards {} did not finish", list(&shards.unfinished)));
+        }
+        if !shards.without_manifest.is_empty() {
+            why.push(format!(
+                "shards {} have no manifest next to their log (whether they finished cannot be told)",
+                list(&shards.without_manifest)
+            ));
         }
         if !partial {
             bail!("{}: run them (a shard resumes its log) or pass --partial", why.join("; "));
@@ -71,9 +80,9 @@ pub fn run(args: MergeArgs) -> Result<()> {
         warnln!("{w}");
     }
     let records = merged.records;
-    // Every file is written before anything is printed: a closed standard output (`| head`)
-    // must not lose the table.
-    fp4tune::tune::merge::write(&out, &records)?;
+    // The table is built and checked before any file is written: records that make no valid
+    // table leave the existing log and table as they were. Every file is written before
+    // anything is printed: a closed standard output (`| head`) must not lose the table.
     let selection = match &table {
         Some(path) => {
             let (mut t, sel) =
@@ -97,6 +106,15 @@ pub fn run(args: MergeArgs) -> Result<()> {
                     }
                 }
             }
+            let inputs = logs.iter().map(|l| l.display().to_string()).collect::<Vec<_>>();
+            t.validate(&format!("the table merged from {}", inputs.join(", ")))?;
+            Some((path, t, sel))
+        }
+        None => None,
+    };
+    fp4tune::tune::merge::write(&out, &records)?;
+    let selection = match selection {
+        Some((path, t, sel)) => {
             t.save(path)?;
             Some((path, sel))
         }

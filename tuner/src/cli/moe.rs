@@ -48,6 +48,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         None => Vec::new(),
     };
+    // The tables are read before the GPU is opened: a missing or malformed one is named first.
+    let tables: Vec<_> = a
+        .tables
+        .iter()
+        .map(|p| fp4tune::table::Table::load(p).map(|t| (p.clone(), t)))
+        .collect::<Result<_, _>>()?;
     let gpu = fp4tune::gpu::Gpu::open(a.device)?;
     let info = gpu.info().clone();
     let family = fp4tune::runtime::family_for(&info)?;
@@ -72,11 +78,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ),
     };
     let compiler = crate::default_compiler()?;
-    let tables: Vec<_> = a
-        .tables
-        .iter()
-        .map(|p| fp4tune::table::Table::load(p).map(|t| (p.clone(), t)))
-        .collect::<Result<_, _>>()?;
     // The grouped entries of the given tables are measured besides the spread of the space.
     let mut extra = Vec::new();
     for e in tables.iter().flat_map(|(_, t)| &t.moe) {

@@ -68,7 +68,14 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let kinds = strategies
         .iter()
         .filter(|s| *s != "race")
-        .map(|name| Ok((name, StrategyKind::parse(name)?)))
+        .map(|name| {
+            let kind = StrategyKind::parse(name).map_err(|_| {
+                anyhow::anyhow!(
+                    "unknown strategy {name:?} (expected race, exhaustive, random or model)"
+                )
+            })?;
+            Ok((name, kind))
+        })
         .collect::<Result<Vec<_>>>()?;
     // One GPU model, one template version per family, every record plausible; named by line.
     let contents = load_log(&log)?;

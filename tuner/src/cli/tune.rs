@@ -57,7 +57,7 @@ pub struct TuneArgs {
     #[arg(long, value_parser = parse_duration)]
     pub time_budget: Option<std::time::Duration>,
     /// A candidate that runs longer than this many seconds is recorded as a hang.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
     /// The GPU of a one-GPU campaign (device ordinal; --gpus for several).
     #[arg(long, default_value_t = 0)]
@@ -76,7 +76,7 @@ pub struct TuneArgs {
     #[arg(long)]
     pub moe_only: bool,
     /// Token buckets B of the grouped phase, comma separated (default 1, 2, 4, ..., 1024 and 4096).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     pub moe_buckets: Vec<u32>,
 }
 
@@ -108,7 +108,11 @@ pub fn run(args: TuneArgs) -> Result<()> {
     let strategy = if racing {
         fp4tune::search::StrategyKind::parse("model")?
     } else {
-        fp4tune::search::StrategyKind::parse(&strategy)?
+        fp4tune::search::StrategyKind::parse(&strategy).map_err(|_| {
+            anyhow::anyhow!(
+                "unknown strategy {strategy:?} (expected race, exhaustive, random or model)"
+            )
+        })?
     };
     if let Some(b) = budget {
         if !(b > 0.0 && b <= 1.0) {

@@ -66,7 +66,16 @@ pub fn parse_bench_csv(text: &str, origin: &str) -> Result<Vec<BenchPoint>, Plot
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
         let bad = || PlotError::Input(format!("{origin}:{}: not a bench row: {line}", i + 1));
         let get = |c: usize| f.get(c).copied().ok_or_else(bad);
-        let num = |c: usize| get(c)?.parse::<f64>().map_err(|_| bad());
+        // times are finite and not negative (0: not measured)
+        let num = |c: usize| {
+            let s = get(c)?;
+            s.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0).ok_or_else(|| {
+                PlotError::Input(format!(
+                    "{origin}:{}: `{s}` is not a time in microseconds: {line}",
+                    i + 1
+                ))
+            })
+        };
         let int = |c: usize| get(c)?.parse::<u32>().map_err(|_| bad());
         out.push(BenchPoint {
             shape: get(shape)?.to_string(),
@@ -409,6 +418,15 @@ mod tests {
         assert!(e.starts_with("b.csv:2:"), "{e}");
         let e = parse_bench_csv("a,b\n", "c.csv").unwrap_err().to_string();
         assert!(e.contains("no column `shape`"), "{e}");
+        // a time that is no time is refused, not dropped from the figure
+        for median in ["-3.4", "NaN", "inf"] {
+            let text = format!(
+                "shape,N,K,M,a_type,impl,median_us,roofline_us,read_floor_us\n\
+                 s,512,6144,1,w4a16,fp4tune,{median},0.4,1.8\n"
+            );
+            let e = parse_bench_csv(&text, "d.csv").unwrap_err().to_string();
+            assert!(e.starts_with("d.csv:2:") && e.contains("not a time"), "{median}: {e}");
+        }
     }
 
     #[test]

@@ -27,7 +27,8 @@ pub struct Campaign {
     pub gemm_wall_s: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_wall_s: Option<f64>,
-    /// `cold` (no kernel of the search was in the cubin cache), `warm` (all were) or `partial`,
+    /// `cold` (no kernel of the search was in the cubin cache), `warm` (all were), `partial`, or
+    /// `not counted` (a model or random search, whose workers compile as they pick),
     /// with the counts.
     pub cache: String,
     pub kernels_cached: usize,
@@ -56,6 +57,8 @@ impl Campaign {
     /// The cache label of a campaign that found `cached` kernels and compiled `compiled`.
     pub fn cache_label(cached: usize, compiled: usize) -> &'static str {
         match (cached, compiled) {
+            // a campaign whose workers compile as their strategy asks (model, random): no count
+            (0, 0) => "not counted",
             (_, 0) => "warm",
             (0, _) => "cold",
             _ => "partial",
@@ -728,6 +731,8 @@ pub(crate) mod tests {
         assert!(!plain.contains("gpus") && !plain.contains("shards"), "{plain}");
         assert_eq!(Table::from_ron_str(&plain, "t.ron").unwrap().campaign, t.campaign);
         assert_eq!(Campaign::cache_label(812, 0), "warm");
+        assert_eq!(Campaign::cache_label(0, 40), "cold");
+        assert_eq!(Campaign::cache_label(0, 0), "not counted");
         assert_eq!(Campaign::cache_label(3, 2), "partial");
         let old = text.replace("schema_version: 5", "schema_version: 3");
         let e = Table::from_ron_str(&old, "old.ron").unwrap_err().to_string();

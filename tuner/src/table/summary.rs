@@ -119,7 +119,7 @@ pub fn summary(table: &Table) -> String {
     if let Some(c) = &table.campaign {
         let _ = writeln!(
             out,
-            "campaign: {:.1} s wall ({:.1} s GEMM keys{}), {} cache, {} screened, {} timed, strategy {}",
+            "campaign: {:.1} s wall ({:.1} s GEMM keys{}), cubin cache {}, {} screened, {} timed, strategy {}",
             c.wall_s,
             c.gemm_wall_s,
             c.moe_wall_s.map(|s| format!(", {s:.1} s grouped")).unwrap_or_default(),

@@ -310,7 +310,7 @@ pub fn run(
 
     // Earlier records: must be from this GPU model and these templates. A torn last line is
     // reported, and cut off when the writer opens the log.
-    let resumed = log::read_log(&log_path)?;
+    let resumed = log::read_log_or_empty(&log_path)?;
     if let Some(torn) = resumed.torn_tail {
         progress(first, Event::TornTail(torn));
     }
@@ -369,6 +369,10 @@ pub fn run(
     for (o, b) in ordinals.iter().zip(&bins) {
         progress(*o, Event::Assigned { keys: b.keys.len(), predicted_s: b.cost_us * 1e-6 });
     }
+    // What the campaign found in the cubin cache and compiled up front: everything any key may
+    // need (exhaustive), or the racing pools (below); other strategies' workers compile the
+    // candidates as they pick them, which nothing counts.
+    let mut precompiled = Precompiled::default();
     if spec.precompile {
         // Everything any key may need, in parallel, into the disk cache (workers load from it).
         let needed: Vec<GemmConfig> = space
@@ -381,6 +385,8 @@ pub fn run(
             .collect();
         progress(first, Event::Compiling(needed.len()));
         let sources: Vec<_> = needed.iter().filter_map(|c| c.render().ok()).collect();
+        let cached = compiler.count_cached(&sources);
+        precompiled = Precompiled { cached, compiled: sources.len() - cached.min(sources.len()) };
         let _ = compiler.compile_many(&sources);
     }
     // Racing: the pools without their carried part are known now, compiled into the cubin
@@ -403,7 +409,10 @@ pub fn run(
                 .collect()
         }
     };
-    let cached_at_start = compiler.count_cached(&distinct);
+    if !distinct.is_empty() {
+        let cached = compiler.count_cached(&distinct);
+        precompiled = Precompiled { cached, compiled: distinct.len() - cached.min(distinct.len()) };
+    }
 
     let sink = Sink { inner: Mutex::new((log::Writer::open(&log_path)?, Vec::new())) };
     let dispatch = Dispatch {
@@ -480,13 +489,7 @@ pub fn run(
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         results
     });
-    let mut stats = CampaignStats {
-        cache: Precompiled {
-            cached: cached_at_start,
-            compiled: distinct.len() - cached_at_start.min(distinct.len()),
-        },
-        ..CampaignStats::default()
-    };
+    let mut stats = CampaignStats { cache: precompiled, ..CampaignStats::default() };
     let mut new_records = 0;
     let mut runs = Vec::new();
     let mut failures = Vec::new();
@@ -529,7 +532,8 @@ pub fn run(
         m.finished = true;
         m.save(&manifest_path)?;
     }
-    let records: Vec<Record> = log::read(&log_path)?
+    let records: Vec<Record> = log::read_log_or_empty(&log_path)?
+        .records
         .into_iter()
         .filter(|r| r.template_hash == template_hash && r.key.a_type == a_type)
         .collect();

@@ -206,20 +206,34 @@ pub struct LogContents {
     pub torn_tail: Option<TornTail>,
 }
 
-/// Read every record of a log, plain or gzip-compressed (`*.jsonl.gz`). A missing file is an
-/// empty log. See [`read_log`] (this drops the torn-tail warning).
+/// Read every record of a log, plain or gzip-compressed (`*.jsonl.gz`); a missing file is an
+/// error naming it. See [`read_log`] (this drops the torn-tail warning).
 pub fn read(path: &Path) -> Result<Vec<Record>, LogError> {
     Ok(read_log(path)?.records)
 }
 
 /// Read a log with the line of every record and the torn last line, if any (see
-/// [`parse_log`]). A missing file is an empty log.
+/// [`parse_log`]); a missing file is an error naming it (a misspelled `--log` or shard must not
+/// read as an empty log).
 pub fn read_log(path: &Path) -> Result<LogContents, LogError> {
+    read_log_opt(path)?.ok_or_else(|| LogError::Io {
+        path: path.to_path_buf(),
+        error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+    })
+}
+
+/// The log a campaign resumes from: as [`read_log`], but a log not written yet is an empty one.
+pub fn read_log_or_empty(path: &Path) -> Result<LogContents, LogError> {
+    Ok(read_log_opt(path)?.unwrap_or_default())
+}
+
+/// [`read_log`], with `None` for a missing file.
+fn read_log_opt(path: &Path) -> Result<Option<LogContents>, LogError> {
     use std::io::Read as _;
     let io = |error| LogError::Io { path: path.to_path_buf(), error };
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LogContents::default()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io(e)),
     };
     let mut reader: Box<dyn std::io::Read> = if is_gzip(path) {
@@ -229,7 +243,7 @@ pub fn read_log(path: &Path) -> Result<LogContents, LogError> {
     };
     let mut bytes = Vec::new();
     reader.read_to_end(&mut bytes).map_err(io)?;
-    parse_log(&bytes, path)
+    parse_log(&bytes, path).map(Some)
 }
 
 /// Parse the bytes of a log; `path` names it in errors. A last line without its newline is
@@ -285,6 +299,13 @@ pub fn parse_log(bytes: &[u8], path: &Path) -> Result<LogContents, LogError> {
 /// [`crate::template::BOUNDS`], and a timed record's median finite, at least
 /// [`MIN_PLAUSIBLE_US`] and inside its own interval. Returns why not.
 pub fn check_record(r: &Record) -> Result<(), String> {
+    let k = &r.key;
+    if k.n == 0 || k.k == 0 || k.m == 0 || k.k % 16 != 0 {
+        return Err(format!(
+            "key N = {}, K = {}, M = {}: N, K and M must be positive and K a multiple of 16",
+            k.n, k.k, k.m
+        ));
+    }
     r.config.check_bounds().map_err(|e| e.to_string())?;
     if let Outcome::Timed { time, .. } | Outcome::Screened { time, .. } = &r.outcome {
         let (median, lo, hi) = (time.median, time.lo, time.hi);
@@ -475,7 +496,10 @@ pub(crate) mod tests {
     fn append_read_and_torn_tail() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/log.jsonl");
-        assert!(read(&path).unwrap().is_empty());
+        // a log not written yet: empty for a campaign that resumes, an error naming it otherwise
+        assert!(read_log_or_empty(&path).unwrap().records.is_empty());
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("sub/log.jsonl") && e.contains("no such file"), "{e}");
         let mut w = Writer::open(&path).unwrap();
         w.append(&record(1, Some(3.0))).unwrap();
         w.append(&record(2, None)).unwrap();

@@ -165,6 +165,8 @@ pub struct ShardReport {
     pub missing: Vec<u32>,
     /// Shards whose campaign did not run to its end (killed, or still running).
     pub unfinished: Vec<u32>,
+    /// Shards whose log has no manifest next to it: whether they finished cannot be told.
+    pub without_manifest: Vec<u32>,
 }
 
 /// Why shards cannot be merged (one line each, naming both files).
@@ -178,18 +180,40 @@ pub enum ShardMergeError {
 
 /// Read the manifests of the shard logs among `paths` and check they belong to one campaign:
 /// the same shard count, GPU model, template version and campaign keys (shape set and buckets).
-/// Logs that are not a shard's are left alone.
+/// A shard log without its manifest still counts by its name (`shard-i-of-n`): its shard is
+/// present (in `without_manifest`) and the others of its count are missing unless given. Logs
+/// that are not a shard's are left alone.
 pub fn check_shards(paths: &[PathBuf]) -> Result<ShardReport, ShardMergeError> {
     use super::shard::Manifest;
     let mut report = ShardReport::default();
     let mut first: Option<(PathBuf, Manifest)> = None;
+    // (log, shard) of the first shard log, by name, for a campaign without manifests
+    let mut named: Option<(PathBuf, super::shard::Shard)> = None;
     for p in paths {
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if super::shard::Shard::of_file_name(&name).is_none() {
+        let Some(shard) = super::shard::Shard::of_file_name(&name) else {
             continue;
+        };
+        match &named {
+            Some((fp, f)) if f.count != shard.count => {
+                return Err(ShardMergeError::Mismatch {
+                    first: fp.clone(),
+                    other: p.clone(),
+                    what: "shard count",
+                    a: f.count.to_string(),
+                    b: shard.count.to_string(),
+                })
+            }
+            Some(_) => {}
+            None => named = Some((p.clone(), shard)),
         }
         let mp = Manifest::path_of_log(p);
-        let Some(m) = Manifest::load(&mp)? else { continue };
+        let Some(m) = Manifest::load(&mp)? else {
+            if !report.without_manifest.contains(&shard.index) {
+                report.without_manifest.push(shard.index);
+            }
+            continue;
+        };
         if let Some((fp, f)) = &first {
             let mismatch = |what, a: String, b: String| ShardMergeError::Mismatch {
                 first: fp.clone(),
@@ -230,11 +254,16 @@ pub fn check_shards(paths: &[PathBuf]) -> Result<ShardReport, ShardMergeError> {
             report.present.push(m);
         }
     }
-    if let Some((_, f)) = first {
-        report.count = f.shard.count;
+    if let Some((_, shard)) = named {
+        report.count = shard.count;
         report.present.sort_by_key(|m| m.shard.index);
-        report.missing = (0..f.shard.count)
-            .filter(|i| !report.present.iter().any(|m| m.shard.index == *i))
+        report.without_manifest.retain(|i| !report.present.iter().any(|m| m.shard.index == *i));
+        report.without_manifest.sort_unstable();
+        report.missing = (0..shard.count)
+            .filter(|i| {
+                !report.present.iter().any(|m| m.shard.index == *i)
+                    && !report.without_manifest.contains(i)
+            })
             .collect();
         report.unfinished =
             report.present.iter().filter(|m| !m.finished).map(|m| m.shard.index).collect();
@@ -335,9 +364,14 @@ mod tests {
         let mut newer = record(2, Some(3.0));
         newer.template_hash = "another".into();
         let c = log_of(d.path(), "c.jsonl", &[newer]);
-        let e = merge(&[a, c]).unwrap_err().to_string();
+        let e = merge(&[a.clone(), c]).unwrap_err().to_string();
         assert!(e.contains("different template versions"), "{e}");
-        assert!(matches!(merge(&[d.path().join("missing.jsonl")]), Err(MergeError::Empty(_))));
+        // a misspelled log is an error naming it, alone or beside real ones
+        for logs in [vec![d.path().join("missing.jsonl")], vec![a, d.path().join("missing.jsonl")]]
+        {
+            let e = merge(&logs).unwrap_err().to_string();
+            assert!(e.contains("missing.jsonl") && e.contains("no such file"), "{e}");
+        }
     }
 
     fn text_log(dir: &Path, name: &str, recs: &[Record]) -> PathBuf {
@@ -431,6 +465,17 @@ mod tests {
         let e = check_shards(&[a, c]).unwrap_err().to_string();
         assert!(e.contains("GPU model differs: NVIDIA H200 vs NVIDIA H100"), "{e}");
         assert!(e.contains("x-w4a16.shard-0-of-4.manifest.json"), "{e}");
+        // a shard log without its manifest counts by its name: present, not known to have
+        // finished, and the other shards of its count missing
+        let lone = Shard { index: 1, count: 2 };
+        let e = tempfile::tempdir().unwrap();
+        let log = e.path().join(lone.file_name("x-w4a16", "jsonl"));
+        let r = check_shards(std::slice::from_ref(&log)).unwrap();
+        assert_eq!((r.count, r.missing, r.without_manifest), (2, vec![0], vec![1]));
+        assert!(r.present.is_empty() && r.unfinished.is_empty());
+        let other = e.path().join(Shard { index: 0, count: 3 }.file_name("x-w4a16", "jsonl"));
+        let err = check_shards(&[log, other]).unwrap_err().to_string();
+        assert!(err.contains("shard count differs: 2 vs 3"), "{err}");
     }
 
     #[test]
