@@ -249,6 +249,13 @@ impl HfMoeConfig {
                 let first_dense = keys
                     .opt_u32("first_k_dense_replace")?
                     .ok_or_else(|| keys.missing("first_k_dense_replace"))?;
+                if first_dense >= num_layers {
+                    return Err(keys.bad(
+                        "first_k_dense_replace",
+                        "less than num_hidden_layers (the layers from it on are the MoE layers)",
+                        &Value::from(first_dense),
+                    ));
+                }
                 let freq = keys.positive_or("moe_layer_freq", 1)?;
                 let moe = (0..num_layers).filter(|&i| i >= first_dense && i % freq == 0).count();
                 (routed, experts, shared, moe as u32)
@@ -288,6 +295,13 @@ impl HfMoeConfig {
                 })
             }
         };
+        if moe_layers == 0 {
+            return Err(keys.bad(
+                "num_hidden_layers",
+                "a count of layers of which the config's layer rules make at least one MoE",
+                &Value::from(num_layers),
+            ));
+        }
         let dense_layers = num_layers - moe_layers;
         let dense = if dense_layers > 0 {
             let key = "intermediate_size";
@@ -682,6 +696,17 @@ mod tests {
         });
         let err = HfMoeConfig::from_json(&text, "q").unwrap_err();
         assert!(matches!(&err, ShapeError::BadValue { key, .. } if key == "mlp_only_layers"));
+        // layer rules that leave no MoE layer: named, not derived as a model of 0 MoE layers
+        let text = edited("glm5-config.json", |o| {
+            o.insert("first_k_dense_replace".into(), 80.into());
+        });
+        let err = HfMoeConfig::from_json(&text, "g").unwrap_err().to_string();
+        assert!(err.contains("first_k_dense_replace") && err.contains("80"), "{err}");
+        let text = edited("qwen3-moe-config.json", |o| {
+            o.insert("decoder_sparse_step".into(), 1000.into());
+        });
+        let err = HfMoeConfig::from_json(&text, "q").unwrap_err().to_string();
+        assert!(err.contains("num_hidden_layers") && err.contains("at least one MoE"), "{err}");
     }
 
     #[test]

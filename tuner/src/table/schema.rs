@@ -304,6 +304,11 @@ pub enum TableError {
     SchemaVersion { origin: String, found: u32 },
     #[error("{origin}: the dispatch table has no entries")]
     Empty { origin: String },
+    #[error(
+        "{origin}: this is a shape file (model and shape sets), not a dispatch table: pass it as \
+         --shapes; tables are what `fp4tune tune` writes (e.g. results/nvidia-h200.ron)"
+    )]
+    ShapeFile { origin: String },
     #[error("{origin}: {at}: {reason}")]
     Invalid { origin: String, at: String, reason: String },
     #[error("{origin}: the table does not match this device or these kernel sources:\n  {}",
@@ -350,6 +355,17 @@ impl Table {
             column: e.span.start.col,
             message: e.code.to_string(),
         };
+        // A shape file is the file most often passed where a table belongs.
+        #[derive(Deserialize)]
+        struct ShapeFileProbe {
+            #[allow(dead_code)]
+            model: serde::de::IgnoredAny,
+            #[allow(dead_code)]
+            sets: serde::de::IgnoredAny,
+        }
+        if ron::Options::default().from_str::<ShapeFileProbe>(text).is_ok() {
+            return Err(TableError::ShapeFile { origin: origin.to_string() });
+        }
         // Unknown fields are ignored by the probe; a truncated file fails here with its position.
         let probe: VersionProbe = ron::Options::default().from_str(text).map_err(ron_err)?;
         if !TABLE_SCHEMA_VERSIONS_READ.contains(&probe.schema_version) {
@@ -547,6 +563,18 @@ pub(crate) mod tests {
         assert!(!old.contains("pipeline"), "{old}");
         let back = Table::from_ron_str(&old, "old").unwrap();
         assert!(back.entries.iter().all(|e| e.config.pipeline == Pipeline::CpAsync));
+    }
+
+    /// A shape file given where a table belongs is named as one, not as a missing field.
+    #[test]
+    fn a_shape_file_is_not_a_table() {
+        let shapes = include_str!("../../../shapes/glm5.ron");
+        let e = err(shapes);
+        assert!(
+            e.contains("results/h200.ron: this is a shape file") && e.contains("--shapes"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
     }
 
     /// Issue 14: the OS error of a failed read or write is printed once, also when the CLI
