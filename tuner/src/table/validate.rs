@@ -32,6 +32,9 @@ impl Table {
         if self.entries.is_empty() && self.moe.is_empty() {
             return Err(TableError::Empty { origin: origin.to_string() });
         }
+        if self.device.sm_count == 0 {
+            return Err(invalid("device".into(), "sm_count must be positive".into()));
+        }
         self.validate_moe(origin)?;
         let mut seen = HashSet::new();
         for (i, e) in self.entries.iter().enumerate() {
@@ -278,6 +281,7 @@ mod tests {
         check(&|t| t.entries[0].key.a_type = AType::Nvfp4, "the key for sm90 w4a4");
         check(&|t| t.entries[0].key.k = 100, "not a multiple of 16");
         check(&|t| t.entries[0].key.m = 0, "must be positive");
+        check(&|t| t.device.sm_count = 0, "sm_count must be positive");
         check(&|t| t.entries[0].median_us = f64::NAN, "finite and positive");
         check(&|t| t.entries[0].interval_us = (5.0, 4.0), "lo <= hi");
         check(&|t| t.template_hashes.clear(), "no template hash");
