@@ -25,6 +25,11 @@ fn expand(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for p in inputs {
         if !p.is_dir() {
+            // named before the shard check, which would see a misspelled shard log as one
+            // without its manifest
+            if !p.exists() {
+                bail!("{}: no such file", p.display());
+            }
             out.push(p.clone());
             continue;
         }
@@ -74,6 +79,12 @@ pub fn run(args: MergeArgs) -> Result<()> {
             bail!("{}: run them (a shard resumes its log) or pass --partial", why.join("; "));
         }
         warnln!("{} (merging anyway: --partial)", why.join("; "));
+        if table.is_some() && shards.without_manifest.contains(&0) {
+            warnln!(
+                "shard 0 has no manifest: its partial table, which holds the grouped MoE entries, \
+                 is not looked up (the merged table has none)"
+            );
+        }
     }
     let merged = fp4tune::tune::merge::merge_logs(&logs)?;
     for w in &merged.warnings {

@@ -296,9 +296,12 @@ impl HfMoeConfig {
             }
         };
         if moe_layers == 0 {
+            // the layer rules' own keys (moe_layer_freq, decoder_sparse_step, mlp_only_layers)
+            // leave no MoE layer among these
             return Err(keys.bad(
                 "num_hidden_layers",
-                "a count of layers of which the config's layer rules make at least one MoE",
+                "a count of layers of which the config's layer rules (moe_layer_freq, \
+                 decoder_sparse_step, mlp_only_layers) make at least one MoE",
                 &Value::from(num_layers),
             ));
         }

@@ -47,9 +47,10 @@ pub fn key_costs(
                 space.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
             let best = legal.iter().map(|c| model.estimate(c, &p).us).fold(f64::INFINITY, f64::min);
             let best = if best.is_finite() { best } else { 0.0 };
+            let copies = race::rotation_of(&p, model.device.l2_bytes);
             match race {
-                Some(opts) => race::predicted_key_us(legal.len(), best, opts),
-                None => legal.len() as f64 * race::screen_candidate_us(best),
+                Some(opts) => race::predicted_key_us(legal.len(), best, copies, opts),
+                None => legal.len() as f64 * race::screen_candidate_us(best, copies),
             }
         })
         .collect()

@@ -11,6 +11,9 @@
 //! pools of a campaign and of its offline replay (`fp4tune simulate --strategy race`) and walk
 //! their screening rounds ([`screen_rounds`]), so the replay measures the strategy that ships.
 
+use crate::bench::policy::rotation_copies;
+use crate::bench::timer::MAX_ROTATION_LAUNCHES;
+use crate::bench::TimingPolicy;
 use crate::problem::GemmProblem;
 use crate::search::space::Grid;
 use crate::search::{competitive_pipelines, CostModel};
@@ -124,25 +127,43 @@ const SCREEN_OVERHEAD_US: f64 = 1500.0;
 const SCREEN_LAUNCHES: f64 = 12.0;
 
 /// The pool size of a key with `legal` configurations whose best kernel is expected to take
-/// `best_us`.
-pub fn pool_size(legal: usize, best_us: f64, opts: &RaceOptions) -> usize {
+/// `best_us` on operands rotated over `copies` copies ([`rotation_of`]).
+pub fn pool_size(legal: usize, best_us: f64, copies: usize, opts: &RaceOptions) -> usize {
     let by_fraction = ((opts.pool_fraction * legal as f64).ceil() as usize).max(opts.min_pool);
-    let per_candidate_us = SCREEN_OVERHEAD_US + SCREEN_LAUNCHES * best_us.max(0.0);
-    let by_time = (opts.key_seconds * 1e6 / per_candidate_us).floor() as usize;
+    let by_time = (opts.key_seconds * 1e6 / screen_candidate_us(best_us, copies)).floor() as usize;
     by_fraction.min(by_time.max(opts.min_pool / 2).max(opts.finalists)).min(legal)
 }
 
 /// What racing one key is predicted to cost, microseconds: its pool and one refinement round
 /// screened, its finalists timed under the full policy (counted as [`FULL_OVER_SCREEN`]
 /// screenings each). Only the ratios between keys matter: this balances keys over GPUs and shards.
-pub fn predicted_key_us(legal: usize, best_us: f64, opts: &RaceOptions) -> f64 {
-    let screened = pool_size(legal, best_us, opts) + opts.refine_max.min(legal);
-    (screened as f64 + FULL_OVER_SCREEN * opts.finalists as f64) * screen_candidate_us(best_us)
+pub fn predicted_key_us(legal: usize, best_us: f64, copies: usize, opts: &RaceOptions) -> f64 {
+    let screened = pool_size(legal, best_us, copies, opts) + opts.refine_max.min(legal);
+    (screened as f64 + FULL_OVER_SCREEN * opts.finalists as f64)
+        * screen_candidate_us(best_us, copies)
 }
 
-/// What screening one candidate whose kernel takes `best_us` costs, microseconds.
-pub fn screen_candidate_us(best_us: f64) -> f64 {
-    SCREEN_OVERHEAD_US + SCREEN_LAUNCHES * best_us.max(0.0)
+/// What screening one candidate whose kernel takes `best_us` costs, microseconds, on operands
+/// rotated over `copies` copies: the fixed cost and launches, plus the time by which walking the
+/// whole rotation in every warm-up and sample replay (`bench::timer::launches_per_graph`)
+/// exceeds the screening policy's sample length (a 3.5 us GLM-5 TP8 expert GEMM rotates over 142
+/// copies: about 500 us per replay where 50 us would fill a sample).
+pub fn screen_candidate_us(best_us: f64, copies: usize) -> f64 {
+    let screen = TimingPolicy::screen();
+    let best = best_us.max(0.0);
+    let walk = copies.min(MAX_ROTATION_LAUNCHES) as f64 * best;
+    // a graph without the rotation: the sample's length, or two launches of a long kernel
+    let filled = screen.min_sample_us.max(2.0 * best);
+    let replays = (screen.warmup_replays + screen.samples) as f64;
+    SCREEN_OVERHEAD_US + SCREEN_LAUNCHES * best + replays * (walk - filled).max(0.0)
+}
+
+/// The operand copies a timing of `problem` rotates over on a GPU of `l2_bytes` of L2 (as
+/// `bench::gemm::DeviceProblem` uploads them: weights, scales and activations per copy).
+pub fn rotation_of(problem: &GemmProblem, l2_bytes: u64) -> usize {
+    let (m, n) = (problem.m as u64, problem.n as u64);
+    let per_copy = problem.min_bytes().saturating_sub(m * n * 2);
+    rotation_copies(per_copy, l2_bytes, TimingPolicy::default().l2_multiple)
 }
 
 /// A full-policy timing costs about this many screenings (more samples, the same set-up).
@@ -172,7 +193,8 @@ pub fn pool(
 ) -> Vec<GemmConfig> {
     let ranked = model.rank(legal, problem);
     let best_us = expected_us(ranked.first().map_or(0.0, |r| r.1), previous, problem.m);
-    let size = pool_size(legal.len(), best_us, opts);
+    let copies = rotation_of(problem, model.device.l2_bytes);
+    let size = pool_size(legal.len(), best_us, copies, opts);
     let allowed: HashSet<GemmConfig> = legal.iter().copied().collect();
     let mut out = Vec::with_capacity(size);
     let mut seen = HashSet::new();
@@ -445,11 +467,32 @@ mod tests {
     #[test]
     fn slow_keys_get_smaller_pools() {
         let opts = RaceOptions::default();
-        let fast = pool_size(4000, 3.0, &opts);
-        let slow = pool_size(4000, 2000.0, &opts);
+        let fast = pool_size(4000, 3.0, 2, &opts);
+        let slow = pool_size(4000, 2000.0, 2, &opts);
         assert_eq!(fast, 240);
         assert!(slow < fast / 3 && slow >= opts.min_pool / 2, "{slow}");
-        assert_eq!(pool_size(10, 3.0, &opts), 10);
+        assert_eq!(pool_size(10, 3.0, 2, &opts), 10);
+    }
+
+    /// Screening a small kernel walks its whole rotation in every warm-up and sample replay: a
+    /// GLM-5 TP8 expert (1.8 MB per copy, 142 copies on a 60 MiB L2) costs several times what a
+    /// sample-filling graph would, a kernel whose rotation fits in a sample nothing more, and a
+    /// short time budget gets a smaller pool for it.
+    #[test]
+    fn screening_cost_counts_the_rotation_walk() {
+        let l2 = 60u64 << 20;
+        let tp8 = GemmProblem::new(1, 512, 6144, AType::Bf16);
+        let copies = rotation_of(&tp8, l2);
+        assert!((140..=145).contains(&copies), "{copies}");
+        let walked = screen_candidate_us(3.5, copies);
+        let filled = screen_candidate_us(3.5, 2);
+        assert!(walked > 2.5 * filled, "{walked} vs {filled}");
+        assert_eq!(screen_candidate_us(100.0, 2), SCREEN_OVERHEAD_US + SCREEN_LAUNCHES * 100.0);
+        assert_eq!(screen_candidate_us(1.0, 40), SCREEN_OVERHEAD_US + SCREEN_LAUNCHES * 1.0);
+        let tight = RaceOptions { key_seconds: 0.3, ..RaceOptions::default() };
+        assert!(pool_size(4000, 3.5, copies, &tight) < pool_size(4000, 3.5, 2, &tight));
+        let opts = RaceOptions::default();
+        assert!(predicted_key_us(4000, 3.5, copies, &opts) > predicted_key_us(4000, 3.5, 2, &opts));
     }
 
     #[test]
