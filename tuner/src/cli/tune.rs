@@ -155,21 +155,22 @@ pub fn run(args: TuneArgs) -> Result<()> {
         bail!("no shapes of set `{}` match --only {only:?}", set.name);
     }
     let moe_layer = fp4tune::moe::MoeShape::from_set(&set);
+    // where the grouped layer comes from (its errors name it), and the campaign's first GPU
+    let layer = format!("{origin}, set {}", set.name);
+    let first_gpu = match &gpus {
+        Some(GpuSelection::List(v)) => v.first().copied().unwrap_or(device),
+        _ => device,
+    };
     if moe_only {
         let Some((shape, total)) = moe_layer else {
             bail!("shape set `{}` has no routed expert layer to tune", set.name);
         };
-        let device = match &gpus {
-            Some(GpuSelection::List(v)) => v.first().copied().unwrap_or(device),
-            _ => device,
-        };
-        let layer = format!("{origin}, set {}", set.name);
         return super::moe::tune_phase(
             (shape, &layer),
             total,
             a_type,
             &moe_buckets,
-            device,
+            first_gpu,
             &out,
             None,
         );
@@ -193,12 +194,8 @@ pub fn run(args: TuneArgs) -> Result<()> {
     // The grouped phase runs after the GEMM keys: a layer the device's grouped kernels cannot
     // run is said now, not after minutes of GEMM measurements.
     if let Some((shape, _)) = moe_layer.filter(|_| !no_moe && shard.index == 0) {
-        let first = match &gpus {
-            Some(GpuSelection::List(v)) => v.first().copied().unwrap_or(device),
-            _ => device,
-        };
-        let info = fp4tune::gpu::Gpu::open(first)?.info().clone();
-        super::moe::phase_a_type(&shape, a_type, &info, &format!("{origin}, set {}", set.name))
+        let info = fp4tune::gpu::Gpu::open(first_gpu)?.info().clone();
+        super::moe::phase_a_type(&shape, a_type, &info, &layer)
             .map_err(|e| anyhow::anyhow!("{e} (--no-moe tunes the GEMM keys alone)"))?;
     }
     let selection = gpus.unwrap_or(GpuSelection::List(vec![device]));
@@ -293,7 +290,6 @@ pub fn run(args: TuneArgs) -> Result<()> {
             let t = std::time::Instant::now();
             // The campaign's activation type (sm120 campaigns are W4A4).
             let a_type = a_type.or_else(|| output.records.first().map(|r| r.key.a_type));
-            let layer = format!("{origin}, set {}", set.name);
             super::moe::tune_phase(
                 (shape, &layer),
                 total,

@@ -155,6 +155,36 @@ pub(crate) struct UnitParts<'a> {
 }
 
 impl GroupedConfig {
+    /// A tiled kernel's configuration (sm90, W4A16, one K slice and one tile per CTA): tile
+    /// `[block_m, block_n, block_k]`, `[warps_m, warps_n]` warps, `depth` stages, `min_ctas` CTAs
+    /// per SM. The wgmma kernel's are these with `wgmma` set (`moe::wgmma::config`).
+    pub fn tiled(
+        op: MoeOp,
+        [block_m, block_n, block_k]: [u32; 3],
+        [warps_m, warps_n]: [u32; 2],
+        depth: u32,
+        min_ctas: u32,
+    ) -> GroupedConfig {
+        GroupedConfig {
+            op,
+            block_m,
+            block_n,
+            block_k,
+            warps_n,
+            warps_k: 1,
+            depth,
+            split_k: 1,
+            min_ctas,
+            walk: 0,
+            family: Family::Sm90,
+            a_type: AType::Bf16,
+            warp_ring: false,
+            tiled: true,
+            warps_m,
+            wgmma: false,
+        }
+    }
+
     /// Threads per CTA (saturating: a configuration read from a file may hold any counts; `check`
     /// refuses it then).
     pub fn threads(&self) -> u32 {

@@ -249,24 +249,8 @@ fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                         &[1]
                     };
                 for &min_ctas in occupancy {
-                    let c = GroupedConfig {
-                        op,
-                        block_m,
-                        block_n,
-                        block_k,
-                        warps_n,
-                        warps_k: 1,
-                        depth,
-                        split_k: 1,
-                        min_ctas,
-                        walk: 0,
-                        family: Family::Sm90,
-                        a_type: AType::Bf16,
-                        warp_ring: false,
-                        tiled: true,
-                        warps_m,
-                        wgmma: false,
-                    };
+                    let tile = [block_m, block_n, block_k];
+                    let c = GroupedConfig::tiled(op, tile, [warps_m, warps_n], depth, min_ctas);
                     if c.check(shape).is_ok() {
                         out.push(c);
                     }

@@ -147,22 +147,8 @@ pub fn config(
     min_ctas: u32,
 ) -> GroupedConfig {
     GroupedConfig {
-        op,
-        block_m,
-        block_n,
-        block_k,
-        warps_n,
-        warps_k: 1,
-        depth,
-        split_k: 1,
-        min_ctas,
-        walk: 0,
-        family: Family::Sm90,
-        a_type: AType::Bf16,
-        warp_ring: false,
-        tiled: true,
-        warps_m: 1,
         wgmma: true,
+        ..GroupedConfig::tiled(op, [block_m, block_n, block_k], [1, warps_n], depth, min_ctas)
     }
 }
 

@@ -385,9 +385,7 @@ pub fn run(
             .collect();
         progress(first, Event::Compiling(needed.len()));
         let sources: Vec<_> = needed.iter().filter_map(|c| c.render().ok()).collect();
-        let cached = compiler.count_cached(&sources);
-        precompiled = Precompiled { cached, compiled: sources.len() - cached.min(sources.len()) };
-        let _ = compiler.compile_many(&sources);
+        precompiled = compiler.precompile(&sources);
     }
     // Racing: the pools without their carried part are known now, compiled into the cubin
     // cache in key order while the GPUs measure (a worker loads what is there, compiles the
