@@ -221,21 +221,25 @@ fn grouped_moe_w4a4_matches_the_cpu_reference_over_routings_and_sizes() {
     println!("{checked} grouped W4A4 variant runs verified");
 }
 
-/// A layer whose down projection no streamed kernel takes: Qwen3-235B-A22B over 8 GPUs (128
+/// Layers whose down projection no streamed kernel takes: Qwen3-235B-A22B over 8 GPUs (128
 /// experts, top-8, hidden 4096, 192 of the 1536 intermediate columns: down K = 192, 64-k stages of
-/// the tiled kernel and the wgmma kernel), and a K = 320 layer of 40 experts, top-3, at decode and
-/// prefill sizes, uniform and skewed: every sampled variant against the CPU reference, the layer
-/// twice bit-identical.
+/// the tiled kernel and the wgmma kernel), a K = 320 layer of 40 experts, top-3, and two whose K
+/// 64 does not split (the tiled kernel's K-tail form alone): GLM-4.5-Air (176 of 1408 columns,
+/// K = 176) and Qwen3-30B-A3B (96 of 768 columns, hidden 2048, K = 96) over 8 GPUs, at decode and
+/// prefill sizes, uniform and skewed, with NaN in the weights' padding scale columns: every
+/// sampled variant against the CPU reference, the layer twice bit-identical.
 #[test]
 #[cfg_attr(
     not(feature = "gpu"),
     ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
 )]
-fn grouped_moe_takes_a_down_k_of_64_multiples() {
+fn grouped_moe_takes_a_down_k_of_16_multiples() {
     let Some((gpu, compiler, kernels, _dir)) = setup(true) else { return };
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
     let qwen = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
     let odd = MoeShape { hidden: 2048, inter: 320, experts: 40, top_k: 3 };
+    let air = MoeShape { hidden: 4096, inter: 176, experts: 128, top_k: 8 };
+    let a3b = MoeShape { hidden: 2048, inter: 96, experts: 128, top_k: 8 };
     let at = |shape: MoeShape, tokens, routing, seed| MoeStep {
         shape,
         experts_total: shape.experts,
@@ -252,14 +256,21 @@ fn grouped_moe_takes_a_down_k_of_64_multiples() {
         (at(qwen, 1024, Routing::Uniform, 44), 4),
         (at(odd, 5, Routing::Uniform, 45), 6),
         (at(odd, 300, Routing::Skewed, 46), 4),
+        (at(air, 1, Routing::Uniform, 47), 6),
+        (at(air, 16, Routing::Skewed, 48), 6),
+        (at(air, 64, Routing::Uniform, 49), 6),
+        (at(air, 1024, Routing::Uniform, 50), 4),
+        (at(a3b, 3, Routing::Uniform, 51), 6),
+        (at(a3b, 700, Routing::Skewed, 52), 4),
     ] {
         for op in MoeOp::ALL {
             let (_, k) = s.shape.nk(op);
             let space = search_space_for(crate::template::Family::Sm90, AType::Bf16, op, &s.shape);
             assert!(k % 128 == 0 || space.iter().all(|c| c.tiled), "{op} K = {k}");
+            assert!(k % 64 == 0 || space.iter().all(|c| c.k_tail), "{op} K = {k}");
         }
         checked += run_step(&gpu, &compiler, &launcher, s, AType::Bf16, per_op);
     }
-    assert!(checked >= 60, "{checked} verified variant runs");
-    println!("{checked} grouped variant runs with a 64-multiple K verified");
+    assert!(checked >= 100, "{checked} verified variant runs");
+    println!("{checked} grouped variant runs with a 16-multiple K verified");
 }

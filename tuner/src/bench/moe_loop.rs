@@ -299,7 +299,11 @@ pub fn rows(
         let (n, k) = shape.nk(op);
         let (t, config, verified) = match run_op(gpu, dispatcher, policy, d, op)? {
             Ok((t, config)) => ((t.median, t.lo, t.hi), config, 1),
-            Err(why) => ((f64::NAN, f64::NAN, f64::NAN), format!("failed: {why}"), 0),
+            Err(why) => (
+                (f64::NAN, f64::NAN, f64::NAN),
+                format!("{}{why}", crate::bench::moe_report::FAILED_ROW),
+                0,
+            ),
         };
         out.push(MoeRow {
             set: label.to_string(),

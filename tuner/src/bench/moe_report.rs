@@ -35,13 +35,22 @@ pub fn csv(rows: &[MoeRow]) -> String {
             r.read_floor_us,
             r.set,
             r.active_experts,
-            r.config,
+            one_field(&r.config),
             r.verified,
             r.failed
         );
     }
     out
 }
+
+/// `text` as one CSV field: commas and line breaks (of a failure's message) become `;`.
+fn one_field(text: &str) -> String {
+    text.chars().map(|c| if c == ',' || c == '\n' || c == '\r' { ';' } else { c }).collect()
+}
+
+/// The prefix of the configuration column of a row whose implementation could not run the step;
+/// its three times are NaN.
+pub const FAILED_ROW: &str = "failed: ";
 
 /// The header of `bench-moe-<a_type>-screen.csv`: every candidate a grouped screen measured.
 pub const SCREEN_CSV_HEADER: &str = "set,op,a_type,B,impl,median_us,lo_us,hi_us,outcome";
@@ -58,13 +67,7 @@ pub fn screen_csv(a_type: &str, logs: &[OpLog]) -> String {
                 Outcome::Timed(s) => {
                     writeln!(out, "{lead},{:.3},{:.3},{:.3},ok", s.median, s.lo, s.hi)
                 }
-                Outcome::Failed(why) => {
-                    let why: String = why
-                        .chars()
-                        .map(|c| if c == ',' || c == '\n' || c == '\r' { ';' } else { c })
-                        .collect();
-                    writeln!(out, "{lead},,,,{why}")
-                }
+                Outcome::Failed(why) => writeln!(out, "{lead},,,,{}", one_field(why)),
             };
         }
     }
@@ -85,11 +88,21 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
             return Err(bad());
         }
         let u = |s: &str| s.trim().parse::<u32>().map_err(|_| bad());
-        // times are finite and not negative (0: not measured)
-        let x = |s: &str| {
-            s.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0).ok_or_else(|| {
-                format!("{origin}:{}: `{}` is not a time in microseconds: {line}", i + 1, s.trim())
-            })
+        // times are finite and not negative (0: not measured); a row of an implementation that
+        // failed on the step (FAILED_ROW) holds NaN times
+        let failed_row = f[14].starts_with(FAILED_ROW);
+        let x = |s: &str, may_fail: bool| {
+            s.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| (v.is_finite() && *v >= 0.0) || (may_fail && failed_row && v.is_nan()))
+                .ok_or_else(|| {
+                    format!(
+                        "{origin}:{}: `{}` is not a time in microseconds: {line}",
+                        i + 1,
+                        s.trim()
+                    )
+                })
         };
         rows.push(MoeRow {
             op: f[0].into(),
@@ -99,11 +112,11 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
             top_k: u(f[4])?,
             tokens: u(f[5])?,
             implementation: f[6].into(),
-            median_us: x(f[7])?,
-            lo_us: x(f[8])?,
-            hi_us: x(f[9])?,
-            roofline_us: x(f[10])?,
-            read_floor_us: x(f[11])?,
+            median_us: x(f[7], true)?,
+            lo_us: x(f[8], true)?,
+            hi_us: x(f[9], true)?,
+            roofline_us: x(f[10], false)?,
+            read_floor_us: x(f[11], false)?,
             set: f[12].into(),
             active_experts: u(f[13])?,
             config: f[14].into(),
@@ -183,6 +196,8 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
                         && x.op == r.op
                         && x.tokens == r.tokens
                 }) {
+                    // a peer that could not run the step (its reason is in the CSV's config)
+                    Some(x) if !x.median_us.is_finite() => line.push_str(" failed |"),
                     Some(x) => {
                         let _ = write!(
                             line,
@@ -300,6 +315,20 @@ mod tests {
             let err = parse_csv(&text, "q.csv").unwrap_err();
             assert!(err.starts_with("q.csv:2:") && err.contains("not a time"), "{bad}: {err}");
         }
+        // a peer that failed on the step: NaN times, its reason (commas and all) in one field,
+        // read back and rendered as failed
+        let mut failed = row("fp4tune_loop", 1, f64::NAN);
+        (failed.lo_us, failed.hi_us) = (f64::NAN, f64::NAN);
+        failed.config = format!("{FAILED_ROW}route: no legal configuration, K = 176");
+        let text = csv(&[rows[0].clone(), failed]);
+        let back = parse_csv(&text, "f.csv").unwrap();
+        assert!(back[1].median_us.is_nan() && back[1].config.ends_with("configuration; K = 176"));
+        let md = markdown("t", "p", &back, &[]);
+        let line = md.lines().find(|l| l.starts_with("| 1 | 8 | 8.50 ")).unwrap();
+        assert!(line.contains("| failed |") && !line.contains("NaN"), "{md}");
+        let roof = text.replacen("3.300,6.000,tp8,8,failed", "NaN,6.000,tp8,8,failed", 1);
+        assert_ne!(roof, text);
+        assert!(parse_csv(&roof, "g.csv").unwrap_err().contains("not a time"), "{roof}");
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
 /// spread of at most `max` streamed configurations of the space (0: all); every tiled one when
 /// the step has at least `TILED_MIN_ROWS_PER_EXPERT` routed rows per active expert (the wgmma
 /// ones from `WGMMA_MIN_ROWS_PER_EXPERT`), or at every size when no streamed configuration
-/// (that `keep` keeps) takes the shape, e.g. a K that is a multiple of 64 but not of 128; then the
+/// (that `keep` keeps) takes the shape, e.g. a K that is a multiple of 16 but not of 128; then the
 /// measured seeds (`moe::seeds`) and `extra`, each once, where legal for the shape; `keep`
 /// filters all of them. From `TILED_ONLY_ROWS_PER_EXPERT` rows per expert on, only the tiled
 /// configurations (of the space and of `extra`) are measured.
@@ -92,7 +92,7 @@ pub fn screen_candidates(
     space.retain(&keep);
     let (tiled, streamed): (Vec<_>, Vec<_>) = space.into_iter().partition(|c| c.tiled);
     let rows_per_expert = step.rows() / step.active_experts().max(1);
-    // A projection no streamed configuration takes (e.g. K a multiple of 64 only): the tiled
+    // A projection no streamed configuration takes (e.g. K a multiple of 64 or of 16 only): the tiled
     // ones at every size.
     let tiled_at_any_size = streamed.is_empty();
     let wgmma_ok =

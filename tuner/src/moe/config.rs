@@ -101,6 +101,12 @@ pub struct GroupedConfig {
     /// Named `wg<depth>`. Absent (false) in files written before it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub wgmma: bool,
+    /// Family sm90, with `tiled` (not `wgmma`): the tiled kernel's K-tail form, for a K that is a
+    /// multiple of 16 but not of its 64-k stages (e.g. the down projection of GLM-4.5-Air's
+    /// 1408-wide experts over 8 GPUs, K = 176): 8-byte copies of codes and a last stage zero-filled
+    /// past K. Named `kt<depth>`. Absent (false) in files written before it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub k_tail: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -182,6 +188,7 @@ impl GroupedConfig {
             tiled: true,
             warps_m,
             wgmma: false,
+            k_tail: false,
         }
     }
 
@@ -321,6 +328,11 @@ impl GroupedConfig {
         if self.wgmma && !self.tiled {
             return err("the wgmma kernel is a tiled kernel (tiled true)".into());
         }
+        if self.k_tail && (!self.tiled || self.wgmma) {
+            return err(
+                "the K-tail form is a form of the tiled kernel (tiled true, wgmma false)".into()
+            );
+        }
         if self.family == Family::Sm120 {
             if self.warp_ring {
                 return err("the warp ring is a weight pipeline of family sm90".into());
@@ -453,7 +465,14 @@ impl GroupedConfig {
         if self.block_m < 16 {
             return err("block_m must be 16, 32, 64 or 128 (moe_align's tile lists of at least one m16 tile)".into());
         }
-        if k % self.block_k != 0 {
+        if self.k_tail {
+            if self.block_k != 64 {
+                return err("the K-tail form has stages of 64 k (block_k 64)".into());
+            }
+            if k % 16 != 0 {
+                return err(format!("K = {k} must be a multiple of 16 (the NVFP4 block)"));
+            }
+        } else if k % self.block_k != 0 {
             return err(format!("K = {k} must be a multiple of block_k"));
         }
         // H columns come in gate / up pairs of stage rows: whole pairs per CTA
@@ -464,10 +483,13 @@ impl GroupedConfig {
     }
 
     /// The pipeline in names: `d` (register ring; sm120: cp.async stages), `p` (warp ring), `t`
-    /// (the tiled kernel's cp.async stages) or `wg` (the wgmma kernel's).
+    /// (the tiled kernel's cp.async stages), `kt` (those of its K-tail form) or `wg` (the wgmma
+    /// kernel's).
     fn ring_label(&self) -> &'static str {
         if self.wgmma {
             "wg"
+        } else if self.k_tail {
+            "kt"
         } else if self.tiled {
             "t"
         } else if self.warp_ring {
@@ -578,14 +600,15 @@ impl GroupedConfig {
         self.unit(UnitParts {
             header: "moe/sm90_tiled.cuh",
             cfg: format!(
-                "fp4tune::moe::TiledConfig<{}, {}, {}, {}, {}, {}, {}>",
+                "fp4tune::moe::TiledConfig<{}, {}, {}, {}, {}, {}, {}, {}>",
                 self.block_m,
                 self.block_n,
                 self.block_k,
                 self.warps_m,
                 self.warps_n,
                 self.depth,
-                self.min_ctas
+                self.min_ctas,
+                self.k_tail
             ),
             rust_side: "moe/config.rs smem_bytes",
             template_side: "moe/sm90_tiled.cuh",
@@ -676,6 +699,7 @@ mod tests {
             tiled: false,
             warps_m: 1,
             wgmma: false,
+            k_tail: false,
         };
         good.check(&shape).unwrap();
         let e = GroupedConfig { depth: 3, ..good }.check(&shape).unwrap_err();
@@ -722,6 +746,7 @@ mod tests {
             tiled: false,
             warps_m: 1,
             wgmma: false,
+            k_tail: false,
         };
         good.check(&shape).unwrap();
         // 16 weight rows per warp hold 8 columns of H: half a quantization block
@@ -832,7 +857,7 @@ mod tests {
             .unwrap();
         assert_eq!(c.name(), "moe_gate_up_m32n128k128_w1x4x1_t3_s1_o1_walk0");
         let src = c.source().code;
-        assert!(src.contains("TiledConfig<32, 128, 128, 1, 4, 3, 1>"), "{src}");
+        assert!(src.contains("TiledConfig<32, 128, 128, 1, 4, 3, 1, false>"), "{src}");
         assert!(src.contains("GroupedTiled<Cfg, fp4tune::moe::OP_GATE_UP>"));
         let streamed = GroupedConfig { tiled: false, depth: 1, block_k: 6144, warps_k: 4, ..c };
         assert_ne!(streamed.kernel_name(), c.kernel_name());
@@ -862,6 +887,20 @@ mod tests {
         k64.check(&shape).unwrap();
         assert_eq!(k64.name(), "moe_gate_up_m64n128k64_w1x4x1_t4_s1_o3_walk0");
         assert!(k64.source().code.contains("__launch_bounds__(128, 3)"));
+        // the K-tail form: its own name and template flag, 64-k stages, any K of 16-k blocks
+        let tail = GroupedConfig { k_tail: true, ..k64 };
+        assert_eq!(tail.name(), "moe_gate_up_m64n128k64_w1x4x1_kt4_s1_o3_walk0");
+        assert_ne!(tail.kernel_name(), k64.kernel_name());
+        assert!(tail.source().code.contains("TiledConfig<64, 128, 64, 1, 4, 4, 3, true>"));
+        let ron = ron::to_string(&tail).unwrap();
+        assert!(ron.contains("k_tail:true"), "{ron}");
+        assert!(!ron::to_string(&k64).unwrap().contains("k_tail"));
+        let air = MoeShape { hidden: 4096, inter: 176, experts: 128, top_k: 8 };
+        GroupedConfig { op: MoeOp::Down, ..tail }.check(&air).unwrap();
+        let e = GroupedConfig { op: MoeOp::Down, ..k64 }.check(&air).unwrap_err().reason;
+        assert!(e.contains("K = 176 must be a multiple of block_k"), "{e}");
+        assert!(why(GroupedConfig { block_k: 128, ..tail }).contains("stages of 64 k"));
+        assert!(why(GroupedConfig { k_tail: true, ..streamed }).contains("form of the tiled"));
     }
 
     #[test]
@@ -900,6 +939,7 @@ mod tests {
             tiled: false,
             warps_m: 1,
             wgmma: false,
+            k_tail: false,
         };
         assert_eq!(c.grid(&shape, 300, 132), (8, 300, 1));
         assert_eq!(GroupedConfig { walk: 2, ..c }.grid(&shape, 300, 132), (8, 33, 1));
@@ -1002,6 +1042,11 @@ mod tests {
             search_space(MoeOp::Down, &qwen).into_iter().filter(|c| c.tiled && !c.wgmma).collect();
         assert!(!k64.is_empty() && k64.iter().all(|c| c.block_k == 64));
         sources.extend(k64.iter().step_by(3).map(|c| c.source()));
+        // a down K of 176 (GLM-4.5-Air over 8 GPUs): every kernel of the tiled kernel's K-tail form
+        let air = MoeShape { hidden: 4096, inter: 176, experts: 128, top_k: 8 };
+        let tails = search_space(MoeOp::Down, &air);
+        assert!(tails.len() >= 16 && tails.iter().all(|c| c.k_tail), "{}", tails.len());
+        sources.extend(tails.iter().map(|c| c.source()));
         assert!(sources.len() >= 10);
         for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
             let k = r.unwrap_or_else(|e| panic!("{}: {e}", src.kernel_name));

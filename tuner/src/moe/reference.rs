@@ -12,6 +12,9 @@ use crate::format::swizzle::{padded_scale_cols, swizzled_len, swizzled_offset};
 use crate::format::FormatError;
 use half::bf16;
 
+/// What [`ExpertWeights::random`] writes into the padding scale columns: E4M3 NaN.
+pub const PADDING_SCALE: u8 = 0x7F;
+
 /// Stacked NVFP4 expert weights in the kernels' layout: per expert `[n, k/2]` codes (ModelOpt
 /// nibble order), then its swizzled scales; one alpha per expert.
 #[derive(Debug, Clone)]
@@ -25,7 +28,9 @@ pub struct ExpertWeights {
 }
 
 impl ExpertWeights {
-    /// Random codes, scales in [2^-2, 2^2) (no NaN), alpha a power of two times 1..2.
+    /// Random codes, scales in [2^-2, 2^2) (no NaN), alpha a power of two times 1..2. The
+    /// swizzled buffer's padding columns (K / 16 rounded up to 4) of every row hold
+    /// [`PADDING_SCALE`] (an E4M3 NaN): a kernel that lets them into a product fails verification.
     pub fn random(n: usize, k: usize, experts: usize, seed: u64) -> ExpertWeights {
         let mut rng = SplitMix64(seed);
         let code_bytes = n * k / 2;
@@ -38,6 +43,14 @@ impl ExpertWeights {
         let mut scales = vec![0u8; sf_bytes * experts];
         for b in scales.iter_mut() {
             *b = 0x28 + rng.below(0x20) as u8;
+        }
+        let ksf_pad = padded_scale_cols(k / 16);
+        for e in 0..experts {
+            for row in 0..n {
+                for kb in k / 16..ksf_pad {
+                    scales[e * sf_bytes + swizzled_offset(row, kb, ksf_pad)] = PADDING_SCALE;
+                }
+            }
         }
         let alpha = (0..experts).map(|_| (1.0 + rng.below(8) as f32 / 8.0) / 64.0).collect();
         ExpertWeights { n, k, experts, codes, scales, alpha }
@@ -253,6 +266,25 @@ mod tests {
         w.dequant_row(1, 5, &mut row);
         assert_eq!(row[0], 1.0);
         assert_eq!(row[1], 2.0);
+    }
+
+    /// A K of 176 leaves one padding scale column (11 of 12): it holds NaN in every row, and
+    /// the dequantized rows, which read only the 11 real columns, are finite.
+    #[test]
+    fn random_weights_poison_the_padding_scale_columns_only() {
+        let w = ExpertWeights::random(40, 176, 2, 9);
+        let mut row = vec![0f32; 176];
+        for e in 0..2 {
+            let sf = &w.scales[e * w.scale_bytes()..][..w.scale_bytes()];
+            for r in 0..40 {
+                for kb in 0..12 {
+                    let poisoned = sf[swizzled_offset(r, kb, 12)] == PADDING_SCALE;
+                    assert_eq!(poisoned, kb == 11, "expert {e} row {r} column {kb}");
+                }
+                w.dequant_row(e, r, &mut row);
+                assert!(row.iter().all(|v| v.is_finite()), "expert {e} row {r}");
+            }
+        }
     }
 
     #[test]

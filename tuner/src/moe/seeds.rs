@@ -119,6 +119,7 @@ pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedCo
                     tiled: false,
                     warps_m: 1,
                     wgmma: false,
+                    k_tail: false,
                 }
             },
         )

@@ -128,6 +128,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                             tiled: false,
                             warps_m: 1,
                             wgmma: false,
+                            k_tail: false,
                         };
                         if c.check(shape).is_ok() {
                             out.push(c);
@@ -597,6 +598,7 @@ mod tests {
             tiled: false,
             warps_m: 1,
             wgmma: false,
+            k_tail: false,
         }
     }
 

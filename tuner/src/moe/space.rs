@@ -119,6 +119,7 @@ pub fn search_space_for(
                                         tiled: false,
                                         warps_m: 1,
                                         wgmma: false,
+                                        k_tail: false,
                                     };
                                     if c.check(shape).is_ok() && !out.contains(&c) {
                                         out.push(c);
@@ -145,7 +146,8 @@ pub fn search_space_for(
 pub const TILED_K64_MAX_K: u32 = 512;
 
 /// CTAs per SM the tiled kernel's 64 x 128 tile of four warps also comes compiled for with its
-/// 64-k stages: at 1 (its launch bounds' default) it holds 181-188 registers per thread and 2
+/// 64-k stages (not in the K-tail form, which spills there): at 1 (its launch bounds' default) it
+/// holds 181-188 registers per thread and 2
 /// CTAs (8 warps) per SM; capped for 3 CTAs, ptxas fits it in 168 registers without spilling
 /// (sm_90a), and three CTAs' stages fit the SM's shared memory, for 12 warps per SM where the
 /// short-K down projection at prefill sizes is bound by latency at 8.
@@ -157,8 +159,9 @@ pub const TILED_K64_MIN_CTAS: u32 = 3;
 fn kernel_rules(family: Family, a_type: AType) -> &'static str {
     match (family, a_type) {
         (Family::Sm90, AType::Bf16) => {
-            "its tiled and wgmma kernels take K a multiple of 64 (its streamed kernels a multiple \
-             of 128 times their warps along K, from 256) and N a multiple of 16"
+            "its tiled kernel takes K a multiple of 16 (its wgmma kernel a multiple of 64, its \
+             streamed kernels a multiple of 128 times their warps along K, from 256) and N a \
+             multiple of 16"
         }
         (Family::Sm90, AType::Nvfp4) => {
             "its streamed kernels take K a multiple of 128 times their warps along K, from 256 \
@@ -223,9 +226,11 @@ fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     const K64: Stages = &[(64, 3), (64, 4)];
     let (_, k) = shape.nk(op);
     // stages of 128 and 256 k where they split K; 64-k stages where they do not, and besides
-    // them up to TILED_K64_MAX_K (all lists but the last)
+    // them up to TILED_K64_MAX_K (all lists but the last); a K that 64 does not split (a multiple
+    // of 16) gets the 64-k stages in the K-tail form
     let long = k % 128 == 0;
     let k64 = !long || k <= TILED_K64_MAX_K;
+    let k_tail = k % 64 != 0;
     const SMALL: Stages = &[(128, 3), (128, 4), (256, 2), (256, 3)];
     const K128: Stages = &[(128, 3), (128, 4)];
     let small_tiles: Tiles = &[(64, 1, 2), (128, 1, 4), (128, 1, 8), (256, 1, 8)];
@@ -242,15 +247,20 @@ fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
         let stages = stages.iter().filter(|_| long).chain(K64.iter().filter(|_| k64 && takes_k64));
         for &(block_n, warps_m, warps_n) in tiles {
             for &(block_k, depth) in stages.clone() {
-                let occupancy: &[u32] =
-                    if (block_m, block_n, warps_m * warps_n, block_k) == (64, 128, 4, 64) {
-                        &[1, TILED_K64_MIN_CTAS]
-                    } else {
-                        &[1]
-                    };
+                // (the K-tail form's copies of codes take more registers: at 3 CTAs per SM it spills)
+                let occupancy: &[u32] = if !k_tail
+                    && (block_m, block_n, warps_m * warps_n, block_k) == (64, 128, 4, 64)
+                {
+                    &[1, TILED_K64_MIN_CTAS]
+                } else {
+                    &[1]
+                };
                 for &min_ctas in occupancy {
                     let tile = [block_m, block_n, block_k];
-                    let c = GroupedConfig::tiled(op, tile, [warps_m, warps_n], depth, min_ctas);
+                    let c = GroupedConfig {
+                        k_tail,
+                        ..GroupedConfig::tiled(op, tile, [warps_m, warps_n], depth, min_ctas)
+                    };
                     if c.check(shape).is_ok() {
                         out.push(c);
                     }
@@ -315,28 +325,34 @@ mod tests {
         }
     }
 
-    /// `check_layer`'s rules hold: layers whose down K is each multiple of 64 up to 1024 run
-    /// exactly where the rules say (W4A16 on sm90 and sm120: every one, through the tiled and
-    /// wgmma kernels, resp. 64-k stages, where K is not a multiple of 128; sm90 W4A4: multiples
-    /// of 128 from 256),
-    /// and a K of 176 or 96 (GLM-4.5-Air, Qwen3-30B-A3B over 8 GPUs) is refused naming the
-    /// projection and its N and K.
+    /// `check_layer`'s rules hold: layers whose down K is each multiple of 16 up to 1024 run
+    /// exactly where the rules say (W4A16 on sm90: every one, through the tiled and wgmma
+    /// kernels where K is a multiple of 64 but not of 128, through the tiled kernel's K-tail form
+    /// alone where 64 does not split it; sm120: multiples of 64; sm90 W4A4: multiples of 128 from
+    /// 256), and a K of 176 or 96 (GLM-4.5-Air, Qwen3-30B-A3B over 8 GPUs) is refused by the
+    /// others naming the projection and its N and K.
     #[test]
     fn check_layer_rules_match_the_spaces() {
-        for k in (64..=1024).step_by(64) {
+        for k in (16..=1024).step_by(16) {
             let shape = MoeShape { hidden: 4096, inter: k, experts: 128, top_k: 8 };
             let streamed = k % 128 == 0 && k >= 256;
             for (family, a_type, runs) in [
                 (Family::Sm90, AType::Bf16, true),
                 (Family::Sm90, AType::Nvfp4, streamed),
-                (Family::Sm120, AType::Nvfp4, true),
+                (Family::Sm120, AType::Nvfp4, k % 64 == 0),
                 (Family::Sm120, AType::Bf16, false),
             ] {
                 let got = check_layer(family, a_type, &shape);
                 assert_eq!(got.is_ok(), runs, "{family} {a_type} K = {k}: {got:?}");
             }
-            if !streamed {
-                let down = search_space(MoeOp::Down, &shape);
+            let down = search_space(MoeOp::Down, &shape);
+            assert_eq!(down.iter().any(|c| c.k_tail), k % 64 != 0, "K = {k}");
+            if k % 64 != 0 {
+                assert!(
+                    down.iter().all(|c| c.tiled && !c.wgmma && c.k_tail && c.block_k == 64),
+                    "K = {k}: only the K-tail form takes it"
+                );
+            } else if !streamed {
                 assert!(down.iter().all(|c| c.tiled), "K = {k}: a streamed kernel takes it");
                 assert!(down.iter().any(|c| !c.wgmma) && down.iter().any(|c| c.wgmma), "K = {k}");
                 assert!(down.iter().filter(|c| !c.wgmma).all(|c| c.block_k == 64 || k % 128 == 0));
@@ -361,12 +377,18 @@ mod tests {
         assert!(e.contains("1 to 512 local experts"), "{e}");
         for (inter, hidden) in [(176, 4096), (96, 2048)] {
             let shape = MoeShape { hidden, inter, experts: 128, top_k: 8 };
-            let e = check_layer(Family::Sm90, AType::Bf16, &shape).unwrap_err();
-            assert!(
-                e.contains(&format!("N = {hidden}, K = {inter}")) && e.contains("moe_down"),
-                "{e}"
-            );
-            assert!(e.contains("a multiple of 64"), "{e}");
+            check_layer(Family::Sm90, AType::Bf16, &shape).unwrap();
+            for (family, a_type, rule) in [
+                (Family::Sm120, AType::Nvfp4, "a multiple of 64"),
+                (Family::Sm90, AType::Nvfp4, "a multiple of 128"),
+            ] {
+                let e = check_layer(family, a_type, &shape).unwrap_err();
+                assert!(
+                    e.contains(&format!("N = {hidden}, K = {inter}")) && e.contains("moe_down"),
+                    "{e}"
+                );
+                assert!(e.contains(rule), "{e}");
+            }
         }
         // the GLM-5 layers run everywhere; 64-k tiled stages only where K <= TILED_K64_MAX_K
         // (the TP8 down, K = 256), besides its 128- and 256-k ones

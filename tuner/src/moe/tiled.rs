@@ -2,7 +2,8 @@
 //! weight row each stage row of a CTA holds ([`weight_row`]: gate_up interleaves gate and up rows
 //! in pairs) and which output element each lane's accumulator pair becomes ([`position`]). The
 //! tests run whole grids of CTAs through both and check that every output element is written
-//! exactly once, from the weight rows it needs.
+//! exactly once, from the weight rows it needs. The K-tail form's copies ([`tail_copy_bytes`],
+//! [`TAIL_COPIES`]) read exactly each row's bytes below K, once.
 
 use super::MoeOp;
 
@@ -44,9 +45,62 @@ pub fn position(
     (m, [stage, stage + 1], cols)
 }
 
+/// One operand's copies per row and stage in the K-tail form (`templates/moe/sm90_tiled.cuh`,
+/// `GroupedTiled`'s plans with `K_TAIL`): bytes per copy, copies per row and stage, k per copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailCopies {
+    pub bytes: u32,
+    pub units: u32,
+    pub unit_k: u32,
+}
+
+/// The K-tail form's stage (64 k) per operand: codes (8-byte copies of 16 k), scales (one 4-byte
+/// word of 4 columns), activations (16-byte copies of 8 bf16).
+pub const TAIL_COPIES: [(&str, TailCopies); 3] = [
+    ("codes", TailCopies { bytes: 8, units: 4, unit_k: 16 }),
+    ("scales", TailCopies { bytes: 4, units: 1, unit_k: 64 }),
+    ("activations", TailCopies { bytes: 16, units: 8, unit_k: 8 }),
+];
+
+/// Bytes a K-tail copy reads from global memory (cp.async zero-fills the rest of its `bytes`):
+/// those of its k below K, for a copy whose first k in the stage is `kpos` and a stage with
+/// `k_left` k left before K (negative past K). Mirrors `TailCopyPlan::issue`.
+pub fn tail_copy_bytes(k_left: i64, kpos: u32, c: TailCopies) -> u32 {
+    let b = (k_left - i64::from(kpos)) * i64::from(c.bytes) / i64::from(c.unit_k);
+    b.clamp(0, i64::from(c.bytes)) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// For every K of whole 16-k blocks up to 1024, the K-tail form's ceil(K / 64) stages read
+    /// each operand's row (codes K / 2 bytes, K / 16 scale columns, 2K bytes of bf16) exactly
+    /// once and nothing past it; every copy reads from its start and zero-fills the remainder.
+    #[test]
+    fn k_tail_copies_read_each_row_below_k_exactly_once() {
+        for k in (16..=1024i64).step_by(16) {
+            for (what, c) in TAIL_COPIES {
+                assert_eq!(c.units * c.unit_k, 64, "{what}: a stage's copies cover its 64 k");
+                let row = k * i64::from(c.bytes) / i64::from(c.unit_k);
+                let stage = i64::from(c.bytes * c.units);
+                let stages = (k + 63) / 64;
+                let mut read = vec![0u8; (stages * stage) as usize];
+                for kb in 0..stages {
+                    for u in 0..c.units {
+                        let n = tail_copy_bytes(k - kb * 64, u * c.unit_k, c);
+                        let start = (kb * stage + i64::from(u * c.bytes)) as usize;
+                        for b in &mut read[start..start + n as usize] {
+                            *b += 1;
+                        }
+                    }
+                }
+                let (below, past) = read.split_at(row as usize);
+                assert!(below.iter().all(|&x| x == 1), "K = {k} {what}: {below:?}");
+                assert!(past.iter().all(|&x| x == 0), "K = {k} {what}: reads past K");
+            }
+        }
+    }
 
     /// Every (row, column) of the output of a grid of CTAs over N is written exactly once, from
     /// the weight rows it needs: gate_up H column j from gate row j and up row I + j, down column

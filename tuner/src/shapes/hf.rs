@@ -587,6 +587,27 @@ mod tests {
         assert_eq!(nk(&ep, Op::RoutedGateUp), Some((28672, 4096, 1, 32)));
     }
 
+    /// GLM-4.5-Air (glm4_moe): 45 MoE layers of 128 experts of 1408 columns, one shared expert,
+    /// one dense layer of 10944. Over 8 GPUs the routed down projection has K = 176 (a K the
+    /// grouped tiled kernel's K-tail form takes); the dense layer's 1368 columns per GPU are no
+    /// whole number of NVFP4 blocks, so that set is refused naming the shape (expert parallelism
+    /// over the 8 GPUs keeps it whole).
+    #[test]
+    fn glm45_air_routed_experts_shard_to_a_k_of_176() {
+        let config = HfMoeConfig::load(&testdata("glm-4.5-air-config.json")).unwrap();
+        let set = config.shape_set(Parallelism::new(4, 1), &[1]).unwrap();
+        assert_eq!(nk(&set, Op::RoutedGateUp), Some((704, 4096, 128, 45)));
+        assert_eq!(nk(&set, Op::RoutedDown), Some((4096, 352, 128, 45)));
+        let e = shapes_ron_from_config_file(&testdata("glm-4.5-air-config.json"), 8, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dense_down") && e.contains("k=1368"), "{e}");
+        // expert parallelism over the 8 GPUs keeps whole experts and replicates the dense layer
+        let ep = config.shape_set(Parallelism::new(8, 8), &[1]).unwrap();
+        assert_eq!(nk(&ep, Op::RoutedDown), Some((4096, 1408, 16, 45)));
+        assert_eq!(nk(&ep, Op::DenseDown), Some((4096, 10944, 1, 1)));
+    }
+
     #[test]
     fn mixed_tp_and_ep() {
         let config = HfMoeConfig::load(&testdata("glm5-config.json")).unwrap();
