@@ -17,6 +17,13 @@
 //     first + r of H (down); rows past the tile are zero-filled.
 // gate_up writes H as bf16 and as NVFP4 (h_scale) for down; down writes Y_rows.
 //
+// The K-tail form (K_TAIL, GroupedSm120Tail, names with `kt`) runs any K that is a multiple of 16
+// (the NVFP4 block) in ceil(K / BLOCK_K) k-tiles: rows of codes are then only 8-byte aligned
+// (K / 2 bytes), so codes go in 8-byte copies (16 k each), and each copy of codes or scales reads
+// the bytes of its k below K while cp.async zero-fills the rest (the rule of moe::tiled's
+// `tail_copy_bytes`): zero codes under zero scales add exact zeros, and the swizzled scales'
+// padding columns are never read.
+//
 // Launch contract (moe::GroupedConfig, family sm120): grid (ceil(N / BLOCK_N), grid_y, 1), THREADS
 // threads, SMEM_BYTES of dynamic shared memory (plus BLOCK_M words of static shared memory).
 #pragma once
@@ -97,7 +104,58 @@ __device__ __forceinline__ void load_rows(uint32_t code_dst, uint32_t sf_dst, co
     }
 }
 
-template <class Cfg, int OP>
+// cp.async of `bytes` (at most CP) of global memory, zero-filling the rest of the CP-byte copy.
+// No byte is read when `bytes` is 0 (copies wholly past K or past the tile).
+template <int CP>
+__device__ __forceinline__ void sm120_cp_async_part(uint32_t dst, const void* src, int bytes) {
+    static_assert(CP == 8 || CP == 4, "the K-tail form copies 8-byte runs of codes and 4-byte scale words");
+    if constexpr (CP == 8) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+    }
+}
+
+// load_rows of the K-tail form: 8-byte copies of codes (half `h` of chunk c holds k
+// [kt * BLOCK_K + 32 c + 16 h, + 16)) and scale words, each reading its bytes below K.
+template <class Cfg, int TILE, class RowOf>
+__device__ __forceinline__ void load_rows_k_tail(uint32_t code_dst, uint32_t sf_dst, const uint8_t* codes,
+                                                 const uint8_t* sf, RowOf row_of, int k, int ksf_pad, int kt) {
+    constexpr int HALVES = 2 * Cfg::ROW_CHUNKS;  // 8-byte copies per row and k-tile
+    constexpr int COPIES = TILE * HALVES;
+    constexpr int ITERS = (COPIES + Cfg::THREADS - 1) / Cfg::THREADS;
+    const int k0 = kt * Cfg::BLOCK_K;
+#pragma unroll
+    for (int j = 0; j < ITERS; ++j) {
+        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
+        if (COPIES % Cfg::THREADS == 0 || i < COPIES) {
+            const int r = i / HALVES;
+            const int h = i % HALVES;
+            const int row = row_of(r);
+            const int bytes = row >= 0 ? min(max((k - k0 - 16 * h) / 2, 0), 8) : 0;
+            const uint8_t* src = codes + static_cast<uint64_t>(row >= 0 ? row : 0) * (k / 2) + k0 / 2 + h * 8;
+            sm120_cp_async_part<8>(code_dst + sm120::code_offset<Cfg>(r, h / 2) + (h % 2) * 8, src, bytes);
+        }
+    }
+    constexpr int WORDS = Cfg::K_STEPS * TILE;
+    constexpr int WORD_ITERS = (WORDS + Cfg::THREADS - 1) / Cfg::THREADS;
+#pragma unroll
+    for (int j = 0; j < WORD_ITERS; ++j) {
+        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
+        if (WORDS % Cfg::THREADS == 0 || i < WORDS) {
+            const int s = i / TILE;
+            const int r = i % TILE;
+            const int row = row_of(r);
+            const int bytes = row >= 0 ? min(max((k - k0 - 64 * s) / 16, 0), 4) : 0;
+            const uint32_t kb = static_cast<uint32_t>(kt * (Cfg::BLOCK_K / 16) + 4 * s);
+            const uint8_t* src =
+                sf + swizzled_sf_offset(static_cast<uint32_t>(row >= 0 ? row : 0), kb, static_cast<uint32_t>(ksf_pad));
+            sm120_cp_async_part<4>(sf_dst + 4 * i, src, bytes);
+        }
+    }
+}
+
+template <class Cfg, int OP, bool K_TAIL = false>
 struct GroupedSm120 {
     static_assert(Cfg::SWAP_AB, "grouped kernels keep the weights on the MMA's 16-row side");
     static_assert(Cfg::WARPS_M == 1, "one warp along the routed rows of a tile");
@@ -108,7 +166,11 @@ struct GroupedSm120 {
     __device__ __forceinline__ static void run(const GroupedParams& p) {
         extern __shared__ __align__(128) uint8_t smem[];
         __shared__ int32_t q_rows[Cfg::BLOCK_M];
-        if (p.k % Cfg::BLOCK_K != 0 || (p.n & 15) != 0 || p.n <= 0) return;
+        if constexpr (K_TAIL) {
+            if (p.k % 16 != 0 || p.k <= 0 || (p.n & 15) != 0 || p.n <= 0) return;
+        } else {
+            if (p.k % Cfg::BLOCK_K != 0 || (p.n & 15) != 0 || p.n <= 0) return;
+        }
         const int tid = static_cast<int>(threadIdx.x);
         const int lane = tid & 31;
         const int warp = tid >> 5;
@@ -119,7 +181,7 @@ struct GroupedSm120 {
         const int warp_q0 = wq * Cfg::WARP_Q;
         const int n0 = static_cast<int>(blockIdx.x) * Cfg::BLOCK_N;
         const int ksf_pad = ((p.k / 16 + 3) / 4) * 4;
-        const int k_tiles = p.k / Cfg::BLOCK_K;
+        const int k_tiles = K_TAIL ? (p.k + Cfg::BLOCK_K - 1) / Cfg::BLOCK_K : p.k / Cfg::BLOCK_K;
         const size_t w_stride = static_cast<size_t>(p.n) * (p.k / 2);
         const size_t sf_stride = static_cast<size_t>((p.n + 127) / 128 * 128) * ksf_pad;
         const int4* tiles = reinterpret_cast<const int4*>(p.tiles);
@@ -141,9 +203,15 @@ struct GroupedSm120 {
                 const uint32_t st = smem0 + slot * Cfg::STAGE_BYTES;
                 const int n_here = sm120_opaque(n);
                 const auto weight_row = [n_here, n0](int r) { return sm120_weight_row<OP>(n_here, n0, r); };
-                load_rows<Cfg, Cfg::TILE_P>(st, st + Cfg::P_SF_OFFSET, w, w_sf, weight_row, p.k, ksf_pad, kt);
-                load_rows<Cfg, Cfg::TILE_Q>(st + Cfg::Q_CODE_OFFSET, st + Cfg::Q_SF_OFFSET, p.a, p.a_sf, source_row,
-                                            p.k, ksf_pad, kt);
+                if constexpr (K_TAIL) {
+                    load_rows_k_tail<Cfg, Cfg::TILE_P>(st, st + Cfg::P_SF_OFFSET, w, w_sf, weight_row, p.k, ksf_pad, kt);
+                    load_rows_k_tail<Cfg, Cfg::TILE_Q>(st + Cfg::Q_CODE_OFFSET, st + Cfg::Q_SF_OFFSET, p.a, p.a_sf,
+                                                       source_row, p.k, ksf_pad, kt);
+                } else {
+                    load_rows<Cfg, Cfg::TILE_P>(st, st + Cfg::P_SF_OFFSET, w, w_sf, weight_row, p.k, ksf_pad, kt);
+                    load_rows<Cfg, Cfg::TILE_Q>(st + Cfg::Q_CODE_OFFSET, st + Cfg::Q_SF_OFFSET, p.a, p.a_sf, source_row,
+                                                p.k, ksf_pad, kt);
+                }
             };
 
             float acc[Cfg::MMA_P][Cfg::MMA_Q][4];
@@ -181,6 +249,10 @@ struct GroupedSm120 {
         }
     }
 };
+
+// The K-tail form of the grouped SM120 kernel (an instantiation unit names its runner <Cfg, OP>).
+template <class Cfg, int OP>
+using GroupedSm120Tail = GroupedSm120<Cfg, OP, true>;
 
 }  // namespace moe
 }  // namespace fp4tune

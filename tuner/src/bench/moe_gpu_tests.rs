@@ -217,6 +217,19 @@ fn grouped_moe_w4a4_matches_the_cpu_reference_over_routings_and_sizes() {
     }
     let nothing = step(MoeShape { top_k: 3, ..ep8 }, 64, 16, Routing::Skewed, 36);
     assert_eq!(run_step(&gpu, &compiler, &launcher, nothing, w4a4, 2), 0);
+    // Family sm120 also runs a down K of 176 (GLM-4.5-Air over 8 GPUs) in its K-tail form, whose
+    // NVFP4 H rows are 88 bytes; the sm90 W4A4 kernels (streamed only) refuse that layer.
+    let air = MoeShape { hidden: 4096, inter: 176, experts: 128, top_k: 8 };
+    let family = crate::runtime::family_for(gpu.info()).unwrap();
+    let runs_air = crate::moe::space::check_layer(family, w4a4, &air).is_ok();
+    assert_eq!(runs_air, family == crate::template::Family::Sm120, "{family}");
+    if runs_air {
+        for (tokens, routing, seed) in [(1, Routing::Uniform, 37), (64, Routing::Skewed, 38)] {
+            let s =
+                MoeStep { shape: air, experts_total: 128, expert_begin: 0, tokens, routing, seed };
+            checked += run_step(&gpu, &compiler, &launcher, s, w4a4, 6);
+        }
+    }
     assert!(checked >= 150, "{checked} verified W4A4 variant runs");
     println!("{checked} grouped W4A4 variant runs verified");
 }

@@ -101,10 +101,11 @@ pub struct GroupedConfig {
     /// Named `wg<depth>`. Absent (false) in files written before it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub wgmma: bool,
-    /// Family sm90, with `tiled` (not `wgmma`): the tiled kernel's K-tail form, for a K that is a
-    /// multiple of 16 but not of its 64-k stages (e.g. the down projection of GLM-4.5-Air's
-    /// 1408-wide experts over 8 GPUs, K = 176): 8-byte copies of codes and a last stage zero-filled
-    /// past K. Named `kt<depth>`. Absent (false) in files written before it.
+    /// The K-tail form of the sm90 tiled kernel (with `tiled`, not `wgmma`) and of the sm120
+    /// kernel, for a K that is a multiple of 16 but not of their 64-k stages (e.g. the down
+    /// projection of GLM-4.5-Air's 1408-wide experts over 8 GPUs, K = 176): 8-byte copies of codes
+    /// and a last stage zero-filled past K. Named `kt<depth>`. Absent (false) in files written
+    /// before it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub k_tail: bool,
 }
@@ -328,9 +329,11 @@ impl GroupedConfig {
         if self.wgmma && !self.tiled {
             return err("the wgmma kernel is a tiled kernel (tiled true)".into());
         }
-        if self.k_tail && (!self.tiled || self.wgmma) {
+        if self.k_tail && self.family != Family::Sm120 && (!self.tiled || self.wgmma) {
             return err(
-                "the K-tail form is a form of the tiled kernel (tiled true, wgmma false)".into()
+                "the K-tail form is a form of the sm90 tiled kernel (tiled true, wgmma false) or \
+                 of the sm120 kernel"
+                    .into(),
             );
         }
         if self.family == Family::Sm120 {
@@ -899,8 +902,8 @@ mod tests {
         GroupedConfig { op: MoeOp::Down, ..tail }.check(&air).unwrap();
         let e = GroupedConfig { op: MoeOp::Down, ..k64 }.check(&air).unwrap_err().reason;
         assert!(e.contains("K = 176 must be a multiple of block_k"), "{e}");
-        assert!(why(GroupedConfig { block_k: 128, ..tail }).contains("stages of 64 k"));
-        assert!(why(GroupedConfig { k_tail: true, ..streamed }).contains("form of the tiled"));
+        assert!(why(GroupedConfig { block_k: 128, min_ctas: 1, ..tail }).contains("stages of 64 k"));
+        assert!(why(GroupedConfig { k_tail: true, ..streamed }).contains("form of the sm90 tiled"));
     }
 
     #[test]

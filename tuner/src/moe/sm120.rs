@@ -71,7 +71,14 @@ pub fn check(c: &GroupedConfig, shape: &MoeShape) -> Result<(), String> {
                     block_n / warps_n must be a multiple of 32"
             .into());
     }
-    if k % c.block_k != 0 {
+    if c.k_tail {
+        if c.block_k != 64 {
+            return Err("the K-tail form has k-tiles of 64 (block_k 64)".into());
+        }
+        if k % 16 != 0 {
+            return Err(format!("K = {k} must be a multiple of 16 (the NVFP4 block)"));
+        }
+    } else if k % c.block_k != 0 {
         return Err(format!("K = {k} is not a multiple of block_k = {}", c.block_k));
     }
     Ok(())
@@ -89,15 +96,16 @@ pub fn instantiation(c: &GroupedConfig) -> String {
         rust_side: "moe/sm120.rs",
         template_side: "sm120/config.cuh",
         launch: format!("__launch_bounds__({})", c.threads()),
-        runner: "GroupedSm120",
+        runner: if c.k_tail { "GroupedSm120Tail" } else { "GroupedSm120" },
     })
 }
 
 /// The sm120 grouped search space for one op and shape: routed rows per tile 8, 16, 32; weight
 /// tiles of 32 to 128 rows over 1 to 8 warps (gate_up: 32 rows per warp at least); K per stage
 /// 128 (6 stages) or 256 (4 stages) over 1 or 2 warps, or for a K that stages of 128 cannot
-/// split (a multiple of 64 only, e.g. K = 192) 64 (8 stages, one warp along K); one CTA per tile
-/// or a persistent walk.
+/// split (a multiple of 64 only, e.g. K = 192) 64 (8 stages, one warp along K), in the K-tail form
+/// where 64 does not divide K either (a multiple of 16, e.g. K = 176); one CTA per tile or a
+/// persistent walk.
 pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     let tiles: &[(u32, u32)] = match op {
         MoeOp::GateUp => &[(32, 1), (64, 1), (64, 2), (128, 2), (128, 4)],
@@ -105,6 +113,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     };
     let (_, k) = shape.nk(op);
     let stages: &[(u32, u32)] = if k % 128 != 0 { &[(64, 8)] } else { &[(128, 6), (256, 4)] };
+    let k_tail = k % 64 != 0;
     let mut out = Vec::new();
     for block_m in [8, 16, 32] {
         for &(block_n, warps_n) in tiles {
@@ -128,7 +137,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                             tiled: false,
                             warps_m: 1,
                             wgmma: false,
-                            k_tail: false,
+                            k_tail,
                         };
                         if c.check(shape).is_ok() {
                             out.push(c);
@@ -523,7 +532,9 @@ pub fn variant_report(results: &[Result<GroupedVariant, String>], toolchain: &st
     out.push_str("# SM120 grouped MoE variants: registers, shared memory, MMAs\n\n");
     out.push_str(&format!(
         "Every distinct kernel of the sm120 grouped space (`moe::sm120::search_space`, gate_up and \
-         down, W4A4, the GLM-5 TP8 and EP8 layers) compiled for sm_120a ({toolchain}); SASS read \
+         down, W4A4, the GLM-5 TP8 and EP8 layers and the down projections of Qwen3-235B-A22B \
+         and GLM-4.5-Air over 8 GPUs, K = 192 and K = 176, the latter in the K-tail form `kt`) \
+         compiled for sm_120a ({toolchain}); SASS read \
          with cuobjdump. `OMMA.SF` counts `{OMMA_SF_NVFP4}` instructions; `expected` is MMA tiles \
          per warp x 64-wide k-steps per warp of one k-tile (the main loop's body). `smem B` is the \
          dynamic shared memory (the cp.async stages), `static B` the static shared memory ptxas \
@@ -786,11 +797,18 @@ mod tests {
     #[test]
     fn every_sm120_grouped_variant_compiles_with_omma_sf_and_no_spills() {
         let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
-        // GLM-5 TP8 and EP8, and a down K of 192 (Qwen3-235B over 8 GPUs: 64-k stages)
+        // GLM-5 TP8 and EP8, a down K of 192 (Qwen3-235B over 8 GPUs: 64-k stages) and of 176
+        // (GLM-4.5-Air over 8 GPUs: the K-tail form)
         let qwen = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
-        let configs = distinct_kernels(&[MoeShape::GLM5_TP8, MoeShape::GLM5_EP8, qwen]);
+        let air = MoeShape { hidden: 4096, inter: 176, experts: 128, top_k: 8 };
+        let configs = distinct_kernels(&[MoeShape::GLM5_TP8, MoeShape::GLM5_EP8, qwen, air]);
         assert!(configs.len() >= 80, "{} kernels", configs.len());
         assert!(configs.iter().any(|c| c.block_k == 64), "no 64-k stage kernel");
+        assert!(configs.iter().any(|c| c.k_tail), "no K-tail kernel");
+        assert!(configs
+            .iter()
+            .filter(|c| c.k_tail)
+            .all(|c| c.source().code.contains("GroupedSm120Tail<Cfg,")));
         let results = inspect_variants(&compiler, &configs);
         let mut problems = Vec::new();
         for (c, r) in configs.iter().zip(&results) {
