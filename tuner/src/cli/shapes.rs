@@ -14,9 +14,15 @@ pub struct ShapesArgs {
     /// Expert-parallel degree (divides --tp); default 1.
     #[arg(long)]
     pub ep: Option<u32>,
+    /// Only the MoE layers' shapes (routed and shared experts): for a model whose dense layers do
+    /// not shard into NVFP4 blocks at this parallelism.
+    #[arg(long)]
+    pub moe_only: bool,
 }
 
 pub fn run(args: ShapesArgs) -> Result<()> {
-    let ShapesArgs { from_config, tp, ep } = args;
-    out!("{}", fp4tune::shapes::shapes_ron_from_config_file(&from_config, tp, ep.unwrap_or(1))?)
+    let ShapesArgs { from_config, tp, ep, moe_only } = args;
+    let ron =
+        fp4tune::shapes::shapes_ron_from_config_file(&from_config, tp, ep.unwrap_or(1), moe_only)?;
+    out!("{ron}")
 }

@@ -30,6 +30,13 @@ pub enum ShapeError {
     #[error("{origin}: {at}: {reason}")]
     Invalid { origin: String, at: String, reason: InvalidReason },
 
+    /// A config's dense layers do not shard into valid shapes while its MoE layers do.
+    #[error(
+        "{origin}: {at}: {reason} (a dense layer's shape; `fp4tune shapes --moe-only` derives the \
+         MoE layers' shapes alone)"
+    )]
+    DenseLayers { origin: String, at: String, reason: InvalidReason },
+
     #[error("{origin}: no shape set named {name:?} (available: {})", available.join(", "))]
     UnknownSet { origin: String, name: String, available: Vec<String> },
 

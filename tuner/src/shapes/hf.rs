@@ -58,6 +58,8 @@ pub struct HfMoeConfig {
     pub moe_layers: u32,
     /// Layers with a dense MLP.
     pub dense_layers: u32,
+    /// Derived sets leave the dense MLP's shapes out ([`HfMoeConfig::moe_only`]).
+    pub moe_only: bool,
 }
 
 /// A JSON value for an error message: a long one (a list of a million layers) by its start.
@@ -323,7 +325,15 @@ impl HfMoeConfig {
             dense,
             moe_layers,
             dense_layers,
+            moe_only: false,
         })
+    }
+
+    /// The same config, deriving the MoE layers' shapes (routed and shared experts) alone:
+    /// `fp4tune shapes --moe-only`, for a model whose dense layers do not shard into NVFP4 blocks
+    /// at the parallelism wanted (the `source` of derived files says they are left out).
+    pub fn moe_only(self) -> Self {
+        HfMoeConfig { moe_only: true, ..self }
     }
 
     /// Reads and parses the `config.json` at `path`.
@@ -390,7 +400,8 @@ impl HfMoeConfig {
                 shapes.extend(pair(shared, ops, 1, self.moe_layers)?);
             }
         }
-        if let Some(dense) = self.dense {
+        let moe_shapes = shapes.len();
+        if let Some(dense) = self.dense.filter(|_| !self.moe_only) {
             let ops = (Op::DenseGateUp, Op::DenseDown);
             shapes.extend(pair(dense, ops, 1, self.dense_layers)?);
         }
@@ -401,10 +412,15 @@ impl HfMoeConfig {
             shapes,
             token_buckets: token_buckets.to_vec(),
         };
-        set.validate().map_err(|(at, reason)| ShapeError::Invalid {
-            origin: self.origin.clone(),
-            at,
-            reason,
+        set.validate().map_err(|(at, reason)| {
+            // the MoE layers alone are valid: the dense layers are at fault
+            let moe = ShapeSet { shapes: set.shapes[..moe_shapes].to_vec(), ..set.clone() };
+            let origin = self.origin.clone();
+            if moe_shapes < set.shapes.len() && moe.validate().is_ok() {
+                ShapeError::DenseLayers { origin, at, reason }
+            } else {
+                ShapeError::Invalid { origin, at, reason }
+            }
         })?;
         Ok(set)
     }
@@ -448,8 +464,11 @@ impl HfMoeConfig {
         s += &format!(", {} MoE layers", self.moe_layers);
         if let Some(dense) = self.dense {
             s += &format!(
-                ", {} dense layers with {} {}",
-                self.dense_layers, dense.key, dense.intermediate
+                ", {} dense layers with {} {}{}",
+                self.dense_layers,
+                dense.key,
+                dense.intermediate,
+                if self.moe_only { " (left out: --moe-only)" } else { "" }
             );
         }
         s + "; sharded as SGLang does: every MLP weight split tp/ep ways, routed experts over ep"
@@ -467,10 +486,16 @@ pub fn derive_from_hf_config(
         .shape_file(&[Parallelism::new(tp, ep)], &default_token_buckets())
 }
 
-/// What `fp4tune shapes --from-config PATH --tp TP [--ep EP]` prints (EP defaults to 1): the RON
-/// text of a shape file with one set, which [`ShapeFile::from_ron_str`] reads back.
-pub fn shapes_ron_from_config_file(path: &Path, tp: u32, ep: u32) -> Result<String, ShapeError> {
+/// What `fp4tune shapes --from-config PATH --tp TP [--ep EP] [--moe-only]` prints (EP defaults to
+/// 1): the RON text of a shape file with one set, which [`ShapeFile::from_ron_str`] reads back.
+pub fn shapes_ron_from_config_file(
+    path: &Path,
+    tp: u32,
+    ep: u32,
+    moe_only: bool,
+) -> Result<String, ShapeError> {
     let config = HfMoeConfig::load(path)?;
+    let config = if moe_only { config.moe_only() } else { config };
     let file = config.shape_file(&[Parallelism::new(tp, ep)], &default_token_buckets())?;
     Ok(file.to_ron_string())
 }
@@ -528,7 +553,8 @@ mod tests {
     fn cli_output_round_trips_and_matches_the_embedded_sets() {
         let embedded = ShapeFile::glm5().unwrap();
         for (tp, ep, name) in [(8, 1, "tp8"), (8, 8, "ep8"), (2, 1, "tp2")] {
-            let text = shapes_ron_from_config_file(&testdata("glm5-config.json"), tp, ep).unwrap();
+            let text =
+                shapes_ron_from_config_file(&testdata("glm5-config.json"), tp, ep, false).unwrap();
             let back = ShapeFile::from_ron_str(&text, "stdout").unwrap();
             assert_eq!(back.sets.len(), 1);
             assert_eq!(&back.sets[0], embedded.set(name).unwrap());
@@ -598,10 +624,22 @@ mod tests {
         let set = config.shape_set(Parallelism::new(4, 1), &[1]).unwrap();
         assert_eq!(nk(&set, Op::RoutedGateUp), Some((704, 4096, 128, 45)));
         assert_eq!(nk(&set, Op::RoutedDown), Some((4096, 352, 128, 45)));
-        let e = shapes_ron_from_config_file(&testdata("glm-4.5-air-config.json"), 8, 1)
-            .unwrap_err()
-            .to_string();
+        let air = testdata("glm-4.5-air-config.json");
+        let e = shapes_ron_from_config_file(&air, 8, 1, false).unwrap_err().to_string();
         assert!(e.contains("dense_down") && e.contains("k=1368"), "{e}");
+        assert!(e.contains("--moe-only"), "{e}");
+        // --moe-only: the routed and shared experts' shapes, the dense layer named as left out
+        let text = shapes_ron_from_config_file(&air, 8, 1, true).unwrap();
+        let file = ShapeFile::from_ron_str(&text, "air.ron").unwrap();
+        let set = &file.sets[0];
+        assert_eq!(nk(set, Op::RoutedDown), Some((4096, 176, 128, 45)));
+        assert_eq!(nk(set, Op::SharedDown), Some((4096, 176, 1, 45)));
+        assert_eq!(nk(set, Op::DenseDown), None);
+        assert!(file.source.contains("(left out: --moe-only)"), "{}", file.source);
+        // a set that is invalid without its dense layers keeps the plain error
+        let bad = HfMoeConfig { hidden_size: 4100, ..config.clone() };
+        let e = bad.shape_set(Parallelism::new(8, 8), &[1]).unwrap_err();
+        assert!(matches!(e, ShapeError::Invalid { .. }), "{e}");
         // expert parallelism over the 8 GPUs keeps whole experts and replicates the dense layer
         let ep = config.shape_set(Parallelism::new(8, 8), &[1]).unwrap();
         assert_eq!(nk(&ep, Op::RoutedDown), Some((4096, 1408, 16, 45)));
@@ -789,7 +827,8 @@ mod tests {
 
     #[test]
     fn missing_config_file_is_a_read_error() {
-        let err = shapes_ron_from_config_file(&testdata("no-such-config.json"), 8, 1).unwrap_err();
+        let err =
+            shapes_ron_from_config_file(&testdata("no-such-config.json"), 8, 1, false).unwrap_err();
         assert!(matches!(err, ShapeError::Read { .. }));
         assert!(err.to_string().contains("no-such-config.json"), "{err}");
     }
