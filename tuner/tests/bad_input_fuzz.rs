@@ -4,7 +4,7 @@
 //! numbers and tokens spliced in, truncation). Every case must end in a value or an error that
 //! names its file, without a panic and within a time bound.
 
-use fp4tune::shapes::{HfMoeConfig, Parallelism, ShapeFile};
+use fp4tune::shapes::{HfMoeConfig, Parallelism, ShapeError, ShapeFile};
 use fp4tune::table::{MismatchPolicy, Table};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -158,6 +158,32 @@ fn parse(kind: usize, bytes: &[u8], origin: &str) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// The config.json fixtures unmutated: every one derives at TP 8 and at EP 8, except
+/// GLM-4.5-Air at TP 8, refused for its dense layer (the fuzz below accepts a config when either
+/// derives).
+#[test]
+fn config_fixtures_derive_at_tp8_and_ep8() {
+    let dir = root().join("tuner/testdata");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let config = HfMoeConfig::load(&path).unwrap();
+        let air = path.file_name().is_some_and(|n| n == "glm-4.5-air-config.json");
+        for p in [Parallelism::new(8, 1), Parallelism::new(8, 8)] {
+            match config.shape_file(&[p], &[1]) {
+                Ok(_) => assert!(!(air && p.ep == 1), "{}: TP 8 derived", path.display()),
+                Err(ShapeError::DenseLayers { .. }) if air && p.ep == 1 => {}
+                Err(e) => panic!("{}: {p:?}: {e}", path.display()),
+            }
+        }
+        seen += 1;
+    }
+    assert!(seen >= 5, "{seen} fixtures");
 }
 
 #[test]

@@ -88,14 +88,20 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
             return Err(bad());
         }
         let u = |s: &str| s.trim().parse::<u32>().map_err(|_| bad());
-        // times are finite and not negative (0: not measured); a row of an implementation that
-        // failed on the step (FAILED_ROW) holds NaN times
+        // times are finite and not negative (0: not measured); the three times of a row of an
+        // implementation that failed on the step (FAILED_ROW) are NaN
         let failed_row = f[14].starts_with(FAILED_ROW);
         let x = |s: &str, may_fail: bool| {
             s.trim()
                 .parse::<f64>()
                 .ok()
-                .filter(|v| (v.is_finite() && *v >= 0.0) || (may_fail && failed_row && v.is_nan()))
+                .filter(|v| {
+                    if may_fail && failed_row {
+                        v.is_nan()
+                    } else {
+                        v.is_finite() && *v >= 0.0
+                    }
+                })
                 .ok_or_else(|| {
                     format!(
                         "{origin}:{}: `{}` is not a time in microseconds: {line}",
@@ -328,6 +334,10 @@ mod tests {
         assert!(line.contains("| failed |") && !line.contains("NaN"), "{md}");
         let roof = text.replacen("3.300,6.000,tp8,8,failed", "NaN,6.000,tp8,8,failed", 1);
         assert_ne!(roof, text);
+        // a failed row with a time is refused (it would render as a timed peer)
+        let timed = text.replacen("NaN,NaN,NaN", "8.000,NaN,NaN", 1);
+        assert_ne!(timed, text);
+        assert!(parse_csv(&timed, "h.csv").unwrap_err().contains("not a time"), "{timed}");
         assert!(parse_csv(&roof, "g.csv").unwrap_err().contains("not a time"), "{roof}");
     }
 

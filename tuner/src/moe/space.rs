@@ -215,9 +215,10 @@ pub const TILED_ONLY_ROWS_PER_EXPERT: u32 = 32;
 /// along them), 64 to 256 weight rows over 2 to 8 warps along N, 128 k per stage in 3 or 4
 /// stages or 256 k in 2 or 3, and 64 k per stage in 3 or 4 stages for a K of at most
 /// `TILED_K64_MAX_K`; a K that stages of 128 cannot split (a multiple of 64 only, e.g. the down
-/// projection of a 1536-wide expert over 8 GPUs, K = 192) gets only the 64-k stages. The 64 x 128
-/// tile of four warps with 64-k stages also comes compiled for 3 CTAs per SM
-/// (`TILED_K64_MIN_CTAS`).
+/// projection of a 1536-wide expert over 8 GPUs, K = 192) gets only the 64-k stages, and a K that
+/// 64 does not split (a multiple of 16, e.g. K = 176) only the 64-k stages in the K-tail form
+/// (`GroupedConfig::k_tail`). The 64 x 128 tile of four warps with 64-k stages also comes compiled
+/// for 3 CTAs per SM (`TILED_K64_MIN_CTAS`; not in the K-tail form).
 fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     // (block_m, [(block_n, warps_m, warps_n)], [(block_k, stages)]); the 64- and 128-row tiles
     // keep to the combinations that compile without spills
