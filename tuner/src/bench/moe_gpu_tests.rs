@@ -118,6 +118,11 @@ fn step(shape: MoeShape, begin: i32, tokens: u32, routing: Routing, seed: u64) -
     MoeStep { shape, experts_total: 256, expert_begin: begin, tokens, routing, seed }
 }
 
+/// A step of a layer whose experts are all on this GPU (tensor parallelism).
+fn whole_layer(shape: MoeShape, tokens: u32, routing: Routing, seed: u64) -> MoeStep {
+    MoeStep { experts_total: shape.experts, ..step(shape, 0, tokens, routing, seed) }
+}
+
 /// Both routing forms (one CTA; chunked) write the CPU's schedule, on routings with a partial
 /// last chunk, uniform and skewed, top_k 8, 3 and 1, expert parallelism (ids of other GPUs
 /// skipped), and the 512 local experts moe_align takes at most; each form on a poisoned
@@ -225,8 +230,7 @@ fn grouped_moe_w4a4_matches_the_cpu_reference_over_routings_and_sizes() {
     assert_eq!(runs_air, family == crate::template::Family::Sm120, "{family}");
     if runs_air {
         for (tokens, routing, seed) in [(1, Routing::Uniform, 37), (64, Routing::Skewed, 38)] {
-            let s =
-                MoeStep { shape: air, experts_total: 128, expert_begin: 0, tokens, routing, seed };
+            let s = whole_layer(air, tokens, routing, seed);
             checked += run_step(&gpu, &compiler, &launcher, s, w4a4, 6);
         }
     }
@@ -253,14 +257,7 @@ fn grouped_moe_takes_a_down_k_of_16_multiples() {
     let odd = MoeShape { hidden: 2048, inter: 320, experts: 40, top_k: 3 };
     let air = MoeShape { hidden: 4096, inter: 176, experts: 128, top_k: 8 };
     let a3b = MoeShape { hidden: 2048, inter: 96, experts: 128, top_k: 8 };
-    let at = |shape: MoeShape, tokens, routing, seed| MoeStep {
-        shape,
-        experts_total: shape.experts,
-        expert_begin: 0,
-        tokens,
-        routing,
-        seed,
-    };
+    let at = whole_layer;
     let mut checked = 0;
     for (s, per_op) in [
         (at(qwen, 1, Routing::Uniform, 41), 8),

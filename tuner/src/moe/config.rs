@@ -468,21 +468,30 @@ impl GroupedConfig {
         if self.block_m < 16 {
             return err("block_m must be 16, 32, 64 or 128 (moe_align's tile lists of at least one m16 tile)".into());
         }
-        if self.k_tail {
-            if self.block_k != 64 {
-                return err("the K-tail form has stages of 64 k (block_k 64)".into());
-            }
-            if k % 16 != 0 {
-                return err(format!("K = {k} must be a multiple of 16 (the NVFP4 block)"));
-            }
-        } else if k % self.block_k != 0 {
-            return err(format!("K = {k} must be a multiple of block_k"));
-        }
+        self.check_k(k).map_err(|reason| IllegalConfig { config: self.name(), reason })?;
         // H columns come in gate / up pairs of stage rows: whole pairs per CTA
         if self.op == MoeOp::GateUp && self.block_n % 2 != 0 {
             return err("gate_up tiles hold whole gate / up row pairs".into());
         }
         Ok(())
+    }
+
+    /// K of the tiled and sm120 kernels: a multiple of block_k, or in the K-tail form stages of
+    /// 64 k over any K of whole NVFP4 blocks (16).
+    pub(crate) fn check_k(&self, k: u32) -> Result<(), String> {
+        if !self.k_tail {
+            return match k % self.block_k {
+                0 => Ok(()),
+                _ => Err(format!("K = {k} must be a multiple of block_k = {}", self.block_k)),
+            };
+        }
+        if self.block_k != 64 {
+            return Err("the K-tail form has stages of 64 k (block_k 64)".into());
+        }
+        match k % 16 {
+            0 => Ok(()),
+            _ => Err(format!("K = {k} must be a multiple of 16 (the NVFP4 block)")),
+        }
     }
 
     /// The pipeline in names: `d` (register ring; sm120: cp.async stages), `p` (warp ring), `t`

@@ -71,17 +71,7 @@ pub fn check(c: &GroupedConfig, shape: &MoeShape) -> Result<(), String> {
                     block_n / warps_n must be a multiple of 32"
             .into());
     }
-    if c.k_tail {
-        if c.block_k != 64 {
-            return Err("the K-tail form has k-tiles of 64 (block_k 64)".into());
-        }
-        if k % 16 != 0 {
-            return Err(format!("K = {k} must be a multiple of 16 (the NVFP4 block)"));
-        }
-    } else if k % c.block_k != 0 {
-        return Err(format!("K = {k} is not a multiple of block_k = {}", c.block_k));
-    }
-    Ok(())
+    c.check_k(k)
 }
 
 /// The instantiation unit: the template, the configuration, the shared memory and threads Rust
