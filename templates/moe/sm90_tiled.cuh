@@ -22,11 +22,8 @@
 // W4A16 only (bf16 activations), one K slice per CTA (no split-K: prefill has tiles to spare).
 //
 // The K-tail form (K_TAIL, names with `kt`) runs any K that is a multiple of 16 (the NVFP4 block):
-// stages of 64 k, ceil(K / 64) of them, the last one partial. Rows of codes are then only 8-byte
-// aligned (K / 2 bytes), so codes go in 8-byte copies (16 k each); every copy of a stage gets as
-// many source bytes as lie below K and cp.async zero-fills the rest (codes, activations, and the
-// scale word's columns at or past K / 16: the swizzled buffer's padding columns are never read,
-// whatever they hold). Zero codes under zero scales against zero activations add exact zeros.
+// stages of 64 k, ceil(K / 64) of them, the last one partial, with the copies of sm90/load.cuh's
+// K-tail form (sm90::TailCopyPlan: 8-byte copies of codes, scale words, zero-fill past K).
 //
 // Launch contract (moe::GroupedConfig with `tiled` in Rust): grid (ceil(N / BLOCK_N), max_tiles,
 // 1), THREADS threads, SMEM_BYTES of dynamic shared memory, no cluster.
@@ -45,66 +42,16 @@ namespace moe {
 // activations, one K slice, no K warps) and the CTAs per SM it is compiled for.
 template <int BLOCK_M_, int BLOCK_N_, int BLOCK_K_, int WARPS_M_, int WARPS_N_, int STAGES_, int MIN_CTAS_,
           bool K_TAIL_>
-struct TiledConfig : sm90::Sm90Config<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_M_, WARPS_N_, 1, STAGES_, 1, false, false> {
-    using Gemm = sm90::Sm90Config<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_M_, WARPS_N_, 1, STAGES_, 1, false, false>;
+struct TiledConfig
+    : sm90::Sm90Config<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_M_, WARPS_N_, 1, STAGES_, 1, false, false, K_TAIL_> {
+    using Gemm = sm90::Sm90Config<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_M_, WARPS_N_, 1, STAGES_, 1, false, false, K_TAIL_>;
     static constexpr int MIN_CTAS = MIN_CTAS_;
-    static constexpr bool K_TAIL = K_TAIL_;
-    static_assert(!K_TAIL || BLOCK_K_ == 64,
-                  "the K-tail form has stages of 64 k: one 4-byte scale word and 32 bytes of codes per row");
     static_assert(BLOCK_M_ == 16 || BLOCK_M_ == 32 || BLOCK_M_ == 64 || BLOCK_M_ == 128,
                   "BLOCK_M is one of moe_align's tile lists of at least one m16 tile (16, 32, 64, 128)");
     static_assert(MIN_CTAS >= 1 && MIN_CTAS <= 16 && Gemm::THREADS * MIN_CTAS <= 2048,
                   "MIN_CTAS CTAs of THREADS threads must fit in one SM (2048 threads)");
     static_assert(MIN_CTAS * (Gemm::SMEM_BYTES + 1024) <= 233472,
                   "MIN_CTAS CTAs' cp.async stages over the 228 KiB of an SM");
-};
-
-// cp.async.ca of 8 bytes, `src_bytes` of them read from global memory, the rest zero-filled.
-__device__ __forceinline__ void cp_async_ca_8(uint32_t dst, const void* src, uint32_t src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-// The K-tail form's copies of one tile (sm90::CopyPlan plus each copy's first k inside the stage):
-// COUNT copies of BYTES, copy i the (i % UNITS)-th of its row, each holding UNIT_K consecutive k.
-// A stage with `k_left` k left before K reads, per copy, the bytes of its k below K and
-// zero-fills the others.
-template <int COUNT, int THREADS, int BYTES, int UNITS, int UNIT_K>
-struct TailCopyPlan {
-    static_assert(BYTES == 16 || BYTES == 8 || BYTES == 4, "cp.async copies 16, 8 or 4 bytes");
-    static_assert(BYTES * 16 % UNIT_K == 0, "a copy's bytes per 16 k are whole (K is a multiple of 16)");
-    static constexpr int IT = (COUNT + THREADS - 1) / THREADS;
-    const uint8_t* src[IT];
-    uint32_t dst[IT];
-    bool ok[IT];
-    int tid_;  // a copy's first k in the stage follows from its index: (i % UNITS) * UNIT_K
-
-    // f(i, src, dst) -> bool: fill copy i; returns whether its row exists (sm90::CopyPlan::plan).
-    template <class F>
-    __device__ __forceinline__ void plan(int tid, F f) {
-#pragma unroll
-        for (int it = 0; it < IT; ++it) {
-            const int i = it * THREADS + tid;
-            ok[it] = (COUNT % THREADS == 0 || i < COUNT) && f(i < COUNT ? i : 0, src[it], dst[it]);
-        }
-        tid_ = tid;
-    }
-
-    __device__ __forceinline__ void issue(uint32_t stage_addr, size_t kb_offset, int k_left) const {
-#pragma unroll
-        for (int it = 0; it < IT; ++it) {
-            if (ok[it]) {
-                const int kpos = ((it * THREADS + tid_) % UNITS) * UNIT_K;
-                const int bytes = min(max((k_left - kpos) * BYTES / UNIT_K, 0), BYTES);
-                if constexpr (BYTES == 16) {
-                    ptx::cp_async_cg_16(stage_addr + dst[it], src[it] + kb_offset, static_cast<uint32_t>(bytes));
-                } else if constexpr (BYTES == 8) {
-                    cp_async_ca_8(stage_addr + dst[it], src[it] + kb_offset, static_cast<uint32_t>(bytes));
-                } else {
-                    ptx::cp_async_ca_4(stage_addr + dst[it], src[it] + kb_offset, static_cast<uint32_t>(bytes));
-                }
-            }
-        }
-    }
 };
 
 template <class Cfg, int OP>
@@ -118,7 +65,7 @@ struct GroupedTiled {
     // A tile's copies of every stage: sm90::CopyPlan, or in the K-tail form the plan that zero-fills
     // past K (UNITS copies per row, UNIT_K k each).
     template <int COUNT, int BYTES, int UNITS, int UNIT_K>
-    using Plan = typename sm90::Select<Cfg::K_TAIL, TailCopyPlan<COUNT, Cfg::THREADS, BYTES, UNITS, UNIT_K>,
+    using Plan = typename sm90::Select<Cfg::K_TAIL, sm90::TailCopyPlan<COUNT, Cfg::THREADS, BYTES, UNITS, UNIT_K>,
                                        sm90::CopyPlan<COUNT, Cfg::THREADS, BYTES>>::type;
     static constexpr int G = Cfg::SF_GROUPS;
 
@@ -196,16 +143,10 @@ struct GroupedTiled {
         const uint32_t smem_base = ptx::opaque(ptx::smem_addr(smem));
         const auto issue = [&](int s, int kb) {
             const uint32_t stage = smem_base + s * Cfg::STAGE_BYTES;
-            if constexpr (Cfg::K_TAIL) {
-                const int k_left = k - kb * BK;  // k of this stage's operands left before K
-                w_codes.issue(stage, static_cast<size_t>(kb) * (BK / 2), k_left);
-                w_scales.issue(stage, static_cast<size_t>(kb) * G * 512, k_left);
-                a_rows.issue(stage, static_cast<size_t>(kb) * BK * 2, k_left);
-            } else {
-                w_codes.issue(stage, static_cast<size_t>(kb) * (BK / 2));
-                w_scales.issue(stage, static_cast<size_t>(kb) * G * 512);  // k-block kb = 4G scale columns
-                a_rows.issue(stage, static_cast<size_t>(kb) * BK * 2);
-            }
+            const int k_left = k - kb * BK;  // k left before K (the K-tail form cuts the stage there)
+            w_codes.issue(stage, static_cast<size_t>(kb) * (BK / 2), k_left);
+            w_scales.issue(stage, static_cast<size_t>(kb) * G * 512, k_left);  // k-block kb = 4G scale columns
+            a_rows.issue(stage, static_cast<size_t>(kb) * BK * 2, k_left);
         };
 
         float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];

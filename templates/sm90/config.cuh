@@ -12,7 +12,7 @@ __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
 template <int BLOCK_M_, int BLOCK_N_, int BLOCK_K_, int WARPS_M_, int WARPS_N_, int WARPS_K_, int STAGES_,
-          int SPLIT_K_, bool SWAP_AB_, bool A_FP4_>
+          int SPLIT_K_, bool SWAP_AB_, bool A_FP4_, bool K_TAIL_ = false>
 struct Sm90Config {
     // ---- the configuration (tuner vocabulary)
     static constexpr int BLOCK_M = BLOCK_M_;  // tokens per CTA
@@ -25,6 +25,9 @@ struct Sm90Config {
     static constexpr int SPLIT_K = SPLIT_K_;
     static constexpr bool SWAP_AB = SWAP_AB_;
     static constexpr bool A_FP4 = A_FP4_;  // W4A4 (A is NVFP4) or W4A16 (A is bf16)
+    // The K-tail form (Pipeline::KTail, names with `kt`): any K that is a multiple of 16 (the NVFP4
+    // block) in stages of 64 k, ceil(K / 64) of them, the last one cut at K (sm90/load.cuh).
+    static constexpr bool K_TAIL = K_TAIL_;
 
     static constexpr int WARPS_MN = WARPS_M * WARPS_N;
     static constexpr int WARPS = WARPS_MN * WARPS_K;
@@ -90,6 +93,8 @@ struct Sm90Config {
     static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
     static_assert(SPLIT_K >= 1 && SPLIT_K <= 64, "SPLIT_K must be 1..64");
     static_assert(SMEM_BYTES <= 232448, "dynamic shared memory over the 227 KiB opt-in limit of SM90");
+    static_assert(!K_TAIL || (BLOCK_K == 64 && WARPS_K == 1),
+                  "the K-tail form has stages of 64 k in one warp: 32 bytes of codes and one scale word per row");
 };
 
 }  // namespace sm90

@@ -25,8 +25,13 @@ template <class Cfg>
 __device__ __forceinline__ void gemm(const GemmParams& p) {
     // ---- preconditions (sm90.rs check_problem enforces them before a launch; a kernel that sees
     // them violated writes nothing): K % BLOCK_K == 0 (so every row of codes is 16-byte aligned and
-    // K/16 needs no scale padding), N % 8 == 0 (2-wide output stores), M, N, K > 0.
-    if (p.k % Cfg::BLOCK_K != 0 || (p.n & 7) != 0 || p.m <= 0 || p.n <= 0) return;
+    // K/16 needs no scale padding; the K-tail form: K % 16 == 0), N % 8 == 0 (2-wide output
+    // stores), M, N, K > 0.
+    if constexpr (Cfg::K_TAIL) {
+        if (p.k % 16 != 0 || p.k <= 0 || (p.n & 7) != 0 || p.m <= 0 || p.n <= 0) return;
+    } else {
+        if (p.k % Cfg::BLOCK_K != 0 || (p.n & 7) != 0 || p.m <= 0 || p.n <= 0) return;
+    }
 
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x;
@@ -43,7 +48,7 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 
     const int n0 = blockIdx.x * Cfg::BLOCK_N;  // CTA tile: Y[m0 .. m0+BLOCK_M, n0 .. n0+BLOCK_N]
     const int m0 = blockIdx.y * Cfg::BLOCK_M;
-    const int nkb = p.k / Cfg::BLOCK_K;
+    const int nkb = Cfg::K_TAIL ? (p.k + Cfg::BLOCK_K - 1) / Cfg::BLOCK_K : p.k / Cfg::BLOCK_K;
     const int kb_begin = static_cast<int>((static_cast<long long>(blockIdx.z) * nkb) / Cfg::SPLIT_K);
     const int kb_end = static_cast<int>((static_cast<long long>(blockIdx.z + 1) * nkb) / Cfg::SPLIT_K);
     const int iters = kb_end - kb_begin;
@@ -66,7 +71,8 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
     // ---- prologue: STAGES - 1 k-blocks in flight
 #pragma unroll
     for (int s = 0; s < Cfg::STAGES - 1; ++s) {
-        if (s < iters) loader.issue(smem_base + s * Cfg::STAGE_BYTES, kb_begin + s);
+        if (s < iters)
+            loader.issue(smem_base + s * Cfg::STAGE_BYTES, kb_begin + s, p.k - (kb_begin + s) * Cfg::BLOCK_K);
         ptx::cp_async_commit();
     }
 
@@ -76,7 +82,9 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
         ptx::cp_async_wait<Cfg::STAGES - 2>();
         __syncthreads();
         const int next = it + Cfg::STAGES - 1;
-        if (next < iters) loader.issue(smem_base + (next % Cfg::STAGES) * Cfg::STAGE_BYTES, kb_begin + next);
+        if (next < iters)
+            loader.issue(smem_base + (next % Cfg::STAGES) * Cfg::STAGE_BYTES, kb_begin + next,
+                         p.k - (kb_begin + next) * Cfg::BLOCK_K);
         ptx::cp_async_commit();
 
         const uint8_t* st = smem + (it % Cfg::STAGES) * Cfg::STAGE_BYTES;

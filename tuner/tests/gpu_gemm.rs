@@ -20,7 +20,8 @@ fn open() -> (Gpu, Family, Compiler) {
 }
 
 /// (N, K, token counts): GLM-5 routed experts (TP8, TP4, EP) at decode sizes, and awkward shapes
-/// (small N and K, N and K that are not powers of two, M not a multiple of any tile).
+/// (small N and K, N and K that are not powers of two, K not a multiple of 64, M not a multiple
+/// of any tile). The operands' padding scale columns hold E4M3 NaN (`DeviceProblem::upload`).
 fn problems(a_type: AType) -> Vec<(u32, u32, Vec<u32>)> {
     let awkward_m = match a_type {
         AType::Bf16 => vec![1, 7, 33, 130],
@@ -34,7 +35,12 @@ fn problems(a_type: AType) -> Vec<(u32, u32, Vec<u32>)> {
         (6144, 2048, vec![9]),
         (16, 256, awkward_m.clone()),
         (48, 768, awkward_m.clone()),
-        (200, 512, awkward_m),
+        (200, 512, awkward_m.clone()),
+        // K that 64 does not divide (the K-tail form): a routed down projection split 8 ways
+        // (Qwen3-30B-A3B: 96, GLM-4.5-Air: 176), and one K of a single 16-k block
+        (2048, 96, vec![1, 8]),
+        (4096, 176, vec![1, 16, 130]),
+        (48, 16, awkward_m),
     ]
 }
 

@@ -11,7 +11,8 @@ use super::policy::{rotation_copies, TimingPolicy};
 use super::timer::{measure, LaunchFn, Samples};
 use crate::compile::CompiledKernel;
 use crate::format::{
-    quantize_activations, quantize_weight, reference_gemm, GemmA, Nvfp4Matrix, ReferenceOutput,
+    fill_padding_columns, quantize_activations, quantize_weight, reference_gemm, GemmA,
+    Nvfp4Matrix, ReferenceOutput, PADDING_SCALE,
 };
 use crate::gpu::{DeviceBuf, GemmParams, Gpu, GpuError, Kernel};
 use crate::problem::{AType, GemmProblem};
@@ -244,9 +245,16 @@ impl DeviceProblem {
     ) -> Result<Self, GpuError> {
         let p = host.problem;
         let w_codes = &host.w.codes;
-        let w_sf = host.w.scales_swizzled();
+        // E4M3 NaN in the padding scale columns (a K that 64 does not divide): a kernel that reads
+        // them fails verification.
+        let poisoned = |m: &Nvfp4Matrix| {
+            let mut sf = m.scales_swizzled();
+            fill_padding_columns(&mut sf, m.rows, m.scale_cols(), PADDING_SCALE);
+            sf
+        };
+        let w_sf = poisoned(&host.w);
         let (a_bytes, a_sf): (Vec<u8>, Vec<u8>) = match &host.a_fp4 {
-            Some(a) => (a.codes.clone(), a.scales_swizzled()),
+            Some(a) => (a.codes.clone(), poisoned(a)),
             None => (
                 host.a_bf16.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
                 vec![0u8; 16],

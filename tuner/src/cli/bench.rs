@@ -27,6 +27,8 @@ pub enum PipelineArg {
     Global,
     /// Every streamed pipeline (registers, warp rings, global).
     Direct,
+    /// The cp.async stages' K-tail form, for a K that 64 does not divide (`kt<stages>`).
+    KTail,
 }
 
 impl PipelineArg {
@@ -38,6 +40,7 @@ impl PipelineArg {
             PipelineArg::WarpRing => p == Pipeline::WarpRing,
             PipelineArg::Global => p == Pipeline::Global,
             PipelineArg::Direct => p.is_direct(),
+            PipelineArg::KTail => p == Pipeline::KTail,
         }
     }
 }

@@ -17,7 +17,8 @@ pub use quant::{
 };
 pub use reference::{gemm_nt_f32, reference_gemm, GemmA, ReferenceOutput};
 pub use swizzle::{
-    padded_rows, padded_scale_cols, swizzle_scales, swizzled_len, swizzled_offset, unswizzle_scales,
+    fill_padding_columns, padded_rows, padded_scale_cols, swizzle_scales, swizzled_len,
+    swizzled_offset, unswizzle_scales, PADDING_SCALE,
 };
 
 /// Errors of the format module; each names the tensor and the problem.

@@ -30,6 +30,22 @@ pub fn swizzled_offset(row: usize, kb: usize, ksf_pad: usize) -> usize {
     ((row / 128) * (ksf_pad / 4) + kb / 4) * 512 + (row % 32) * 16 + ((row / 32) % 4) * 4 + kb % 4
 }
 
+/// What tests and benchmarks write into the padding scale columns of their random operands: E4M3
+/// NaN ([`fill_padding_columns`]).
+pub const PADDING_SCALE: u8 = 0x7F;
+
+/// Write `byte` into the padding scale columns (`scale_cols` .. rounded up to 4) of the `rows`
+/// real rows of a swizzled buffer. Tests and benchmarks write E4M3 NaN there: a kernel that lets
+/// a padding scale into a product (a K that 64 does not divide) fails verification.
+pub fn fill_padding_columns(swizzled: &mut [u8], rows: usize, scale_cols: usize, byte: u8) {
+    let ksf_pad = padded_scale_cols(scale_cols);
+    for row in 0..rows {
+        for kb in scale_cols..ksf_pad {
+            swizzled[swizzled_offset(row, kb, ksf_pad)] = byte;
+        }
+    }
+}
+
 /// Row-major `[rows, scale_cols]` scales -> swizzled buffer of `swizzled_len` bytes.
 ///
 /// Errors if `scales.len() != rows * scale_cols`.

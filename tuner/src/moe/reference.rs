@@ -8,12 +8,14 @@
 use super::schedule::{RouteSchedule, SplitMix64};
 use crate::format::e2m1::e2m1_decode;
 use crate::format::e4m3::e4m3_decode;
-use crate::format::swizzle::{padded_scale_cols, swizzled_len, swizzled_offset};
+use crate::format::swizzle::{
+    fill_padding_columns, padded_scale_cols, swizzled_len, swizzled_offset,
+};
 use crate::format::FormatError;
 use half::bf16;
 
 /// What [`ExpertWeights::random`] writes into the padding scale columns: E4M3 NaN.
-pub const PADDING_SCALE: u8 = 0x7F;
+pub use crate::format::PADDING_SCALE;
 
 /// Stacked NVFP4 expert weights in the kernels' layout: per expert `[n, k/2]` codes (ModelOpt
 /// nibble order), then its swizzled scales; one alpha per expert.
@@ -44,13 +46,8 @@ impl ExpertWeights {
         for b in scales.iter_mut() {
             *b = 0x28 + rng.below(0x20) as u8;
         }
-        let ksf_pad = padded_scale_cols(k / 16);
-        for e in 0..experts {
-            for row in 0..n {
-                for kb in k / 16..ksf_pad {
-                    scales[e * sf_bytes + swizzled_offset(row, kb, ksf_pad)] = PADDING_SCALE;
-                }
-            }
+        for expert in scales.chunks_mut(sf_bytes) {
+            fill_padding_columns(expert, n, k / 16, PADDING_SCALE);
         }
         let alpha = (0..experts).map(|_| (1.0 + rng.below(8) as f32 / 8.0) / 64.0).collect();
         ExpertWeights { n, k, experts, codes, scales, alpha }

@@ -7,7 +7,7 @@ use crate::compile::{CompiledKernel, Compiler, Origin};
 use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
 use crate::table::{Bucket, Lookup, Method, MismatchPolicy, Table, TableCheck, OP_GEMM};
-use crate::template::{default_config, Arch, Family, GemmConfig};
+use crate::template::{default_configs, Arch, Family, GemmConfig};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -83,9 +83,10 @@ impl Plan {
             for c in lookup.common(OP_GEMM, family, a_type) {
                 kernels.insert(*c, true);
             }
-            let d = default_config(family, a_type);
-            if d.check().is_ok() {
-                kernels.entry(d).or_insert(false);
+            for d in default_configs(family, a_type) {
+                if d.check().is_ok() {
+                    kernels.entry(d).or_insert(false);
+                }
             }
         }
         let mut kernels: Vec<PlannedKernel> = kernels
@@ -175,7 +176,7 @@ pub(crate) fn origins(kernels: &[(GemmConfig, Arc<CompiledKernel>)]) -> (usize, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::template::search_space;
+    use crate::template::{default_config, search_space};
 
     fn h200() -> DeviceInfo {
         crate::table::tests_support::device("NVIDIA H200", (9, 0), 132)

@@ -337,7 +337,7 @@ impl CostModel {
         let dram = p.min_bytes() as f64;
         let stage = bk as f64 * (bn as f64 * w_elem + bm as f64 * a_elem);
         let inflight = match c.pipeline {
-            Pipeline::CpAsync => (c.stages.max(2) - 1) as f64 * stage,
+            Pipeline::CpAsync | Pipeline::KTail => (c.stages.max(2) - 1) as f64 * stage,
             // Every warp keeps `stages` chunks (128 k) of its weight rows in flight.
             Pipeline::Registers | Pipeline::WarpRing | Pipeline::Global => {
                 c.stages as f64 * 128.0 * bn as f64 * c.warps_k.max(1) as f64 * w_elem

@@ -23,7 +23,7 @@ pub enum Param {
     /// 0 = false, 1 = true.
     SwapAb,
     /// The index in [`crate::template::Pipeline::ALL`] (0 = cp.async stages, 1 = register ring,
-    /// 2 = warp ring, 3 = global).
+    /// 2 = warp ring, 3 = global, 4 = the cp.async K-tail form).
     Pipeline,
     /// CTAs per SM the kernel is compiled for.
     MinCtas,

@@ -412,7 +412,8 @@ mod tests {
         let mut s =
             ModelGuided::new(legal, &p, &model, Budget::evals(14), ModelGuidedOptions::default());
         let first = drive(&mut s, |_| Some(1.0));
-        for pl in Pipeline::ALL {
+        // every pipeline that takes K = 6144 (the K-tail form takes only a K 64 does not divide)
+        for pl in Pipeline::ALL.into_iter().filter(|p| *p != Pipeline::KTail) {
             let n = first.iter().filter(|c| c.pipeline == pl).count();
             assert!(n >= 2, "{pl:?}: {n} of {first:?}");
         }

@@ -3,7 +3,7 @@
 use super::check::TableCheck;
 use super::schema::{Method, Table};
 use crate::problem::{AType, GemmProblem};
-use crate::template::{default_config, Family, GemmConfig};
+use crate::template::{default_configs, Family, GemmConfig};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 
@@ -213,18 +213,21 @@ impl Lookup {
                 fallback: Fallback::Common { missing },
             });
         }
-        let config = default_config(family, problem.a_type);
-        match config.check_problem(problem) {
-            Ok(()) => Ok(Resolved {
+        let defaults = default_configs(family, problem.a_type);
+        match defaults.iter().find(|c| c.check_problem(problem).is_ok()) {
+            Some(&config) => Ok(Resolved {
                 config,
                 method: Method::Fused,
                 fallback: Fallback::Default { missing },
             }),
-            Err(e) => Err(LookupError {
+            None => Err(LookupError {
                 op: op.to_string(),
                 family,
                 problem: *problem,
-                reason: e.to_string(),
+                reason: defaults[0]
+                    .check_problem(problem)
+                    .err()
+                    .map_or_else(String::new, |e| e.to_string()),
             }),
         }
     }
@@ -254,6 +257,7 @@ mod tests {
     use super::*;
     use crate::table::schema::tests::sample;
     use crate::table::OP_GEMM;
+    use crate::template::default_config;
 
     fn lookup() -> (Table, Lookup) {
         let t = sample();
@@ -315,6 +319,24 @@ mod tests {
         assert_eq!(r.config, default_config(Family::Sm90, AType::Bf16));
         let none = Lookup::new(None, &TableCheck::clean());
         assert_eq!(at(&none, 1, 512, 6144).fallback, Fallback::Default { missing: Missing::Shape });
+    }
+
+    /// A shape outside the table whose K 64 does not divide: no whole-stage configuration runs
+    /// it, the family default's K-tail form does; a K of no whole NVFP4 block has none.
+    #[test]
+    fn a_k_tail_shape_outside_the_table_takes_the_k_tail_default() {
+        let (_, l) = lookup();
+        let p = GemmProblem::new(8, 2048, 96, AType::Bf16);
+        let r = l.resolve(OP_GEMM, Family::Sm90, &p, None).unwrap();
+        assert_eq!(r.fallback, Fallback::Default { missing: Missing::Shape });
+        assert_eq!(r.config, default_configs(Family::Sm90, AType::Bf16)[1]);
+        assert_eq!(r.config.pipeline, crate::template::Pipeline::KTail);
+        let p = GemmProblem::new(8, 2048, 88, AType::Bf16);
+        let e = l.resolve(OP_GEMM, Family::Sm90, &p, None).unwrap_err();
+        assert!(
+            e.to_string().contains("no legal configuration") && e.reason.contains("K = 88"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -164,12 +164,23 @@ pub enum Pipeline {
     /// activation slice, no pass barrier and no wait before the first chunk; shared memory only
     /// holds the split-K partials (`direct.cuh`, `A_GLOBAL`). Named `g<stages>`.
     Global,
+    /// The cp.async ring of [`Pipeline::CpAsync`] with 64-k stages whose last one is cut at K:
+    /// the K-tail form, for a K that is a multiple of 16 (the NVFP4 block) but not of 64 (a
+    /// weight split 8 ways, e.g. 96 or 176 columns). Codes go in 8-byte copies and scales word by
+    /// word, zero-filled past K (`templates/sm90/load.cuh`, `K_TAIL`). Only such a K takes it.
+    /// Named `kt<stages>`.
+    KTail,
 }
 
 impl Pipeline {
     /// Every pipeline; its index here is the value of `search::Param::Pipeline`.
-    pub const ALL: [Pipeline; 4] =
-        [Pipeline::CpAsync, Pipeline::Registers, Pipeline::WarpRing, Pipeline::Global];
+    pub const ALL: [Pipeline; 5] = [
+        Pipeline::CpAsync,
+        Pipeline::Registers,
+        Pipeline::WarpRing,
+        Pipeline::Global,
+        Pipeline::KTail,
+    ];
 
     /// The letter before the depth in kernel names.
     pub fn letter(self) -> &'static str {
@@ -178,6 +189,7 @@ impl Pipeline {
             Pipeline::Registers => "r",
             Pipeline::WarpRing => "p",
             Pipeline::Global => "g",
+            Pipeline::KTail => "kt",
         }
     }
 
@@ -464,6 +476,16 @@ pub fn default_config(family: Family, a_type: AType) -> GemmConfig {
     match family {
         Family::Sm90 => sm90::default_config(a_type),
         Family::Sm120 => sm120::default_config(a_type),
+    }
+}
+
+/// The family's defaults in lookup order: the generic configuration, then (sm90) its K-tail form,
+/// which runs a K that is a multiple of 16 but not of 64 (shapes outside a table).
+pub fn default_configs(family: Family, a_type: AType) -> Vec<GemmConfig> {
+    let d = default_config(family, a_type);
+    match family {
+        Family::Sm90 => vec![d, GemmConfig { pipeline: Pipeline::KTail, ..d }],
+        Family::Sm120 => vec![d],
     }
 }
 

@@ -39,7 +39,7 @@ pub fn instantiation(c: &GemmConfig) -> String {
         (
             "sm90/gemm.cuh",
             format!(
-                "Sm90Config<{}, {}, {}, {}, {}, {}, {}, {}, {}, {fp4}>",
+                "Sm90Config<{}, {}, {}, {}, {}, {}, {}, {}, {}, {fp4}{}>",
                 c.block_m,
                 c.block_n,
                 c.block_k,
@@ -48,7 +48,8 @@ pub fn instantiation(c: &GemmConfig) -> String {
                 c.warps_k,
                 c.stages,
                 c.split_k,
-                c.swap_ab
+                c.swap_ab,
+                if c.pipeline == Pipeline::KTail { ", true" } else { "" }
             ),
             "templates/sm90/config.cuh",
             "gemm",

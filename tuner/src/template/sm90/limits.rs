@@ -148,7 +148,7 @@ pub fn ring_registers(c: &GemmConfig) -> u32 {
         (Pipeline::Registers, _) => 0,
         (Pipeline::Global, AType::Nvfp4) => 5,
         (Pipeline::Global, AType::Bf16) => 16,
-        (Pipeline::CpAsync | Pipeline::WarpRing, _) => return 0,
+        (Pipeline::CpAsync | Pipeline::KTail | Pipeline::WarpRing, _) => return 0,
     };
     let d = Derived::of(c);
     c.stages * (d.p_tiles * 10 + d.q_tiles * per_token_tile)
@@ -191,6 +191,12 @@ pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
     }
     if ![64, 128, 256].contains(&c.block_k) {
         return err(format!("block_k {} must be 64, 128 or 256", c.block_k));
+    }
+    if c.pipeline == Pipeline::KTail && (c.block_k != 64 || c.warps_k != 1) {
+        return err(format!(
+            "the K-tail form has stages of 64 k in one warp (block_k {}, warps_k {})",
+            c.block_k, c.warps_k
+        ));
     }
     let d = Derived::of(c);
     if c.block_k % c.warps_k != 0 || d.k_per_warp % 64 != 0 {
@@ -350,13 +356,20 @@ fn check_occupancy(c: &GemmConfig, smem: u32) -> Result<(), ConstraintError> {
 /// Constraints of running `c` on `p` (after `check` and the a_type match done by the caller).
 pub fn check_problem(c: &GemmConfig, p: &GemmProblem) -> Result<(), ConstraintError> {
     let err = |msg: String| Err(c.violation(msg));
-    if p.k % c.block_k != 0 {
+    if c.pipeline == Pipeline::KTail {
+        if p.k % 16 != 0 || p.k % 64 == 0 {
+            return err(format!(
+                "K = {} is not for the K-tail form (a multiple of 16 that 64 does not divide)",
+                p.k
+            ));
+        }
+    } else if p.k % c.block_k != 0 {
         return err(format!("K = {} is not a multiple of block_k = {}", p.k, c.block_k));
     }
     if p.n % 8 != 0 {
         return err(format!("N = {} is not a multiple of 8", p.n));
     }
-    let k_blocks = p.k / c.block_k;
+    let k_blocks = p.k.div_ceil(c.block_k);
     if c.split_k > k_blocks {
         return err(format!(
             "split_k = {} exceeds the {k_blocks} k-blocks of K = {}",

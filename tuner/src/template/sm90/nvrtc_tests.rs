@@ -40,3 +40,39 @@ fn nvrtc_compiles_sample_configs_without_spills() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// The K-tail form (`Pipeline::KTail`) compiles for sm_90a without spills or local memory: its
+/// smallest and largest tiles, with and without swap-AB, of both activation types.
+#[test]
+fn nvrtc_compiles_the_k_tail_form_without_spills() {
+    let dir = tempfile::tempdir().unwrap();
+    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
+    let mut configs = Vec::new();
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        let space = search_space(a_type);
+        for swap_ab in [true, false] {
+            let mut tail: Vec<_> = space
+                .iter()
+                .filter(|c| c.pipeline == crate::template::Pipeline::KTail && c.swap_ab == swap_ab)
+                .copied()
+                .collect();
+            tail.sort_by_key(|c| (c.block_m * c.block_n, c.stages, c.split_k));
+            configs.extend(tail.first().copied());
+            configs.extend(tail.last().copied());
+        }
+    }
+    assert_eq!(configs.len(), 8);
+    let sources: Vec<_> = configs.iter().map(|c| c.render().unwrap()).collect();
+    for (c, res) in configs.iter().zip(compiler.compile_many(&sources)) {
+        let k = res.unwrap_or_else(|e| panic!("{c}: {e}"));
+        let stats = k.stats.unwrap_or_else(|| panic!("{c}: no ptxas statistics"));
+        assert!(!stats.spills(), "{c} spills: {stats:?}");
+        match sass::dump_sass(&k.kernel_name, &k.cubin) {
+            Ok(text) => assert!(!sass::uses_local_memory(&text), "local memory in {c}"),
+            Err(sass::SassError::NotFound { .. }) => {
+                eprintln!("cuobjdump not found: SASS check skipped")
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! The family's search space (the pruned member lists of the four weight pipelines).
+//! The family's search space (the pruned member lists of the weight pipelines).
 
 use super::*;
 use crate::problem::AType;
@@ -52,6 +52,54 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
     out.extend(direct_space(a_type));
     out.extend(warp_ring_space(a_type));
     out.extend(global_space(a_type));
+    out.extend(k_tail_space(a_type));
+    out
+}
+
+/// The K-tail configurations (`Pipeline::KTail`: cp.async stages of 64 k in one warp, the last
+/// one cut at K). Only a K that 64 does not divide takes them (`check_problem`), so they never
+/// compete with the whole-stage kernels; such a K is short in practice (an expert's intermediate
+/// size split 8 ways: 96, 176, 352), a few stages per CTA.
+///
+/// Enumerated: swap_ab with block_m {8, 16, 32} (decode) or block_m {32, 64, 128}; block_n
+/// {32, 64, 128}; warps_m {1, 2}, warps_n {1, 2, 4}; stages {2, 3}; split_k {1, 2}. Kept: 2..8
+/// warps and at most 64 accumulators per lane.
+pub fn k_tail_space(a_type: AType) -> Vec<GemmConfig> {
+    let mut out = Vec::new();
+    for swap_ab in [true, false] {
+        let block_ms: &[u32] = if swap_ab { &[8, 16, 32] } else { &[32, 64, 128] };
+        for &block_m in block_ms {
+            for block_n in [32u32, 64, 128] {
+                for warps_m in [1u32, 2] {
+                    for warps_n in [1u32, 2, 4] {
+                        for stages in [2u32, 3] {
+                            for split_k in [1u32, 2] {
+                                let c = GemmConfig {
+                                    pipeline: Pipeline::KTail,
+                                    ..GemmConfig::cp_async(
+                                        Family::Sm90,
+                                        a_type,
+                                        [block_m, block_n, 64],
+                                        [warps_m, warps_n, 1],
+                                        stages,
+                                        split_k,
+                                        swap_ab,
+                                    )
+                                };
+                                let d = Derived::of(&c);
+                                if (2..=8).contains(&(warps_m * warps_n))
+                                    && d.acc_sets * d.acc <= 64
+                                    && check(&c).is_ok()
+                                {
+                                    out.push(c);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
     out
 }
 

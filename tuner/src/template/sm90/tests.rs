@@ -4,7 +4,7 @@
 use super::*;
 use crate::format::{e2m1_decode, e4m3_decode};
 use crate::problem::{AType, GemmProblem};
-use crate::template::{Family, GemmConfig};
+use crate::template::{Family, GemmConfig, Pipeline};
 use std::collections::HashSet;
 
 /// The global swizzled scale offset (`format::swizzle::swizzled_offset`) in the mirrors' u32s.
@@ -76,6 +76,46 @@ fn problem_checks() {
     assert!(e.reason.contains("exceeds"), "{e}");
     let e = c.check_problem(&GemmProblem::new(1, 4096, 6144, AType::Nvfp4)).unwrap_err();
     assert!(e.reason.contains("built for"), "{e}");
+}
+
+/// The K-tail form (`Pipeline::KTail`): the 64-k, one-warp-along-K members of the cp.async space,
+/// legal exactly for a K that is a multiple of 16 and not of 64, where no other sm90 kernel is;
+/// split-K counts the partial last stage.
+#[test]
+fn k_tail_form_takes_exactly_the_k_no_whole_stage_kernel_takes() {
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        let space = search_space(a_type);
+        let tail: Vec<&GemmConfig> =
+            space.iter().filter(|c| c.pipeline == Pipeline::KTail).collect();
+        assert!((50..=400).contains(&tail.len()), "{a_type}: {} K-tail configurations", tail.len());
+        assert!(tail.iter().any(|c| c.swap_ab) && tail.iter().any(|c| !c.swap_ab));
+        for c in &tail {
+            assert!(c.block_k == 64 && c.warps_k == 1 && c.min_ctas == 1, "{c}");
+            assert!(c.name().contains("_kt"), "{c}");
+        }
+        for (n, k) in [(2048, 96), (4096, 176), (48, 208), (4096, 16), (512, 6160)] {
+            for m in [1, 8, 130] {
+                let p = GemmProblem::new(m, n, k, a_type);
+                let legal: Vec<_> = space.iter().filter(|c| c.check_problem(&p).is_ok()).collect();
+                assert!(!legal.is_empty(), "{p}: no legal configuration");
+                assert!(legal.iter().all(|c| c.pipeline == Pipeline::KTail), "{p}");
+                // split-K over ceil(K / 64) stages, the last one partial
+                let most = legal.iter().map(|c| c.split_k).max().unwrap();
+                assert!(most <= k.div_ceil(64), "{p}: split_k {most}");
+            }
+        }
+        for (n, k) in [(512, 6144), (6144, 256), (16, 64)] {
+            let p = GemmProblem::new(1, n, k, a_type);
+            assert!(tail.iter().all(|c| c.check_problem(&p).is_err()), "{p}");
+        }
+        let p = GemmProblem::new(1, 2048, 88, a_type);
+        let e = tail[0].check_problem(&p).unwrap_err();
+        assert!(e.reason.contains("K-tail") && e.reason.contains("multiple of 16"), "{e}");
+        assert!(space.iter().all(|c| c.check_problem(&p).is_err()), "{p}");
+    }
+    // the K-tail form has stages of 64 k in one warp
+    let c = GemmConfig { pipeline: Pipeline::KTail, ..cfg(AType::Bf16) };
+    reject(GemmConfig { block_k: 128, ..c }, "K-tail");
 }
 
 #[test]
