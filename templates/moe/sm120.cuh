@@ -18,10 +18,8 @@
 // gate_up writes H as bf16 and as NVFP4 (h_scale) for down; down writes Y_rows.
 //
 // The K-tail form (K_TAIL, GroupedSm120Tail, names with `kt`) runs any K that is a multiple of 16
-// (the NVFP4 block) in ceil(K / BLOCK_K) k-tiles: rows of codes are then only 8-byte aligned
-// (K / 2 bytes), so codes go in 8-byte copies (16 k each), and each copy of codes or scales reads
-// the bytes of its k below K while cp.async zero-fills the rest (the rule of moe::tiled's
-// `tail_copy_bytes`): zero codes under zero scales add exact zeros, and the swizzled scales'
+// (the NVFP4 block) in ceil(K / BLOCK_K) k-tiles with sm120/load.cuh's K-tail copies
+// (sm120::load_rows): zero codes under zero scales add exact zeros, and the swizzled scales'
 // padding columns are never read.
 //
 // Launch contract (moe::GroupedConfig, family sm120): grid (ceil(N / BLOCK_N), grid_y, 1), THREADS
@@ -62,71 +60,6 @@ template <int OP>
 __device__ __forceinline__ int sm120_source_row(const GroupedParams& p, int first, int rows, int r) {
     if (r >= rows) return -1;
     return OP == OP_GATE_UP ? p.sorted_ids[first + r] / p.top_k : first + r;
-}
-
-// cp.async of `bytes` (at most CP) of global memory, zero-filling the rest of the CP-byte copy.
-// No byte is read when `bytes` is 0 (copies wholly past K or past the tile).
-template <int CP>
-__device__ __forceinline__ void sm120_cp_async_part(uint32_t dst, const void* src, int bytes) {
-    static_assert(CP == 8 || CP == 4, "the K-tail form copies 8-byte runs of codes and 4-byte scale words");
-    if constexpr (CP == 8) {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-    }
-}
-
-// cp.async of k-tile kt of TILE rows (tile row r = global row row_of(r), -1: zero-fill) into a
-// (TILE, ROW_BYTES) code tile and a (K_STEPS, TILE) array of scale words: the placement of
-// sm120/load.cuh (code_offset; word s * TILE + r holds the four scales of the row for k in
-// [kt * BLOCK_K + 64 s, + 64), one aligned word of the swizzled layout) with a row map. The K-tail
-// form copies codes in 8-byte halves (half `h` of a row holds k [kt * BLOCK_K + 16 h, + 16)), and
-// each copy of codes or scales reads only its bytes below K.
-template <class Cfg, int TILE, bool K_TAIL, class RowOf>
-__device__ __forceinline__ void load_rows(uint32_t code_dst, uint32_t sf_dst, const uint8_t* codes,
-                                          const uint8_t* sf, RowOf row_of, int k, int ksf_pad, int kt) {
-    constexpr int CP = K_TAIL ? 8 : 16;                       // bytes per copy of codes
-    constexpr int UNITS = Cfg::ROW_CHUNKS * (16 / CP);        // copies of codes per row and k-tile
-    constexpr int CHUNKS = TILE * UNITS;
-    constexpr int ITERS = (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS;
-    const int k0 = kt * Cfg::BLOCK_K;
-#pragma unroll
-    for (int j = 0; j < ITERS; ++j) {
-        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
-        if (CHUNKS % Cfg::THREADS == 0 || i < CHUNKS) {
-            const int r = i / UNITS;
-            const int c = i % UNITS;
-            const int row = row_of(r);
-            const bool valid = row >= 0;
-            const uint8_t* src = codes + static_cast<uint64_t>(valid ? row : 0) * (k / 2) + kt * Cfg::ROW_BYTES + c * CP;
-            const uint32_t dst = code_dst + sm120::code_offset<Cfg>(r, c * CP / 16) + (c * CP) % 16;
-            if constexpr (K_TAIL) {
-                sm120_cp_async_part<8>(dst, src, valid ? min(max((k - k0 - 16 * c) / 2, 0), 8) : 0);
-            } else {
-                sm120::cp_async_16(dst, src, valid);
-            }
-        }
-    }
-    constexpr int WORDS = Cfg::K_STEPS * TILE;
-    constexpr int WORD_ITERS = (WORDS + Cfg::THREADS - 1) / Cfg::THREADS;
-#pragma unroll
-    for (int j = 0; j < WORD_ITERS; ++j) {
-        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
-        if (WORDS % Cfg::THREADS == 0 || i < WORDS) {
-            const int s = i / TILE;
-            const int r = i % TILE;
-            const int row = row_of(r);
-            const bool valid = row >= 0;
-            const uint32_t kb = static_cast<uint32_t>(kt * (Cfg::BLOCK_K / 16) + 4 * s);
-            const uint8_t* src =
-                sf + swizzled_sf_offset(static_cast<uint32_t>(valid ? row : 0), kb, static_cast<uint32_t>(ksf_pad));
-            if constexpr (K_TAIL) {
-                sm120_cp_async_part<4>(sf_dst + 4 * i, src, valid ? min(max((k - k0 - 64 * s) / 16, 0), 4) : 0);
-            } else {
-                sm120::cp_async_4(sf_dst + 4 * i, src, valid);
-            }
-        }
-    }
 }
 
 template <class Cfg, int OP, bool K_TAIL = false>
@@ -177,8 +110,8 @@ struct GroupedSm120 {
                 const uint32_t st = smem0 + slot * Cfg::STAGE_BYTES;
                 const int n_here = sm120_opaque(n);
                 const auto weight_row = [n_here, n0](int r) { return sm120_weight_row<OP>(n_here, n0, r); };
-                load_rows<Cfg, Cfg::TILE_P, K_TAIL>(st, st + Cfg::P_SF_OFFSET, w, w_sf, weight_row, p.k, ksf_pad, kt);
-                load_rows<Cfg, Cfg::TILE_Q, K_TAIL>(st + Cfg::Q_CODE_OFFSET, st + Cfg::Q_SF_OFFSET, p.a, p.a_sf,
+                sm120::load_rows<Cfg, Cfg::TILE_P, K_TAIL>(st, st + Cfg::P_SF_OFFSET, w, w_sf, weight_row, p.k, ksf_pad, kt);
+                sm120::load_rows<Cfg, Cfg::TILE_Q, K_TAIL>(st + Cfg::Q_CODE_OFFSET, st + Cfg::Q_SF_OFFSET, p.a, p.a_sf,
                                                     source_row, p.k, ksf_pad, kt);
             };
 

@@ -81,9 +81,14 @@ __device__ __forceinline__ void compute_stage(float (&acc)[Cfg::MMA_P][Cfg::MMA_
 // Grid (ceil(N / BLOCK_N), ceil(M / BLOCK_M), SPLIT_K), THREADS threads, SMEM_BYTES dynamic shared memory.
 // Preconditions (checked by the host, GemmConfig::check_problem): K % BLOCK_K == 0,
 // K / BLOCK_K >= SPLIT_K, scale buffers padded to 128 rows; with SPLIT_K > 1 a workspace of
-// SPLIT_K * M * N floats and zeroed counters, one per (N tile, M tile).
-template <class Cfg>
+// SPLIT_K * M * N floats and zeroed counters, one per (N tile, M tile). The K-tail form
+// (K_TAIL, Pipeline::KTail, names with `kt`): K % 16 == 0, ceil(K / BLOCK_K) k-tiles, the last one
+// cut at K by load_rows' K-tail copies (a kernel that sees K otherwise writes nothing).
+template <class Cfg, bool K_TAIL = false>
 __device__ __forceinline__ void gemm(const GemmParams& p) {
+    if constexpr (K_TAIL) {
+        if (p.k % 16 != 0 || p.k <= 0) return;
+    }
     extern __shared__ __align__(128) uint8_t smem[];
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int warp = static_cast<int>(threadIdx.x) >> 5;
@@ -106,7 +111,7 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
     const int tile_q0 = Cfg::SWAP_AB ? tile_m0 : tile_n0;
     const int ksf_pad = ((p.k / 16 + 3) / 4) * 4;
 
-    const int k_tiles = p.k / Cfg::BLOCK_K;
+    const int k_tiles = K_TAIL ? (p.k + Cfg::BLOCK_K - 1) / Cfg::BLOCK_K : p.k / Cfg::BLOCK_K;
     const int kt_begin = static_cast<int>(blockIdx.z) * k_tiles / Cfg::SPLIT_K;
     const int kt_end = (static_cast<int>(blockIdx.z) + 1) * k_tiles / Cfg::SPLIT_K;
     const int n_tiles = kt_end - kt_begin;
@@ -114,10 +119,18 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 
     auto load_stage = [&](int slot, int kt) {
         const uint32_t st = smem0 + slot * Cfg::STAGE_BYTES;
-        load_codes<Cfg, Cfg::TILE_P>(st, p_codes, p_rows, tile_p0, p.k, kt);
-        load_codes<Cfg, Cfg::TILE_Q>(st + Cfg::Q_CODE_OFFSET, q_codes, q_rows, tile_q0, p.k, kt);
-        load_scales<Cfg, Cfg::TILE_P>(st + Cfg::P_SF_OFFSET, p_sf, p_rows, tile_p0, ksf_pad, kt);
-        load_scales<Cfg, Cfg::TILE_Q>(st + Cfg::Q_SF_OFFSET, q_sf, q_rows, tile_q0, ksf_pad, kt);
+        if constexpr (K_TAIL) {
+            const auto p_row = [p_rows, tile_p0](int r) { return tile_p0 + r < p_rows ? tile_p0 + r : -1; };
+            const auto q_row = [q_rows, tile_q0](int r) { return tile_q0 + r < q_rows ? tile_q0 + r : -1; };
+            load_rows<Cfg, Cfg::TILE_P, true>(st, st + Cfg::P_SF_OFFSET, p_codes, p_sf, p_row, p.k, ksf_pad, kt);
+            load_rows<Cfg, Cfg::TILE_Q, true>(st + Cfg::Q_CODE_OFFSET, st + Cfg::Q_SF_OFFSET, q_codes, q_sf, q_row, p.k,
+                                              ksf_pad, kt);
+        } else {
+            load_codes<Cfg, Cfg::TILE_P>(st, p_codes, p_rows, tile_p0, p.k, kt);
+            load_codes<Cfg, Cfg::TILE_Q>(st + Cfg::Q_CODE_OFFSET, q_codes, q_rows, tile_q0, p.k, kt);
+            load_scales<Cfg, Cfg::TILE_P>(st + Cfg::P_SF_OFFSET, p_sf, p_rows, tile_p0, ksf_pad, kt);
+            load_scales<Cfg, Cfg::TILE_Q>(st + Cfg::Q_SF_OFFSET, q_sf, q_rows, tile_q0, ksf_pad, kt);
+        }
     };
 
     float acc[Cfg::MMA_P][Cfg::MMA_Q][4];

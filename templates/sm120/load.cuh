@@ -71,6 +71,74 @@ __device__ __forceinline__ void load_scales(uint32_t dst, const uint8_t* sf, int
     }
 }
 
+// cp.async of `bytes` (at most CP) of global memory, zero-filling the rest of the CP-byte copy.
+// No byte is read when `bytes` is 0 (copies wholly past K or past the tile).
+template <int CP>
+__device__ __forceinline__ void cp_async_part(uint32_t dst, const void* src, int bytes) {
+    static_assert(CP == 8 || CP == 4, "the K-tail form copies 8-byte runs of codes and 4-byte scale words");
+    if constexpr (CP == 8) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+    }
+}
+
+// cp.async of k-tile kt of TILE rows (tile row r = global row row_of(r), -1: zero-fill) into a
+// (TILE, ROW_BYTES) code tile and a (K_STEPS, TILE) array of scale words: the placement of
+// load_codes and load_scales (code_offset; word s * TILE + r holds the four scales of the row for
+// k in [kt * BLOCK_K + 64 s, + 64), one aligned word of the swizzled layout) with a row map. The
+// K-tail form (a K that is a multiple of 16 but not of BLOCK_K: rows of codes only 8-byte
+// aligned) copies codes in 8-byte halves (half `h` of a row holds k [kt * BLOCK_K + 16 h, + 16)),
+// and each copy of codes or scales reads only its bytes below K while cp.async zero-fills the
+// rest (the rule of moe::tiled's `tail_copy_bytes`): zero codes under zero scales add exact zeros,
+// and the swizzled scales' padding columns are never read.
+template <class Cfg, int TILE, bool K_TAIL, class RowOf>
+__device__ __forceinline__ void load_rows(uint32_t code_dst, uint32_t sf_dst, const uint8_t* codes,
+                                          const uint8_t* sf, RowOf row_of, int k, int ksf_pad, int kt) {
+    constexpr int CP = K_TAIL ? 8 : 16;                       // bytes per copy of codes
+    constexpr int UNITS = Cfg::ROW_CHUNKS * (16 / CP);        // copies of codes per row and k-tile
+    constexpr int CHUNKS = TILE * UNITS;
+    constexpr int ITERS = (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS;
+    const int k0 = kt * Cfg::BLOCK_K;
+#pragma unroll
+    for (int j = 0; j < ITERS; ++j) {
+        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
+        if (CHUNKS % Cfg::THREADS == 0 || i < CHUNKS) {
+            const int r = i / UNITS;
+            const int c = i % UNITS;
+            const int row = row_of(r);
+            const bool valid = row >= 0;
+            const uint8_t* src = codes + static_cast<uint64_t>(valid ? row : 0) * (k / 2) + kt * Cfg::ROW_BYTES + c * CP;
+            const uint32_t dst = code_dst + code_offset<Cfg>(r, c * CP / 16) + (c * CP) % 16;
+            if constexpr (K_TAIL) {
+                cp_async_part<8>(dst, src, valid ? min(max((k - k0 - 16 * c) / 2, 0), 8) : 0);
+            } else {
+                cp_async_16(dst, src, valid);
+            }
+        }
+    }
+    constexpr int WORDS = Cfg::K_STEPS * TILE;
+    constexpr int WORD_ITERS = (WORDS + Cfg::THREADS - 1) / Cfg::THREADS;
+#pragma unroll
+    for (int j = 0; j < WORD_ITERS; ++j) {
+        const int i = j * Cfg::THREADS + static_cast<int>(threadIdx.x);
+        if (WORDS % Cfg::THREADS == 0 || i < WORDS) {
+            const int s = i / TILE;
+            const int r = i % TILE;
+            const int row = row_of(r);
+            const bool valid = row >= 0;
+            const uint32_t kb = static_cast<uint32_t>(kt * (Cfg::BLOCK_K / 16) + 4 * s);
+            const uint8_t* src =
+                sf + swizzled_sf_offset(static_cast<uint32_t>(valid ? row : 0), kb, static_cast<uint32_t>(ksf_pad));
+            if constexpr (K_TAIL) {
+                cp_async_part<4>(sf_dst + 4 * i, src, valid ? min(max((k - k0 - 64 * s) / 16, 0), 4) : 0);
+            } else {
+                cp_async_4(sf_dst + 4 * i, src, valid);
+            }
+        }
+    }
+}
+
 // ldmatrix.x4 row address of lane `lane` for the A fragment (P side) of MMA tile `mp`, k-step `step`:
 // matrices (rows 0-7, chunk 2s), (rows 8-15, chunk 2s), (rows 0-7, chunk 2s+1), (rows 8-15, chunk 2s+1)
 // land in a0..a3.

@@ -479,14 +479,14 @@ pub fn default_config(family: Family, a_type: AType) -> GemmConfig {
     }
 }
 
-/// The family's defaults in lookup order: the generic configuration, then (sm90) its K-tail form,
-/// which runs a K that is a multiple of 16 but not of 64 (shapes outside a table).
+/// The family's defaults in lookup order: the generic configuration, then its K-tail form (64-k
+/// stages), which runs a K that is a multiple of 16 but not of 64 (shapes outside a table).
 pub fn default_configs(family: Family, a_type: AType) -> Vec<GemmConfig> {
     let d = default_config(family, a_type);
-    match family {
-        Family::Sm90 => vec![d, GemmConfig { pipeline: Pipeline::KTail, ..d }],
-        Family::Sm120 => vec![d],
-    }
+    let tail = GemmConfig { pipeline: Pipeline::KTail, block_k: 64, warps_k: 1, ..d };
+    let mut out = vec![d];
+    out.extend(Some(tail).filter(|c| c.check().is_ok()));
+    out
 }
 
 /// Template-source hash of a family (its own folder plus `common/`).

@@ -449,7 +449,8 @@ mod tests {
         assert_eq!(a.iter().collect::<HashSet<_>>().len(), a.len());
         assert!(a.iter().all(|c| c.check_problem(&p).is_ok()));
         assert!(a.len() >= opts.min_pool && a.len() < l.len(), "{} of {}", a.len(), l.len());
-        for pl in Pipeline::ALL {
+        // every pipeline that takes K = 6144 (the K-tail form takes only a K 64 does not divide)
+        for pl in Pipeline::ALL.into_iter().filter(|p| *p != Pipeline::KTail) {
             assert!(a.iter().filter(|c| c.pipeline == pl).count() >= 4, "{pl:?}");
         }
         // Carried configurations come first; an illegal one is left out.

@@ -117,12 +117,17 @@ pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
     if c.family != Family::Sm120 {
         return Err(c.violation("not an sm120 configuration"));
     }
-    if c.pipeline != Pipeline::CpAsync {
+    if c.pipeline.is_direct() {
         return Err(c.violation(format!(
-            "the sm120 family has only the cp.async pipeline, not {:?} (the streamed pipelines \
-             are sm90 kernels)",
+            "the sm120 family has only the cp.async pipeline (and its K-tail form), not {:?} \
+             (the streamed pipelines are sm90 kernels)",
             c.pipeline
         )));
+    }
+    if c.pipeline == Pipeline::KTail && c.block_k != 64 {
+        return Err(
+            c.violation(format!("the K-tail form has k-tiles of 64 (block_k {})", c.block_k))
+        );
     }
     if c.min_ctas != 1 {
         return Err(c.violation(format!(
@@ -200,12 +205,19 @@ pub fn check(c: &GemmConfig) -> Result<(), ConstraintError> {
 
 /// Constraints of running `c` on `p` beyond the configuration's own (which the caller checked).
 pub fn check_problem(c: &GemmConfig, p: &GemmProblem) -> Result<(), ConstraintError> {
-    if p.k % c.block_k != 0 {
+    if c.pipeline == Pipeline::KTail {
+        if p.k % 16 != 0 || p.k % 64 == 0 {
+            return Err(c.violation(format!(
+                "K = {} is not for the K-tail form (a multiple of 16 that 64 does not divide)",
+                p.k
+            )));
+        }
+    } else if p.k % c.block_k != 0 {
         return Err(
             c.violation(format!("K = {} is not a multiple of block_k = {}", p.k, c.block_k))
         );
     }
-    let k_tiles = p.k / c.block_k;
+    let k_tiles = p.k.div_ceil(c.block_k);
     if k_tiles < c.split_k {
         return Err(c.violation(format!(
             "K = {} gives {k_tiles} k-tiles of {}, fewer than split_k = {}",
@@ -221,7 +233,7 @@ pub fn check_problem(c: &GemmConfig, p: &GemmProblem) -> Result<(), ConstraintEr
     }
     // Scale offsets are 32-bit in the kernel: rows padded to 128 times K/16 must fit.
     let rows = p.m.max(p.n).div_ceil(128) as u64 * 128;
-    if rows * (p.k as u64 / 16) > u32::MAX as u64 {
+    if rows * (p.k as u64 / 16).div_ceil(4) * 4 > u32::MAX as u64 {
         return Err(c.violation(format!("{p}: scale buffer exceeds 32-bit offsets")));
     }
     Ok(())
@@ -238,7 +250,7 @@ pub fn instantiation(c: &GemmConfig) -> String {
          static_assert(Cfg::THREADS == {threads}, \"thread count of the template differs from GemmConfig::threads\");\n\
          \n\
          extern \"C\" __global__ void __launch_bounds__({threads}) {name}(const fp4tune::GemmParams p) {{\n\
-         \x20   fp4tune::sm120::gemm<Cfg>(p);\n\
+         \x20   fp4tune::sm120::gemm<Cfg{tail}>(p);\n\
          }}\n",
         bm = c.block_m,
         bn = c.block_n,
@@ -252,6 +264,7 @@ pub fn instantiation(c: &GemmConfig) -> String {
         smem = smem_bytes(c),
         threads = c.threads(),
         name = c.kernel_name(),
+        tail = if c.pipeline == Pipeline::KTail { ", true" } else { "" },
     )
 }
 
@@ -341,6 +354,22 @@ pub fn search_space(a_type: AType) -> Vec<GemmConfig> {
             }
         }
     }
+    // The K-tail form (a K that 64 does not divide, which no other kernel takes): the 64-k
+    // decode tiles above, and prefill tiles of 64 k.
+    let mut tail: Vec<GemmConfig> = out
+        .iter()
+        .filter(|c| c.block_k == 64)
+        .map(|c| GemmConfig { pipeline: Pipeline::KTail, ..*c })
+        .collect();
+    for (block_m, block_n) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+        for (warps_m, warps_n) in [(2, 2), (2, 4), (4, 2)] {
+            for stages in [2, 3] {
+                let c = config(block_m, block_n, 64, warps_m, warps_n, 1, stages, 1, false);
+                tail.push(GemmConfig { pipeline: Pipeline::KTail, ..c });
+            }
+        }
+    }
+    out.extend(tail);
     out.retain(|c| check(c).is_ok());
     out
 }
@@ -356,6 +385,36 @@ mod tests {
             let e = check(&c).unwrap_err();
             assert!(e.reason.contains("only the cp.async pipeline"), "{e}");
         }
+    }
+
+    /// The K-tail form: k-tiles of 64, legal exactly for a K that is a multiple of 16 and not of
+    /// 64 (where no whole-tile kernel is), split-K over the partial last tile too; instantiated
+    /// as `gemm<Cfg, true>`.
+    #[test]
+    fn k_tail_form_takes_exactly_the_k_no_whole_tile_kernel_takes() {
+        let space = search_space(AType::Nvfp4);
+        let tail: Vec<&GemmConfig> =
+            space.iter().filter(|c| c.pipeline == Pipeline::KTail).collect();
+        assert!(
+            tail.len() >= 20 && tail.iter().any(|c| c.swap_ab) && tail.iter().any(|c| !c.swap_ab)
+        );
+        assert!(tail.iter().all(|c| c.block_k == 64 && c.name().contains("_kt")));
+        for (n, k) in [(2048, 96), (4096, 176), (64, 16)] {
+            for m in [1, 8, 130] {
+                let p = GemmProblem::new(m, n, k, AType::Nvfp4);
+                let legal: Vec<_> = space.iter().filter(|c| check_problem(c, &p).is_ok()).collect();
+                assert!(!legal.is_empty() && legal.iter().all(|c| c.pipeline == Pipeline::KTail));
+                assert!(legal.iter().all(|c| c.split_k <= k.div_ceil(64)), "{p}");
+            }
+        }
+        let whole = GemmProblem::new(1, 512, 6144, AType::Nvfp4);
+        assert!(tail.iter().all(|c| check_problem(c, &whole).is_err()));
+        let e = check_problem(tail[0], &GemmProblem::new(1, 2048, 88, AType::Nvfp4)).unwrap_err();
+        assert!(e.reason.contains("K-tail"), "{e}");
+        let unit = instantiation(tail[0]);
+        assert!(unit.contains("fp4tune::sm120::gemm<Cfg, true>(p);"), "{unit}");
+        let c = GemmConfig { pipeline: Pipeline::KTail, ..default_config(AType::Nvfp4) };
+        assert!(check(&c).unwrap_err().reason.contains("k-tiles of 64"));
     }
 
     #[test]
@@ -441,7 +500,9 @@ mod tests {
     #[test]
     fn search_space_is_pruned_and_covers_decode_and_prefill() {
         let space = search_space(AType::Nvfp4);
-        assert!((50..=400).contains(&space.len()), "{} configs", space.len());
+        let tail = space.iter().filter(|c| c.pipeline == Pipeline::KTail).count();
+        assert!((50..=400).contains(&(space.len() - tail)), "{} configs", space.len() - tail);
+        assert!(tail <= 100, "{tail} K-tail configs");
         let mut names: Vec<_> = space.iter().map(|c| c.name()).collect();
         names.sort();
         names.dedup();
