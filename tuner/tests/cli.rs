@@ -399,16 +399,36 @@ fn compile_says_which_filter_left_no_kernel() {
     )
     .unwrap();
     let s = shapes.to_str().unwrap();
+    // K = 16 (one NVFP4 block): only the K-tail form runs it.
+    let tail = d.join("tail");
+    let t = tail.to_str().unwrap();
+    let (ok, err) =
+        run(&fp4tune(), &["compile", "--arch", "sm_120a", "--shapes", s, "--emit", t], d);
+    assert!(ok, "{err}");
+    let emitted: Vec<String> = std::fs::read_dir(&tail)
+        .unwrap()
+        .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!emitted.is_empty() && emitted.iter().all(|n| n.contains("_kt")), "{emitted:?}");
+    // A whole-tile kernel by name, then the shapes: the shapes leave none.
+    let whole = fp4tune::template::default_config(
+        fp4tune::template::Family::Sm120,
+        fp4tune::problem::AType::Nvfp4,
+    )
+    .name();
     let e = d.join("emit");
     let e = e.to_str().unwrap();
-    let (ok, err) =
-        run(&fp4tune(), &["compile", "--arch", "sm_120a", "--shapes", s, "--emit", e], d);
+    let (ok, err) = run(
+        &fp4tune(),
+        &["compile", "--arch", "sm_120a", "--names", &whole, "--shapes", s, "--emit", e],
+        d,
+    );
     assert_clean_error(
         ok,
         &err,
         &[
-            "no sm120 kernel fits these filters (activations: all, --shapes ",
-            "tiny.ron left none of the",
+            "no sm120 kernel fits these filters (activations: all, --names ",
+            "tiny.ron left none of the 1 variant",
             "sm120 computes W4A4 (nvfp4 activations) only",
         ],
     );

@@ -1,0 +1,248 @@
+//! Tests of the sm120 grouped kernels: their index math on the CPU fragment model against the
+//! reference (and mistakes in it caught), their space, and every variant compiling for sm_120a.
+
+use super::*;
+use crate::moe::schedule::{draw_routing, Routing, SplitMix64};
+
+/// Random operand; scales with exponents 5..=9 (2^-2..2^2) so that every f64 sum is exact
+/// and results compare bit for bit whatever the summation order.
+fn random_matrix(rng: &mut SplitMix64, rows: u32, k: u32) -> Nvfp4Matrix {
+    let codes = (0..rows * k).map(|_| rng.below(16) as u8).collect();
+    let scales =
+        (0..rows * k / 16).map(|_| (((5 + rng.below(5)) << 3) | rng.below(8)) as u8).collect();
+    Nvfp4Matrix { rows, k, codes, scales }
+}
+
+fn grouped(op: MoeOp, block_m: u32, block_n: u32, block_k: u32, wn: u32, wk: u32) -> GroupedConfig {
+    GroupedConfig {
+        op,
+        block_m,
+        block_n,
+        block_k,
+        warps_n: wn,
+        warps_k: wk,
+        depth: 2,
+        split_k: 1,
+        min_ctas: 1,
+        walk: 0,
+        family: Family::Sm120,
+        a_type: AType::Nvfp4,
+        warp_ring: false,
+        tiled: false,
+        warps_m: 1,
+        wgmma: false,
+        k_tail: false,
+    }
+}
+
+struct Case {
+    shape: MoeShape,
+    tokens: u32,
+    routing: Routing,
+    seed: u64,
+}
+
+fn operands(c: &Case, op: MoeOp, rows: u32) -> GroupedOperands {
+    let mut rng = SplitMix64(c.seed);
+    let (n, k) = c.shape.nk(op);
+    let experts = (0..c.shape.experts).map(|_| random_matrix(&mut rng, n, k)).collect();
+    // gate_up reads token rows; a broken gather may read up to the routed rows
+    let act_rows = if op == MoeOp::GateUp { c.tokens.max(rows) } else { rows };
+    GroupedOperands { experts, acts: random_matrix(&mut rng, act_rows, k) }
+}
+
+fn run(c: &Case, cfg: &GroupedConfig, math: &GroupedMath) -> (Simulated, Vec<f64>) {
+    let ids = draw_routing(c.seed, c.tokens, c.shape.top_k, c.shape.experts, c.routing);
+    let s = RouteSchedule::build(&ids, 0, c.shape.experts);
+    let ops = operands(c, cfg.op, s.rows());
+    let sim = simulate(cfg, &s, c.shape.top_k, &ops, math);
+    (sim, reference(&s, c.shape.top_k, cfg.op, &ops))
+}
+
+#[test]
+fn the_grouped_index_math_reproduces_the_reference_on_the_fragment_model() {
+    // small layers: gate_up N = 2 inter (96: the last n tile runs past the weight), K = hidden
+    let gu = MoeShape { hidden: 256, inter: 48, experts: 6, top_k: 3 };
+    let dn = MoeShape { hidden: 96, inter: 256, experts: 6, top_k: 2 };
+    let cases = [
+        (
+            Case { shape: gu, tokens: 5, routing: Routing::Uniform, seed: 1 },
+            grouped(MoeOp::GateUp, 8, 32, 128, 1, 1),
+        ),
+        (
+            Case { shape: gu, tokens: 11, routing: Routing::Skewed, seed: 2 },
+            grouped(MoeOp::GateUp, 16, 64, 64, 2, 1),
+        ),
+        (
+            Case { shape: gu, tokens: 7, routing: Routing::Uniform, seed: 3 },
+            grouped(MoeOp::GateUp, 8, 64, 256, 1, 2),
+        ),
+        (
+            Case { shape: gu, tokens: 13, routing: Routing::Skewed, seed: 4 },
+            grouped(MoeOp::GateUp, 32, 128, 128, 2, 2),
+        ),
+        (
+            Case { shape: dn, tokens: 6, routing: Routing::Uniform, seed: 5 },
+            grouped(MoeOp::Down, 8, 32, 128, 2, 1),
+        ),
+        (
+            Case { shape: dn, tokens: 9, routing: Routing::Skewed, seed: 6 },
+            grouped(MoeOp::Down, 16, 64, 256, 4, 2),
+        ),
+        (
+            Case { shape: dn, tokens: 4, routing: Routing::Uniform, seed: 7 },
+            grouped(MoeOp::Down, 32, 16, 64, 1, 1),
+        ),
+        // a K of three 64-k stages, fewer than the space's 8 (Qwen3-235B's down over 8 GPUs)
+        (
+            Case {
+                shape: MoeShape { hidden: 96, inter: 192, experts: 5, top_k: 2 },
+                tokens: 7,
+                routing: Routing::Skewed,
+                seed: 8,
+            },
+            GroupedConfig { depth: 8, ..grouped(MoeOp::Down, 16, 32, 64, 2, 1) },
+        ),
+    ];
+    for (case, cfg) in &cases {
+        cfg.check(&case.shape).unwrap_or_else(|e| panic!("{e}"));
+        let (sim, want) = run(case, cfg, &GroupedMath::TEMPLATE);
+        assert!(sim.writes.iter().all(|&w| w == 1), "{cfg}: an output written twice or never");
+        assert_eq!(sim.values, want, "{cfg} on {}", case.shape);
+    }
+}
+
+#[test]
+fn grouped_index_mistakes_are_caught() {
+    let shape = MoeShape { hidden: 128, inter: 32, experts: 4, top_k: 2 };
+    let case = Case { shape, tokens: 9, routing: Routing::Uniform, seed: 11 };
+    let cfg = grouped(MoeOp::GateUp, 8, 64, 128, 2, 1);
+    let wrong = |math: GroupedMath| {
+        let (sim, want) = run(&case, &cfg, &math);
+        sim.values != want || sim.writes.iter().any(|&w| w != 1)
+    };
+    let t = GroupedMath::TEMPLATE;
+    assert!(!wrong(t));
+    // gate and up rows not interleaved (plain weight rows, as down reads them)
+    assert!(wrong(GroupedMath { weight_row: |_, n, n0, r| (n0 + r < n).then_some(n0 + r), ..t }));
+    // gate_up reading the sorted row instead of its token (no gather)
+    assert!(wrong(GroupedMath {
+        source_row: |_, _, _, first, rows, r| (r < rows).then_some(first + r),
+        ..t
+    }));
+    // activation scales of the sorted row instead of the token's row
+    assert!(wrong(GroupedMath { scale_row: |_, sorted| sorted, ..t }));
+    // rows past the tile not zero-filled but clamped: harmless only if never stored
+    assert!(!wrong(GroupedMath {
+        source_row: |op, ids, top_k, first, rows, r| source_row(
+            op,
+            ids,
+            top_k,
+            first,
+            rows,
+            r.min(rows - 1)
+        ),
+        ..t
+    }));
+}
+
+#[test]
+fn the_sm120_space_is_legal_w4a4_and_fits_shared_memory() {
+    for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
+        for op in MoeOp::ALL {
+            let space = search_space(op, &shape);
+            assert!(space.len() >= 40, "{op} {shape}: {}", space.len());
+            for c in &space {
+                c.check(&shape).unwrap();
+                assert_eq!(
+                    (c.family, c.a_type, c.split_k, c.min_ctas),
+                    (Family::Sm120, AType::Nvfp4, 1, 1)
+                );
+                assert!(c.smem_bytes() + static_smem_bytes(c) <= SMEM_LIMIT);
+                assert!(c.source().code.contains("GroupedSm120<Cfg"), "{c}");
+                assert_eq!(c.source().arch, crate::template::Arch::Sm120a);
+            }
+        }
+    }
+    let base = search_space(MoeOp::GateUp, &MoeShape::GLM5_TP8)[0];
+    let e = GroupedConfig { a_type: AType::Bf16, ..base }.check(&MoeShape::GLM5_TP8).unwrap_err();
+    assert!(e.reason.contains("W4A4 only"), "{e}");
+    let e = GroupedConfig { split_k: 2, ..base }.check(&MoeShape::GLM5_TP8).unwrap_err();
+    assert!(e.reason.contains("split_k 1"), "{e}");
+    let e =
+        GroupedConfig { block_n: 16, warps_n: 1, ..base }.check(&MoeShape::GLM5_TP8).unwrap_err();
+    assert!(e.reason.contains("multiple of 32"), "{e}");
+    let e = GroupedConfig { depth: 8, block_k: 256, block_n: 128, warps_n: 4, block_m: 32, ..base }
+        .check(&MoeShape::GLM5_TP8)
+        .unwrap_err();
+    assert!(e.reason.contains("shared memory"), "{e}");
+}
+
+#[test]
+fn report_flags_spills_and_wrong_mma_counts() {
+    let c = search_space(MoeOp::Down, &MoeShape::GLM5_TP8)[0];
+    let l = layout(&c).unwrap();
+    let good = GroupedVariant {
+        config: c,
+        registers: 100,
+        spill_bytes: 0,
+        smem_bytes: c.smem_bytes(),
+        static_smem: 128,
+        threads: c.threads(),
+        omma_sf: (l.mma_p * l.mma_q * l.k_steps_per_warp) as usize,
+        omma: (l.mma_p * l.mma_q * l.k_steps_per_warp) as usize,
+        local_memory: false,
+        expected_mma_per_k_tile: l.mma_p * l.mma_q * l.k_steps_per_warp,
+    };
+    assert!(good.is_clean());
+    assert!(!GroupedVariant { spill_bytes: 8, ..good.clone() }.is_clean());
+    assert!(!GroupedVariant { omma_sf: 0, omma: 0, ..good.clone() }.is_clean());
+    assert!(!GroupedVariant { omma: good.omma + 1, ..good.clone() }.is_clean());
+    assert!(!GroupedVariant { local_memory: true, ..good.clone() }.is_clean());
+    assert!(!GroupedVariant { static_smem: 4096, ..good.clone() }.is_clean());
+    let report = variant_report(&[Ok(good.clone()), Err("x: broken".into())], "NVRTC 13.0");
+    assert!(report.contains("2 variants: 1 compiled, 1 clean"), "{report}");
+    assert!(report.contains(&format!("| {} | {} |", c.name(), c.kernel_name())), "{report}");
+    assert!(report.contains("- x: broken"), "{report}");
+}
+
+/// The CI check of the grouped sm120 family: every distinct kernel of its space compiles for
+/// sm_120a, uses the native block-scaled MMA exactly as often as its tile implies, and neither
+/// spills nor touches local memory. Needs NVRTC and cuobjdump/nvdisasm (scripts/cuda-tools.sh).
+/// `FP4TUNE_SM120_MOE_REPORT=<path>` writes the report.
+#[test]
+fn every_sm120_grouped_variant_compiles_with_omma_sf_and_no_spills() {
+    let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
+    // GLM-5 TP8 and EP8, a down K of 192 (Qwen3-235B over 8 GPUs: 64-k stages) and of 176
+    // (GLM-4.5-Air over 8 GPUs: the K-tail form)
+    let qwen = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
+    let air = MoeShape { hidden: 4096, inter: 176, experts: 128, top_k: 8 };
+    let configs = distinct_kernels(&[MoeShape::GLM5_TP8, MoeShape::GLM5_EP8, qwen, air]);
+    assert!(configs.len() >= 80, "{} kernels", configs.len());
+    assert!(configs.iter().any(|c| c.block_k == 64), "no 64-k stage kernel");
+    assert!(configs.iter().any(|c| c.k_tail), "no K-tail kernel");
+    assert!(configs
+        .iter()
+        .filter(|c| c.k_tail)
+        .all(|c| c.source().code.contains("GroupedSm120Tail<Cfg,")));
+    let results = inspect_variants(&compiler, &configs);
+    let mut problems = Vec::new();
+    for (c, r) in configs.iter().zip(&results) {
+        match r {
+            Err(e) => problems.push(e.clone()),
+            Ok(v) if !v.is_clean() => problems.push(format!("{c}: {v:?}")),
+            Ok(_) => {}
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{} of {} variants failed:\n{}",
+        problems.len(),
+        configs.len(),
+        problems.join("\n")
+    );
+    if let Ok(path) = std::env::var("FP4TUNE_SM120_MOE_REPORT") {
+        let (ma, mi) = compiler.nvrtc_version();
+        std::fs::write(path, variant_report(&results, &format!("NVRTC {ma}.{mi}"))).unwrap();
+    }
+}
