@@ -90,7 +90,7 @@ __device__ __forceinline__ void cp_async_part(uint32_t dst, const void* src, int
 // K-tail form (a K that is a multiple of 16 but not of BLOCK_K: rows of codes only 8-byte
 // aligned) copies codes in 8-byte halves (half `h` of a row holds k [kt * BLOCK_K + 16 h, + 16)),
 // and each copy of codes or scales reads only its bytes below K while cp.async zero-fills the
-// rest (the rule of moe::tiled's `tail_copy_bytes`): zero codes under zero scales add exact zeros,
+// rest (its CPU mirror: `moe::tiled::tail_copy_bytes`): zero codes under zero scales add exact zeros,
 // and the swizzled scales' padding columns are never read.
 template <class Cfg, int TILE, bool K_TAIL, class RowOf>
 __device__ __forceinline__ void load_rows(uint32_t code_dst, uint32_t sf_dst, const uint8_t* codes,

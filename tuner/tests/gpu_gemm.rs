@@ -47,6 +47,12 @@ fn problems(a_type: AType) -> Vec<(u32, u32, Vec<u32>)> {
 fn run_suite(a_type: AType) {
     let (gpu, family, compiler) = open();
     let mut space = template::search_space(family, a_type);
+    // The family defaults (what a shape outside a table runs, the K-tail one included).
+    for d in template::default_configs(family, a_type) {
+        if d.check().is_ok() && !space.contains(&d) {
+            space.push(d);
+        }
+    }
     // FP4TUNE_SUITE_ONLY=<text>: only the variants whose name contains it (said, not silent).
     if let Ok(only) = std::env::var("FP4TUNE_SUITE_ONLY") {
         let before = space.len();

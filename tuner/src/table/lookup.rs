@@ -224,9 +224,10 @@ impl Lookup {
                 op: op.to_string(),
                 family,
                 problem: *problem,
-                reason: defaults[0]
-                    .check_problem(problem)
-                    .err()
+                // the reason of the most permissive default (the K-tail form, where it exists)
+                reason: defaults
+                    .last()
+                    .and_then(|c| c.check_problem(problem).err())
                     .map_or_else(String::new, |e| e.to_string()),
             }),
         }

@@ -404,7 +404,6 @@ mod tests {
                 let p = GemmProblem::new(m, n, k, AType::Nvfp4);
                 let legal: Vec<_> = space.iter().filter(|c| check_problem(c, &p).is_ok()).collect();
                 assert!(!legal.is_empty() && legal.iter().all(|c| c.pipeline == Pipeline::KTail));
-                assert!(legal.iter().all(|c| c.split_k <= k.div_ceil(64)), "{p}");
             }
         }
         let whole = GemmProblem::new(1, 512, 6144, AType::Nvfp4);

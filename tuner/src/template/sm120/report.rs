@@ -231,16 +231,19 @@ mod tests {
         assert!(report.contains("Registers per thread: 72..255."), "{report}");
     }
 
-    /// The CI check: every variant of the search space (and the default) compiles for sm_120a,
+    /// The CI check: every variant of the search space (and the family defaults) compiles for sm_120a,
     /// uses the native block-scaled MMA as many times as its tile implies, and neither spills nor
     /// touches local memory. Needs NVRTC and cuobjdump/nvdisasm (scripts/cuda-tools.sh).
     #[test]
     fn every_sm120_variant_compiles_with_omma_sf_and_no_spills() {
         let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
         let mut configs = sm120::search_space(AType::Nvfp4);
-        let default = sm120::default_config(AType::Nvfp4);
-        if !configs.contains(&default) {
-            configs.push(default);
+        for default in
+            crate::template::default_configs(crate::template::Family::Sm120, AType::Nvfp4)
+        {
+            if !configs.contains(&default) {
+                configs.push(default);
+            }
         }
         let results = inspect_variants(&compiler, &configs);
         let mut problems = Vec::new();

@@ -42,7 +42,8 @@ fn nvrtc_compiles_sample_configs_without_spills() {
 }
 
 /// The K-tail form (`Pipeline::KTail`) compiles for sm_90a without spills or local memory: its
-/// smallest and largest tiles, with and without swap-AB, of both activation types.
+/// smallest and largest tiles, with and without swap-AB, and the family default's K-tail form
+/// (what a shape outside a table runs), of both activation types.
 #[test]
 fn nvrtc_compiles_the_k_tail_form_without_spills() {
     let dir = tempfile::tempdir().unwrap();
@@ -60,8 +61,11 @@ fn nvrtc_compiles_the_k_tail_form_without_spills() {
             configs.extend(tail.first().copied());
             configs.extend(tail.last().copied());
         }
+        let defaults = crate::template::default_configs(crate::template::Family::Sm90, a_type);
+        assert_eq!(defaults[1].pipeline, crate::template::Pipeline::KTail);
+        configs.push(defaults[1]);
     }
-    assert_eq!(configs.len(), 8);
+    assert_eq!(configs.len(), 10);
     let sources: Vec<_> = configs.iter().map(|c| c.render().unwrap()).collect();
     for (c, res) in configs.iter().zip(compiler.compile_many(&sources)) {
         let k = res.unwrap_or_else(|e| panic!("{c}: {e}"));
