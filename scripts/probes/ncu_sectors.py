@@ -8,7 +8,8 @@ source page of an Nsight Compute report:
 Global loads and stores are grouped by their SASS form (cp.async of 16 or 4 bytes, 16-byte LDG,
 ...), each with its L2 sectors (theoretical: what the accesses touch), the excessive ones (sectors
 a perfectly coalesced access would not touch) and the instructions executed; then the sampled warp
-stall reasons and the opcodes the samples sat on."""
+stall reasons, where the long-scoreboard samples sit (with the instruction before each) and the
+opcodes the samples sat on."""
 import collections
 import csv
 import sys
@@ -76,6 +77,14 @@ def main():
     print(f"warp stall samples: {samples:.0f}")
     for h, v in reasons.most_common(8):
         print(f"  {h[6:]:20s} {100 * v / samples:5.1f}%")
+    # where the long-scoreboard samples sit, with the instruction before each (what it waits on)
+    long_sb = sorted(range(len(data)), key=lambda i: -col(data[i], "stall_long_sb"))
+    total_sb = sum(col(r, "stall_long_sb") for r in data) or 1.0
+    print("long scoreboard samples at (after):")
+    for i in long_sb[:3]:
+        before = data[i - 1][hdr["Source"]].strip() if i > 0 else "-"
+        print(f"  {100 * col(data[i], 'stall_long_sb') / total_sb:5.1f}% {data[i][hdr['Source']].strip()[:48]}"
+              f"  (after {before[:40]})")
     by_op = collections.Counter()
     for r in data:
         op, _ = load_class(r[hdr["Source"]].strip())
@@ -85,4 +94,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:  # a closed pipe (e.g. `| head`) ends the listing quietly
+        sys.stderr.close()
+        sys.exit(141)
