@@ -49,7 +49,9 @@ pub fn search_space_for(
             splits: &[1, 2],
             depths: &[1, 2, 3],
             stages: &[2, 3, 4],
-            min_ctas: &[1, 2, 4],
+            // 3 CTAs per SM: the register cap that fits 3- and 4-stage warp rings with their
+            // activation register ring, which spill at 4
+            min_ctas: &[1, 2, 3, 4],
             walks: &[0, 1, 2],
         },
         // W4A4: 32 or 64 weight rows per warp (whole 16-column blocks of H); NVFP4 activations
