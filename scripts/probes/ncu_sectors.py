@@ -45,12 +45,34 @@ def load_class(sass):
                 "LDG.E.128": "LDG 16 B", "LDG.E.128.CONSTANT": "LDG 16 B (constant)"}.get(op, op)
 
 
+NEEDED = ("Source", "Instructions Executed", "L2 Theoretical Sectors Global",
+          "L2 Theoretical Sectors Global Excessive", "Warp Stall Sampling (All Samples)", "stall_long_sb")
+
+
+def fail(message):
+    sys.exit(f"ncu_sectors.py: {message}")
+
+
 def main():
+    if len(sys.argv) not in (2, 3):
+        fail("usage: ncu_sectors.py <source page CSV> [kernel index]")
     path = sys.argv[1]
-    index = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    name, block = kernels(path)[index]
+    try:
+        found = kernels(path)
+    except OSError as e:
+        fail(f"{path}: {e.strerror}")
+    if not found:
+        fail(f"{path}: no \"Kernel Name\" line (not the CSV of `ncu --page source --csv`?)")
+    which = sys.argv[2] if len(sys.argv) > 2 else "0"
+    if not which.isdigit() or int(which) >= len(found):
+        fail(f"{path}: no kernel {which!r} (it holds {len(found)}, indices from 0)")
+    name, block = found[int(which)]
     rows = list(csv.reader(block))
-    hdr = {h: i for i, h in enumerate(rows[0])}
+    hdr = {h: i for i, h in enumerate(rows[0])} if rows else {}
+    missing = [h for h in NEEDED if h not in hdr]
+    if missing:
+        fail(f"{path}: kernel {name} has no column {missing[0]!r} (not the CSV of "
+             "`ncu --page source --print-source sass --csv` of a --set full report?)")
     data = [r for r in rows[1:] if len(r) == len(hdr)]
     col = lambda r, h: num(r[hdr[h]])
     sectors, excess, instr = collections.Counter(), collections.Counter(), collections.Counter()
@@ -62,7 +84,7 @@ def main():
         sectors[cls] += s
         excess[cls] += col(r, "L2 Theoretical Sectors Global Excessive")
         instr[cls] += col(r, "Instructions Executed")
-    total = sum(sectors.values())
+    total = sum(sectors.values()) or 1.0
     print(f"kernel {name}")
     print(f"global L2 sectors: {total / 1e6:.2f} M ({total * 32 / 1e6:.1f} MB)")
     print(f"{'access':24s} {'sectors M':>10s} {'share':>6s} {'excessive M':>12s} {'instructions M':>15s}")
@@ -73,7 +95,7 @@ def main():
     for r in data:
         for h in stalls:
             reasons[h] += col(r, h)
-    samples = sum(reasons.values())
+    samples = sum(reasons.values()) or 1.0
     print(f"warp stall samples: {samples:.0f}")
     for h, v in reasons.most_common(8):
         print(f"  {h[6:]:20s} {100 * v / samples:5.1f}%")
@@ -89,7 +111,7 @@ def main():
     for r in data:
         op, _ = load_class(r[hdr["Source"]].strip())
         by_op[op.split(".")[0]] += col(r, "Warp Stall Sampling (All Samples)")
-    total_op = sum(by_op.values())
+    total_op = sum(by_op.values()) or 1.0
     print("samples by opcode: " + ", ".join(f"{op} {100 * v / total_op:.1f}%" for op, v in by_op.most_common(10)))
 
 
