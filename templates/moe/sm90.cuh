@@ -21,6 +21,11 @@
 //   lanes' cp.async copies (each lane copies exactly the bytes it later reads, so nothing but
 //   cp.async.wait_group orders them: no barrier), DEPTH - 1 chunks in flight; the activations stay
 //   in a register ring of DEPTH entries. The registers the weights leave free buy occupancy.
+// - the warp ring with the activations (A_SMEM, bf16): each stage also holds the lanes' bf16
+//   runs of the chunk, copied through L1 by the same cp.async group as its weights (rows past
+//   the tile's zero-filled) and read back by the lane that copied them, so no activation ring is
+//   held in registers (16 registers per stage and n8 tile); a stage keeps its scale words once
+//   per pair of lanes that share them. Deeper rings at more CTAs per SM.
 //
 // Launch contract (moe::GroupedConfig in Rust): grid (ceil(N / BLOCK_N), grid_y, SPLIT_K), THREADS
 // threads, SMEM_BYTES of dynamic shared memory, cluster (1, 1, SPLIT_K) when SPLIT_K > 1.
@@ -38,26 +43,33 @@ namespace moe {
 // of MIN_CTAS CTAs per SM) is the grouped kernel's own and is checked here. The base is
 // instantiated with a ring of depth 1 for one CTA per SM, so that only these checks apply.
 template <int BLOCK_M_, int BLOCK_N_, int BLOCK_K_, int WARPS_N_, int WARPS_K_, int DEPTH_, int SPLIT_K_, bool A_FP4_,
-          bool WARP_RING_, int MIN_CTAS_>
+          bool WARP_RING_, int MIN_CTAS_, bool A_SMEM_ = false>
 struct GroupedConfig
     : sm90::DirectConfig<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_N_, WARPS_K_, 1, SPLIT_K_, A_FP4_, false, true, 1> {
     using Tile = sm90::DirectConfig<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_N_, WARPS_K_, 1, SPLIT_K_, A_FP4_, false, true, 1>;
     static constexpr int DEPTH = DEPTH_;
     static constexpr bool WARP_RING = WARP_RING_;
     static constexpr int MIN_CTAS = MIN_CTAS_;
+    static constexpr bool A_SMEM = A_SMEM_;
     static constexpr int REGISTER_CAP = sm90::cmin(65536 / (Tile::THREADS * MIN_CTAS) / 8 * 8, 255);  // per lane
     // Registers of the register ring: DEPTH entries of the weights (register ring only: per m16
     // tile 2 x (4 code words + 1 scale half-word pair)) and the activations (per n8 tile the
     // lane's 32-k run: 16 words of bf16, or 4 code words + 1 scale word).
     static constexpr int RING_REGS =
-        ((WARP_RING ? 0 : Tile::P_TILES * 10) + Tile::Q_TILES * (A_FP4_ ? 5 : 16)) * DEPTH;
+        ((WARP_RING ? 0 : Tile::P_TILES * 10) + (A_SMEM ? 0 : Tile::Q_TILES * (A_FP4_ ? 5 : 16))) * DEPTH;
     // The warp ring (sm90::WarpRing's layout): per stage, per m16 tile and row half, 32 lanes x 16
-    // bytes of codes, then 32 lanes x 4 bytes of scale words; behind the split-K slots.
-    static constexpr int RING_STAGE_BYTES = WARP_RING ? Tile::P_TILES * 2 * (512 + 128) : 0;
+    // bytes of codes, then 32 lanes x 4 bytes of scale words; behind the split-K slots. With
+    // A_SMEM (GroupedRing's layout): the codes, 16 scale words per m16 tile and row half, then per
+    // n8 tile 4 x 32 lanes x 16 bytes of bf16 activations.
+    static constexpr int RING_STAGE_BYTES =
+        !WARP_RING ? 0
+                   : (A_SMEM ? Tile::P_TILES * 2 * (512 + 64) + Tile::Q_TILES * 4 * 512 : Tile::P_TILES * 2 * (512 + 128));
     static constexpr int OFF_RING = sm90::align128(Tile::SLOT_BYTES);
     static constexpr int RING_BYTES = Tile::WARPS * DEPTH * RING_STAGE_BYTES;
     static constexpr int SMEM_BYTES = sm90::cmax(WARP_RING ? OFF_RING + RING_BYTES : Tile::SLOT_BYTES, 16);
 
+    static_assert(!A_SMEM || (WARP_RING && !A_FP4_),
+                  "the activations ride in the warp ring (A_SMEM) with bf16 activations only");
     static_assert(DEPTH >= (WARP_RING ? 2 : 1) && DEPTH <= 8,
                   "DEPTH must be 1..8 chunks (register ring) or 2..8 stages (warp ring)");
     static_assert(MIN_CTAS >= 1 && MIN_CTAS <= 16 && Tile::THREADS * MIN_CTAS <= 2048,
@@ -67,6 +79,85 @@ struct GroupedConfig
                   "MIN_CTAS CTAs of THREADS threads)");
     static_assert(MIN_CTAS * (SMEM_BYTES + 1024) <= 233472,
                   "MIN_CTAS CTAs' shared memory (ring and split-K slots) over the 228 KiB of an SM");
+};
+
+// This warp's ring of weights and activations (GroupedConfig::A_SMEM): stage slot holds the code
+// runs [i][h][lane] (16 bytes), the scale words [i][h][g][t / 2] (the lanes t and t ^ 1 read the
+// same word; the even one copies it), then the bf16 runs [q][w][lane] (16 bytes): every LDS.128
+// of the warp reads 512 contiguous bytes.
+template <class Cfg>
+struct GroupedRing {
+    static constexpr int OFF_SF = Cfg::P_TILES * 2 * 512;
+    static constexpr int OFF_A = OFF_SF + Cfg::P_TILES * 2 * 64;
+    uint32_t base;  // shared address of stage 0 of this warp's ring
+
+    __device__ __forceinline__ void init(uint32_t smem_base, int warp) {
+        base = smem_base + Cfg::OFF_RING + warp * Cfg::DEPTH * Cfg::RING_STAGE_BYTES;
+    }
+    __device__ __forceinline__ uint32_t code_at(int slot, int i, int h, int lane) const {
+        return base + slot * Cfg::RING_STAGE_BYTES + ((i * 2 + h) * 32 + lane) * 16;
+    }
+    __device__ __forceinline__ uint32_t sf_at(int slot, int i, int h, int lane) const {
+        return base + slot * Cfg::RING_STAGE_BYTES + OFF_SF + ((i * 2 + h) * 16 + (lane >> 1)) * 4;
+    }
+    __device__ __forceinline__ uint32_t a_at(int slot, int q, int w, int lane) const {
+        return base + slot * Cfg::RING_STAGE_BYTES + OFF_A + ((q * 4 + w) * 32 + lane) * 16;
+    }
+
+    // cp.async.ca, 16 bytes: through L1, where the activation rows that the CTAs of one tile on
+    // an SM share (and the register ring's ld.global.nc finds) stay; src_bytes = 0 zero-fills.
+    __device__ __forceinline__ static void copy_ca_16(uint32_t dst, const void* src, uint32_t src_bytes) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+                     : "memory");
+    }
+
+    // cp.async of chunk k0 into slot: the weights as sm90::WarpRing::issue (sf_word_row: the
+    // 4-byte scale word that holds the lane's two scale bytes), the activations as
+    // sm90::ActivationChunk::load (bf16 runs) for the tile's rows (rows of them); the lanes of
+    // the rows past them zero-fill theirs (their products are never stored) instead of copying
+    // the clamped row again: copies from one global address into many shared ones are not merged
+    // the way one load's lanes are.
+    __device__ __forceinline__ void issue(const uint8_t* const (&code_row)[Cfg::P_TILES][2],
+                                          const uint8_t* const (&sf_word_row)[Cfg::P_TILES][2],
+                                          const uint8_t* const (&a_row)[Cfg::Q_TILES], int rows, int k0, int slot,
+                                          int lane) const {
+#pragma unroll
+        for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                ptx::cp_async_cg_16(code_at(slot, i, h, lane), code_row[i][h] + (k0 >> 1), 16u);
+        if ((lane & 1) == 0) {
+#pragma unroll
+            for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    ptx::cp_async_ca_4(sf_at(slot, i, h, lane), sf_word_row[i][h] + (k0 >> 6) * 512, 4u);
+        }
+#pragma unroll
+        for (int q = 0; q < Cfg::Q_TILES; ++q) {
+            const uint32_t bytes = 8 * q + (lane >> 2) < rows ? 16u : 0u;
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+                copy_ca_16(a_at(slot, q, w, lane), a_row[q] + k0 * 2 + 16 * w, bytes);
+        }
+    }
+
+    // The lane's own bytes of slot (t = lane % 4 selects the scale half-word).
+    __device__ __forceinline__ void read(sm90::WeightChunk<Cfg>& wc, sm90::ActivationChunk<Cfg>& ac, int slot,
+                                         int lane) const {
+        const int t = lane & 3;
+#pragma unroll
+        for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                wc.code[i][h] = ptx::lds_v4(code_at(slot, i, h, lane));
+                wc.sf[i][h] = static_cast<uint16_t>(ptx::lds_u32(sf_at(slot, i, h, lane)) >> (16 * (t & 1)));
+            }
+#pragma unroll
+        for (int q = 0; q < Cfg::Q_TILES; ++q)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) ac.v[q][w] = ptx::lds_v4(a_at(slot, q, w, lane));
+    }
 };
 
 template <class Cfg, int OP>
@@ -238,7 +329,43 @@ struct Grouped {
             epilogue(p, smem, acc[0], ct.x, ct.y, ct.z, blockIdx.x * Cfg::BLOCK_N, walk.p0, wk, wmn, lane, tid);
             ct = walk.pending;
         };
-        if constexpr (Cfg::WARP_RING) {
+        if constexpr (Cfg::A_SMEM) {
+            // The warp ring's walk (below) with the activations in the same stages.
+            GroupedRing<Cfg> ring;
+            ring.init(ptx::smem_addr(smem), warp);
+            ring.base = ptx::opaque(ring.base);
+#pragma unroll
+            for (int d = 0; d < Cfg::DEPTH - 1; ++d) {
+                ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ptr.a_row, walk.it.z, walk.ahead.k, d, lane);
+                ptx::cp_async_commit();
+                walk.issued();
+            }
+#pragma unroll 1
+            for (int cy = blockIdx.y; cy < walk.count; cy += walk.step) {
+                sm90::zero_accumulators<Cfg>(acc);
+#pragma unroll 1
+                for (int base = 0; base < walk.cpt; base += Cfg::DEPTH) {
+#pragma unroll
+                    for (int d = 0; d < Cfg::DEPTH; ++d) {
+                        const int refill = d == 0 ? Cfg::DEPTH - 1 : d - 1;
+                        ptx::cp_async_wait<Cfg::DEPTH - 2>();
+                        sm90::WeightChunk<Cfg> wc;
+                        sm90::ActivationChunk<Cfg> ac;
+                        ring.read(wc, ac, d, lane);
+                        walk.turn(p, lane);
+                        if (walk.issuing) {
+                            ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ptr.a_row, walk.it.z, walk.ahead.k,
+                                       refill, lane);
+                            walk.issued();
+                        }
+                        ptx::cp_async_commit();
+                        sm90::chunk_mma<Cfg>(wc, sm90::RingActivations<Cfg>{ac}, lane, acc);
+                    }
+                }
+                finish_tile();
+            }
+            ptx::cp_async_wait<0>();
+        } else if constexpr (Cfg::WARP_RING) {
             // Chunk c waits for its own cp.async group, reads its slot (c % DEPTH) into registers,
             // then chunk c + DEPTH - 1 is issued into the slot read one chunk earlier (weights by
             // cp.async, activations into that slot's register entry), then chunk c is computed.

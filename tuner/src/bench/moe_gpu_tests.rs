@@ -51,6 +51,16 @@ fn run_step(
         // and a spread of the wgmma kernels (W4A16), their 128-row tile included
         space.extend(spread(wgmma.clone(), per_op.div_ceil(3)));
         space.extend(wgmma.last().filter(|c| !space.contains(c)));
+        // and every measured seed with the activations in the warp ring (W4A16): their zero-filled
+        // rows past a tile and their L1 copies on every routing
+        let a_smem = crate::moe::seeds::measured_seeds(family, a_type, op)
+            .into_iter()
+            .filter(|c| c.a_smem && c.check(&step.shape).is_ok());
+        for c in a_smem {
+            if !space.contains(&c) {
+                space.push(c);
+            }
+        }
         assert!(!space.is_empty(), "{step:?} {op}: empty {a_type} space");
         let measured =
             measure_op(gpu, compiler, &policy, launcher, &d, op, &space, chosen.first()).unwrap();

@@ -108,6 +108,12 @@ pub struct GroupedConfig {
     /// before it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub k_tail: bool,
+    /// Family sm90, W4A16, with `warp_ring`: the activations ride in the warp ring too (each
+    /// stage holds the lanes' bf16 runs of its chunk, copied with its weights), so no activation
+    /// ring is held in registers (16 per stage and n8 tile): deeper rings at more CTAs per SM.
+    /// Named `pa<depth>`. Absent (false) in files written before it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub a_smem: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -190,6 +196,7 @@ impl GroupedConfig {
             warps_m,
             wgmma: false,
             k_tail: false,
+            a_smem: false,
         }
     }
 
@@ -257,7 +264,8 @@ impl GroupedConfig {
     fn ring_regs(&self) -> u32 {
         let per_q = if self.a_type == AType::Nvfp4 { 5 } else { 16 };
         let weights = if self.warp_ring { 0 } else { self.weight_chunk_regs() };
-        (weights + self.q_tiles() * per_q) * self.depth
+        let activations = if self.a_smem { 0 } else { self.q_tiles() * per_q };
+        (weights + activations) * self.depth
     }
 
     /// Dynamic shared memory: sm90, the split-K slots, then the warp ring when there is one
@@ -279,8 +287,13 @@ impl GroupedConfig {
             return slot_bytes.max(16);
         }
         // per warp and stage: per m16 tile and row half, 32 lanes x (16 bytes of codes + a
-        // 4-byte scale word)
-        let stage = self.p_tiles() * 2 * (512 + 128);
+        // 4-byte scale word); with the activations, the scale words once per lane pair and per
+        // n8 tile 32 lanes x 64 bytes of bf16
+        let stage = if self.a_smem {
+            self.p_tiles() * 2 * (512 + 64) + self.q_tiles() * 4 * 512
+        } else {
+            self.p_tiles() * 2 * (512 + 128)
+        };
         let warps = self.warps_n * self.warps_k;
         (slot_bytes.div_ceil(128) * 128 + warps * self.depth * stage).max(16)
     }
@@ -333,6 +346,12 @@ impl GroupedConfig {
             return err(
                 "the K-tail form is a form of the sm90 tiled kernel (tiled true, wgmma false) or \
                  of the sm120 kernel"
+                    .into(),
+            );
+        }
+        if self.a_smem && (!self.warp_ring || self.a_type != AType::Bf16) {
+            return err(
+                "the activations ride in the warp ring (a_smem) of a W4A16 kernel only (warp_ring, bf16)"
                     .into(),
             );
         }
@@ -397,9 +416,11 @@ impl GroupedConfig {
         // read from shared memory is decoded as it is read), accumulator sets, row pointers
         // (64-bit; W4A4 has a scale pointer per activation row too), about 48 registers of
         // indices, tile state and the epilogue, and for W4A4 gate_up the H values its NVFP4
-        // epilogue quantizes (the ring of the next tile is in flight meanwhile).
+        // epilogue quantizes (the ring of the next tile is in flight meanwhile); with the
+        // activations in the warp ring, the chunk of them read from shared memory.
         let w4a4 = self.a_type == AType::Nvfp4;
         let estimate = self.ring_regs()
+            + if self.a_smem { 16 * self.q_tiles() } else { 0 }
             + self.acc() * self.acc_sets()
             + 8 * self.p_tiles()
             + 4 * self.q_tiles() * if w4a4 { 2 } else { 1 }
@@ -504,6 +525,8 @@ impl GroupedConfig {
             "kt"
         } else if self.tiled {
             "t"
+        } else if self.a_smem {
+            "pa"
         } else if self.warp_ring {
             "p"
         } else {
@@ -588,7 +611,7 @@ impl GroupedConfig {
         self.unit(UnitParts {
             header: "moe/sm90.cuh",
             cfg: format!(
-                "fp4tune::moe::GroupedConfig<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>",
+                "fp4tune::moe::GroupedConfig<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}{}>",
                 self.block_m,
                 self.block_n,
                 self.block_k,
@@ -598,7 +621,8 @@ impl GroupedConfig {
                 self.split_k,
                 self.a_type == AType::Nvfp4,
                 self.warp_ring,
-                self.min_ctas
+                self.min_ctas,
+                if self.a_smem { ", true" } else { "" }
             ),
             rust_side: "moe/config.rs smem_bytes",
             template_side: "moe/sm90.cuh",

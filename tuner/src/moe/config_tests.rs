@@ -29,6 +29,7 @@ fn illegal_configurations_say_why() {
         warps_m: 1,
         wgmma: false,
         k_tail: false,
+        a_smem: false,
     };
     good.check(&shape).unwrap();
     let e = GroupedConfig { depth: 3, ..good }.check(&shape).unwrap_err();
@@ -76,6 +77,7 @@ fn w4a4_rules_say_why() {
         warps_m: 1,
         wgmma: false,
         k_tail: false,
+        a_smem: false,
     };
     good.check(&shape).unwrap();
     // 16 weight rows per warp hold 8 columns of H: half a quantization block
@@ -261,6 +263,7 @@ fn grids_cover_every_tile_or_walk_persistently() {
         warps_m: 1,
         wgmma: false,
         k_tail: false,
+        a_smem: false,
     };
     assert_eq!(c.grid(&shape, 300, 132), (8, 300, 1));
     assert_eq!(GroupedConfig { walk: 2, ..c }.grid(&shape, 300, 132), (8, 33, 1));
@@ -385,6 +388,75 @@ fn nvrtc_compiles_grouped_kernels_without_spills() {
             if src.kernel_name.starts_with("fp4tune_sm90_") {
                 assert!(sass::count_opcode(&text, "HMMA") > 0, "{}: no HMMA", src.kernel_name);
             }
+        }
+    }
+}
+
+/// The activations in the warp ring (`a_smem`): their own name, the template's eleventh
+/// argument, shared memory with the activation runs and halved scale words, no activation
+/// registers, W4A16 warp rings only, and the measured seeds compile without spills.
+#[test]
+fn activations_in_the_warp_ring_are_named_checked_and_compile_without_spills() {
+    use crate::compile::{sass, Compiler};
+    let shape = MoeShape::GLM5_TP8;
+    let c: GroupedConfig = ron::from_str(
+        "(op: GateUp, block_m: 8, block_n: 32, block_k: 512, warps_n: 1, warps_k: 4, depth: 3, \
+         split_k: 1, min_ctas: 4, walk: 0, warp_ring: true, a_smem: true)",
+    )
+    .unwrap();
+    c.check(&shape).unwrap();
+    assert_eq!(c.name(), "moe_gate_up_m8n32k512_w1x4_pa3_s1_o4_walk0");
+    let registers_x = GroupedConfig { a_smem: false, ..c };
+    assert_ne!(c.kernel_name(), registers_x.kernel_name());
+    // 3 stages with the activations fit at 4 CTAs per SM; without them the register ring does not
+    assert_eq!(c.ring_regs(), 0);
+    assert_eq!(registers_x.ring_regs(), 48);
+    // slots (4 warps along K x 8 floats x 32 lanes), then 4 warps x 3 stages x (2 m16 tiles x 2
+    // x (512 + 64) bytes + 1 n8 tile x 2048 bytes)
+    assert_eq!(c.smem_bytes(), 4096 + 4 * 3 * (2 * 2 * 576 + 2048));
+    assert!(c
+        .source()
+        .code
+        .contains("GroupedConfig<8, 32, 512, 1, 4, 3, 1, false, true, 4, true>"));
+    assert!(registers_x
+        .source()
+        .code
+        .contains("GroupedConfig<8, 32, 512, 1, 4, 3, 1, false, true, 4>"));
+    let ron = ron::to_string(&c).unwrap();
+    assert!(ron.contains("a_smem:true"), "{ron}");
+    assert_eq!(ron::from_str::<GroupedConfig>(&ron).unwrap(), c);
+    assert!(!ron::to_string(&registers_x).unwrap().contains("a_smem"));
+    for bad in
+        [GroupedConfig { warp_ring: false, ..c }, GroupedConfig { a_type: AType::Nvfp4, ..c }]
+    {
+        let e = bad.check(&shape).unwrap_err();
+        assert!(e.reason.contains("a_smem"), "{}: {}", bad, e.reason);
+    }
+    // a fourth stage is over the shared memory of 4 CTAs
+    let e = GroupedConfig { depth: 4, ..c }.check(&shape).unwrap_err();
+    assert!(e.reason.contains("shared memory"), "{}", e.reason);
+    // the space has them (W4A16 only), and the measured ones compile without spills
+    for op in MoeOp::ALL {
+        assert!(search_space(op, &shape).iter().any(|c| c.a_smem), "{op}");
+        let w4a4 = search_space_for(Family::Sm90, AType::Nvfp4, op, &shape);
+        assert!(!w4a4.iter().any(|c| c.a_smem), "{op}");
+    }
+    let seeds: Vec<_> = MoeOp::ALL
+        .into_iter()
+        .flat_map(|op| crate::moe::seeds::measured_seeds(Family::Sm90, AType::Bf16, op))
+        .filter(|c| c.a_smem)
+        .collect();
+    assert!(seeds.len() >= 2);
+    let dir = tempfile::tempdir().unwrap();
+    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
+    let sources: Vec<_> = seeds.iter().map(|c| c.source()).collect();
+    for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
+        let k = r.unwrap_or_else(|e| panic!("{}: {e}", src.kernel_name));
+        let stats = k.stats.as_ref().expect("ptxas statistics");
+        assert!(!stats.spills(), "{}: spills", src.kernel_name);
+        if let Ok(text) = sass::dump_sass(&src.kernel_name, &k.cubin) {
+            assert!(!sass::uses_local_memory(&text), "{}: local memory", src.kernel_name);
+            assert!(sass::count_opcode(&text, "LDGSTS") > 0, "{}: no cp.async", src.kernel_name);
         }
     }
 }

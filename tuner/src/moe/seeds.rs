@@ -10,13 +10,15 @@ use crate::template::Family;
 
 const W4A16: AType = AType::Bf16;
 const W4A4: AType = AType::Nvfp4;
-/// The weights in the register ring (`d` in names) or the warp ring (`p`).
-const R: bool = false;
-const P: bool = true;
+/// (warp_ring, a_smem): the weights in the register ring (`d` in names), the warp ring (`p`), or
+/// the warp ring with the activations (`pa`).
+const R: (bool, bool) = (false, false);
+const P: (bool, bool) = (true, false);
+const PA: (bool, bool) = (true, true);
 
 /// (op, activations, [block_m, block_n, block_k], [warps_n, warps_k], ring, depth, split_k,
 /// min_ctas, walk)
-type Row = (MoeOp, AType, [u32; 3], [u32; 2], bool, u32, u32, u32, u32);
+type Row = (MoeOp, AType, [u32; 3], [u32; 2], (bool, bool), u32, u32, u32, u32);
 
 #[rustfmt::skip]
 const WINNERS: &[Row] = &[
@@ -24,6 +26,7 @@ const WINNERS: &[Row] = &[
     (Down, W4A16, [8, 32, 2048], [2, 1], R, 2, 1, 2, 0),
     (Down, W4A16, [8, 64, 2048], [4, 2], R, 2, 1, 2, 2),
     (Down, W4A16, [8, 128, 256], [4, 1], P, 2, 1, 1, 0),
+    (Down, W4A16, [8, 128, 256], [4, 1], PA, 2, 1, 4, 4),
     (Down, W4A16, [8, 128, 256], [4, 1], R, 1, 1, 1, 4),
     (Down, W4A16, [8, 128, 256], [4, 1], R, 1, 1, 2, 0),
     (Down, W4A16, [8, 128, 256], [4, 1], R, 1, 1, 4, 4),
@@ -59,8 +62,11 @@ const WINNERS: &[Row] = &[
     (GateUp, W4A16, [8, 32, 512], [1, 4], P, 2, 1, 4, 0),
     (GateUp, W4A16, [8, 32, 512], [1, 4], P, 3, 1, 3, 0),
     (GateUp, W4A16, [8, 32, 512], [1, 4], P, 4, 1, 3, 0),
+    (GateUp, W4A16, [8, 32, 512], [1, 4], PA, 3, 1, 3, 0),
+    (GateUp, W4A16, [8, 32, 512], [1, 4], PA, 3, 1, 4, 0),
     (GateUp, W4A16, [8, 32, 512], [1, 4], R, 3, 1, 1, 2),
     (GateUp, W4A16, [8, 32, 1024], [1, 4], R, 3, 1, 2, 0),
+    (GateUp, W4A16, [8, 32, 1024], [1, 8], PA, 3, 1, 2, 0),
     (GateUp, W4A16, [8, 32, 3072], [1, 8], R, 1, 2, 2, 0),
     (GateUp, W4A16, [8, 32, 6144], [1, 4], R, 1, 1, 2, 0),
     (GateUp, W4A16, [16, 32, 512], [1, 4], R, 2, 1, 1, 0),
@@ -98,7 +104,7 @@ pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedCo
                 a_type,
                 [block_m, block_n, block_k],
                 [warps_n, warps_k],
-                warp_ring,
+                (warp_ring, a_smem),
                 depth,
                 split_k,
                 min_ctas,
@@ -122,6 +128,7 @@ pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedCo
                     warps_m: 1,
                     wgmma: false,
                     k_tail: false,
+                    a_smem,
                 }
             },
         )

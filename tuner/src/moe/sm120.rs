@@ -128,6 +128,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                             warps_m: 1,
                             wgmma: false,
                             k_tail,
+                            a_smem: false,
                         };
                         if c.check(shape).is_ok() {
                             out.push(c);

@@ -32,6 +32,7 @@ fn grouped(op: MoeOp, block_m: u32, block_n: u32, block_k: u32, wn: u32, wk: u32
         warps_m: 1,
         wgmma: false,
         k_tail: false,
+        a_smem: false,
     }
 }
 

@@ -30,8 +30,9 @@ pub fn search_space_for(
     }
     let (_, k) = shape.nk(op);
     let mut out = Vec::new();
-    // (block_n, warps_n) pairs, warps_k, split_k, register-ring depths, warp-ring stages,
-    // min_ctas and walk values per op.
+    // (block_n, warps_n) pairs, warps_k, split_k, register-ring depths, warp-ring stages
+    // (bf16: also with the activations in the warp ring, `a_smem`), min_ctas and walk values per
+    // op.
     struct Lists {
         tiles: &'static [(u32, u32)],
         warps_k: &'static [u32],
@@ -86,8 +87,12 @@ pub fn search_space_for(
         },
     };
     let Lists { tiles, warps_k, splits, depths, stages, min_ctas, walks } = lists;
-    let rings = depths.iter().map(|&d| (false, d)).chain(stages.iter().map(|&d| (true, d)));
-    let rings: Vec<(bool, u32)> = rings.collect();
+    // (warp_ring, a_smem, depth)
+    let mut rings: Vec<(bool, bool, u32)> = depths.iter().map(|&d| (false, false, d)).collect();
+    rings.extend(stages.iter().map(|&d| (true, false, d)));
+    if a_type == AType::Bf16 {
+        rings.extend(stages.iter().map(|&d| (true, true, d)));
+    }
     for block_m in [8, 16, 32] {
         for &(block_n, warps_n) in tiles {
             for &wk in warps_k {
@@ -101,7 +106,7 @@ pub fn search_space_for(
                         &[slice, 128 * wk, 256 * wk]
                     };
                     for &block_k in passes {
-                        for &(warp_ring, depth) in &rings {
+                        for &(warp_ring, a_smem, depth) in &rings {
                             for &mc in min_ctas {
                                 for &walk in walks {
                                     let c = GroupedConfig {
@@ -122,6 +127,7 @@ pub fn search_space_for(
                                         warps_m: 1,
                                         wgmma: false,
                                         k_tail: false,
+                                        a_smem,
                                     };
                                     if c.check(shape).is_ok() && !out.contains(&c) {
                                         out.push(c);
