@@ -26,6 +26,11 @@
 //   the tile's zero-filled) and read back by the lane that copied them, so no activation ring is
 //   held in registers (16 registers per stage and n8 tile); a stage keeps its scale words once
 //   per pair of lanes that share them. Deeper rings at more CTAs per SM.
+// - the same ring running on across tiles (A_SMEM and FLOW): chunk c of the CTA's walk waits in
+//   stage c % DEPTH whatever tile it belongs to, so DEPTH need not divide a tile's chunks and the
+//   issue side may run several tiles ahead; each tile's info for its epilogue is read by the
+//   consumer when the tile starts. A short K (2 chunks per warp and tile) keeps up to DEPTH - 1
+//   chunks in flight across the walk's tiles instead of one.
 //
 // Launch contract (moe::GroupedConfig in Rust): grid (ceil(N / BLOCK_N), grid_y, SPLIT_K), THREADS
 // threads, SMEM_BYTES of dynamic shared memory, cluster (1, 1, SPLIT_K) when SPLIT_K > 1.
@@ -43,7 +48,7 @@ namespace moe {
 // of MIN_CTAS CTAs per SM) is the grouped kernel's own and is checked here. The base is
 // instantiated with a ring of depth 1 for one CTA per SM, so that only these checks apply.
 template <int BLOCK_M_, int BLOCK_N_, int BLOCK_K_, int WARPS_N_, int WARPS_K_, int DEPTH_, int SPLIT_K_, bool A_FP4_,
-          bool WARP_RING_, int MIN_CTAS_, bool A_SMEM_ = false>
+          bool WARP_RING_, int MIN_CTAS_, bool A_SMEM_ = false, bool FLOW_ = false>
 struct GroupedConfig
     : sm90::DirectConfig<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_N_, WARPS_K_, 1, SPLIT_K_, A_FP4_, false, true, 1> {
     using Tile = sm90::DirectConfig<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_N_, WARPS_K_, 1, SPLIT_K_, A_FP4_, false, true, 1>;
@@ -51,6 +56,7 @@ struct GroupedConfig
     static constexpr bool WARP_RING = WARP_RING_;
     static constexpr int MIN_CTAS = MIN_CTAS_;
     static constexpr bool A_SMEM = A_SMEM_;
+    static constexpr bool FLOW = FLOW_;
     static constexpr int REGISTER_CAP = sm90::cmin(65536 / (Tile::THREADS * MIN_CTAS) / 8 * 8, 255);  // per lane
     // Registers of the register ring: DEPTH entries of the weights (register ring only: per m16
     // tile 2 x (4 code words + 1 scale half-word pair)) and the activations (per n8 tile the
@@ -70,6 +76,7 @@ struct GroupedConfig
 
     static_assert(!A_SMEM || (WARP_RING && !A_FP4_),
                   "the activations ride in the warp ring (A_SMEM) with bf16 activations only");
+    static_assert(!FLOW || A_SMEM, "the ring runs on across tiles (FLOW) with the activations in it (A_SMEM)");
     static_assert(DEPTH >= (WARP_RING ? 2 : 1) && DEPTH <= 8,
                   "DEPTH must be 1..8 chunks (register ring) or 2..8 stages (warp ring)");
     static_assert(MIN_CTAS >= 1 && MIN_CTAS <= 16 && Tile::THREADS * MIN_CTAS <= 2048,
@@ -236,8 +243,9 @@ struct Grouped {
     // The CTA walks tiles y0, y0 + gridDim.y, ... as one stream of chunks: every tile has the same
     // CPT chunks per warp (same K slice), and a chunk is requested as soon as its ring entry is
     // free, also when it belongs to the next tile, so a warp never waits for a tile to start. The
-    // issue side runs at most one tile ahead (DEPTH <= CPT); the tile after it (info and, for the
-    // gather, its token rows) is fetched one tile earlier still, so a switch does not stall.
+    // issue side runs at most one tile ahead (DEPTH <= CPT; with FLOW any number of tiles); the
+    // tile after it (info and, for the gather, its token rows) is fetched one tile earlier still,
+    // so a switch does not stall.
     struct Walk {
         const int4* tiles;
         int count;  // tiles in the list
@@ -273,7 +281,7 @@ struct Grouped {
             const int kb_begin = static_cast<int>((static_cast<long long>(blockIdx.z) * nkb) / Cfg::SPLIT_K);
             const int kb_end = static_cast<int>((static_cast<long long>(blockIdx.z + 1) * nkb) / Cfg::SPLIT_K);
             cpt = (kb_end - kb_begin) * Cfg::CHUNKS;
-            if (cpt % Cfg::DEPTH != 0 || cpt < Cfg::DEPTH) return false;
+            if (!Cfg::FLOW && (cpt % Cfg::DEPTH != 0 || cpt < Cfg::DEPTH)) return false;
             first = sm90::ChunkCursor<Cfg>{kb_begin * Cfg::BLOCK_K + wk * Cfg::K_PER_WARP, 0};
             p0 = wmn * Cfg::WARP_P;
             int src[Cfg::Q_TILES];
@@ -329,7 +337,51 @@ struct Grouped {
             epilogue(p, smem, acc[0], ct.x, ct.y, ct.z, blockIdx.x * Cfg::BLOCK_N, walk.p0, wk, wmn, lane, tid);
             ct = walk.pending;
         };
-        if constexpr (Cfg::A_SMEM) {
+        if constexpr (Cfg::FLOW) {
+            // Chunk c of the walk in stage c % DEPTH: the prologue issues DEPTH - 1 chunks (across
+            // tiles when a tile has fewer), then every chunk waits for its group, is read, its
+            // stage's predecessor is refilled with chunk c + DEPTH - 1, and it is computed. One
+            // group is committed per chunk (empty ones past the last tile).
+            GroupedRing<Cfg> ring;
+            ring.init(ptx::smem_addr(smem), warp);
+            ring.base = ptx::opaque(ring.base);
+#pragma unroll
+            for (int d = 0; d < Cfg::DEPTH - 1; ++d) {
+                walk.turn(p, lane);
+                if (walk.issuing) {
+                    ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ptr.a_row, walk.it.z, walk.ahead.k, d, lane);
+                    walk.issued();
+                }
+                ptx::cp_async_commit();
+            }
+            int slot = 0;
+#pragma unroll 1
+            for (int cy = blockIdx.y; cy < walk.count; cy += walk.step) {
+                const int4 tile = walk.tiles[cy];  // for the epilogue; the issue side may be tiles ahead
+                sm90::zero_accumulators<Cfg>(acc);
+#pragma unroll 1
+                for (int c = 0; c < walk.cpt; ++c) {
+                    const int refill = slot == 0 ? Cfg::DEPTH - 1 : slot - 1;
+                    ptx::cp_async_wait<Cfg::DEPTH - 2>();
+                    sm90::WeightChunk<Cfg> wc;
+                    sm90::ActivationChunk<Cfg> ac;
+                    ring.read(wc, ac, slot, lane);
+                    walk.turn(p, lane);
+                    if (walk.issuing) {
+                        ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ptr.a_row, walk.it.z, walk.ahead.k, refill,
+                                   lane);
+                        walk.issued();
+                    }
+                    ptx::cp_async_commit();
+                    sm90::chunk_mma<Cfg>(wc, sm90::RingActivations<Cfg>{ac}, lane, acc);
+                    slot = slot == Cfg::DEPTH - 1 ? 0 : slot + 1;
+                }
+                sm90::fold_accumulators<Cfg>(acc);
+                epilogue(p, smem, acc[0], tile.x, tile.y, tile.z, blockIdx.x * Cfg::BLOCK_N, walk.p0, wk, wmn, lane,
+                         tid);
+            }
+            ptx::cp_async_wait<0>();
+        } else if constexpr (Cfg::A_SMEM) {
             // The warp ring's walk (below) with the activations in the same stages.
             GroupedRing<Cfg> ring;
             ring.init(ptx::smem_addr(smem), warp);

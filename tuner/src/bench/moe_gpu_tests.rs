@@ -52,7 +52,7 @@ fn run_step(
         space.extend(spread(wgmma.clone(), per_op.div_ceil(3)));
         space.extend(wgmma.last().filter(|c| !space.contains(c)));
         // and every measured seed with the activations in the warp ring (W4A16): their zero-filled
-        // rows past a tile and their L1 copies on every routing
+        // rows past a tile, their L1 copies and (flow) their ring across tiles on every routing
         let a_smem = crate::moe::seeds::measured_seeds(family, a_type, op)
             .into_iter()
             .filter(|c| c.a_smem && c.check(&step.shape).is_ok());

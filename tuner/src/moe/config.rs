@@ -114,6 +114,13 @@ pub struct GroupedConfig {
     /// Named `pa<depth>`. Absent (false) in files written before it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub a_smem: bool,
+    /// Family sm90, with `a_smem`: the warp ring runs on across the walk's tiles (chunk c of a
+    /// CTA's walk waits in stage c % depth), so `depth` need not divide a tile's chunks per warp
+    /// and up to depth - 1 chunks stay in flight across tiles: a short K (the down projection's 2
+    /// chunks per warp) gets deeper rings. Named `pf<depth>`. Absent (false) in files written
+    /// before it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub flow: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -197,6 +204,7 @@ impl GroupedConfig {
             wgmma: false,
             k_tail: false,
             a_smem: false,
+            flow: false,
         }
     }
 
@@ -355,6 +363,11 @@ impl GroupedConfig {
                     .into(),
             );
         }
+        if self.flow && !self.a_smem {
+            return err(
+                "the ring runs on across tiles (flow) with the activations in it (a_smem)".into()
+            );
+        }
         if self.family == Family::Sm120 {
             if self.warp_ring {
                 return err("the warp ring is a weight pipeline of family sm90".into());
@@ -445,7 +458,7 @@ impl GroupedConfig {
             return err(format!("K = {k} must split into whole block_k passes per K slice"));
         }
         let cpt = self.chunks_per_tile(k);
-        if cpt < self.depth || cpt % self.depth != 0 {
+        if !self.flow && (cpt < self.depth || cpt % self.depth != 0) {
             return err(format!(
                 "{cpt} chunks per warp and tile must be a multiple of depth {}",
                 self.depth
@@ -515,7 +528,8 @@ impl GroupedConfig {
         }
     }
 
-    /// The pipeline in names: `d` (register ring; sm120: cp.async stages), `p` (warp ring), `t`
+    /// The pipeline in names: `d` (register ring; sm120: cp.async stages), `p` (warp ring), `pa`
+    /// (with the activations), `pf` (running on across tiles), `t`
     /// (the tiled kernel's cp.async stages), `kt` (those of its K-tail form) or `wg` (the wgmma
     /// kernel's).
     fn ring_label(&self) -> &'static str {
@@ -525,6 +539,8 @@ impl GroupedConfig {
             "kt"
         } else if self.tiled {
             "t"
+        } else if self.flow {
+            "pf"
         } else if self.a_smem {
             "pa"
         } else if self.warp_ring {
@@ -622,7 +638,11 @@ impl GroupedConfig {
                 self.a_type == AType::Nvfp4,
                 self.warp_ring,
                 self.min_ctas,
-                if self.a_smem { ", true" } else { "" }
+                match (self.a_smem, self.flow) {
+                    (_, true) => ", true, true",
+                    (true, false) => ", true",
+                    (false, false) => "",
+                }
             ),
             rust_side: "moe/config.rs smem_bytes",
             template_side: "moe/sm90.cuh",

@@ -30,6 +30,7 @@ fn illegal_configurations_say_why() {
         wgmma: false,
         k_tail: false,
         a_smem: false,
+        flow: false,
     };
     good.check(&shape).unwrap();
     let e = GroupedConfig { depth: 3, ..good }.check(&shape).unwrap_err();
@@ -78,6 +79,7 @@ fn w4a4_rules_say_why() {
         wgmma: false,
         k_tail: false,
         a_smem: false,
+        flow: false,
     };
     good.check(&shape).unwrap();
     // 16 weight rows per warp hold 8 columns of H: half a quantization block
@@ -264,6 +266,7 @@ fn grids_cover_every_tile_or_walk_persistently() {
         wgmma: false,
         k_tail: false,
         a_smem: false,
+        flow: false,
     };
     assert_eq!(c.grid(&shape, 300, 132), (8, 300, 1));
     assert_eq!(GroupedConfig { walk: 2, ..c }.grid(&shape, 300, 132), (8, 33, 1));
@@ -458,5 +461,52 @@ fn activations_in_the_warp_ring_are_named_checked_and_compile_without_spills() {
             assert!(!sass::uses_local_memory(&text), "{}: local memory", src.kernel_name);
             assert!(sass::count_opcode(&text, "LDGSTS") > 0, "{}: no cp.async", src.kernel_name);
         }
+    }
+}
+
+/// The warp ring running on across tiles (`flow`): its own name and template argument, any depth
+/// (a depth that does not divide a tile's chunks is refused without it), the activations in the
+/// ring required, and in the space only where the same depth without it is illegal.
+#[test]
+fn a_ring_across_tiles_takes_any_depth_and_is_named() {
+    let shape = MoeShape::GLM5_TP8;
+    let c: GroupedConfig = ron::from_str(
+        "(op: Down, block_m: 8, block_n: 128, block_k: 256, warps_n: 4, warps_k: 1, depth: 3, \
+         split_k: 1, min_ctas: 4, walk: 4, warp_ring: true, a_smem: true, flow: true)",
+    )
+    .unwrap();
+    c.check(&shape).unwrap();
+    assert_eq!(c.name(), "moe_down_m8n128k256_w4x1_pf3_s1_o4_walk4");
+    let pa = GroupedConfig { flow: false, ..c };
+    assert_ne!(c.kernel_name(), pa.kernel_name());
+    // 2 chunks per warp and tile at K = 256: a 3-stage ring only runs across tiles
+    let e = pa.check(&shape).unwrap_err();
+    assert!(e.reason.contains("multiple of depth 3"), "{}", e.reason);
+    assert_eq!(c.smem_bytes(), pa.smem_bytes());
+    assert!(c
+        .source()
+        .code
+        .contains("GroupedConfig<8, 128, 256, 4, 1, 3, 1, false, true, 4, true, true>"));
+    let ron = ron::to_string(&c).unwrap();
+    assert!(ron.contains("flow:true"), "{ron}");
+    assert_eq!(ron::from_str::<GroupedConfig>(&ron).unwrap(), c);
+    assert!(!ron::to_string(&pa).unwrap().contains("flow"));
+    let e = GroupedConfig { a_smem: false, ..c }.check(&shape).unwrap_err();
+    assert!(e.reason.contains("flow"), "{}", e.reason);
+    // a depth of 5 at 2 CTAs per SM: legal with flow, over the shared memory at 4
+    GroupedConfig { depth: 5, min_ctas: 2, ..c }.check(&shape).unwrap();
+    let e = GroupedConfig { depth: 5, ..c }.check(&shape).unwrap_err();
+    assert!(e.reason.contains("shared memory"), "{}", e.reason);
+    // the space holds flow rings, each one whose twin without flow is illegal
+    for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
+        let space = search_space(MoeOp::Down, &shape);
+        let flows: Vec<_> = space.iter().filter(|c| c.flow).collect();
+        assert!(!flows.is_empty());
+        for f in flows {
+            assert!(GroupedConfig { flow: false, ..*f }.check(&shape).is_err(), "{f}");
+        }
+        assert!(search_space(MoeOp::GateUp, &shape).iter().any(|c| c.flow));
+        let w4a4 = search_space_for(Family::Sm90, AType::Nvfp4, MoeOp::Down, &shape);
+        assert!(!w4a4.iter().any(|c| c.flow));
     }
 }

@@ -10,23 +10,28 @@ use crate::template::Family;
 
 const W4A16: AType = AType::Bf16;
 const W4A4: AType = AType::Nvfp4;
-/// (warp_ring, a_smem): the weights in the register ring (`d` in names), the warp ring (`p`), or
-/// the warp ring with the activations (`pa`).
-const R: (bool, bool) = (false, false);
-const P: (bool, bool) = (true, false);
-const PA: (bool, bool) = (true, true);
+/// (warp_ring, a_smem, flow): the weights in the register ring (`d` in names), the warp ring
+/// (`p`), the warp ring with the activations (`pa`), or that ring running on across tiles (`pf`).
+const R: (bool, bool, bool) = (false, false, false);
+const P: (bool, bool, bool) = (true, false, false);
+const PA: (bool, bool, bool) = (true, true, false);
+const PF: (bool, bool, bool) = (true, true, true);
 
 /// (op, activations, [block_m, block_n, block_k], [warps_n, warps_k], ring, depth, split_k,
 /// min_ctas, walk)
-type Row = (MoeOp, AType, [u32; 3], [u32; 2], (bool, bool), u32, u32, u32, u32);
+type Row = (MoeOp, AType, [u32; 3], [u32; 2], (bool, bool, bool), u32, u32, u32, u32);
 
 #[rustfmt::skip]
 const WINNERS: &[Row] = &[
     (Down, W4A16, [8, 32, 512], [2, 2], R, 2, 1, 4, 0),
     (Down, W4A16, [8, 32, 2048], [2, 1], R, 2, 1, 2, 0),
+    (Down, W4A16, [8, 64, 256], [4, 1], PF, 3, 1, 2, 0),
+    (Down, W4A16, [8, 64, 2048], [4, 2], PF, 3, 1, 1, 2),
     (Down, W4A16, [8, 64, 2048], [4, 2], R, 2, 1, 2, 2),
     (Down, W4A16, [8, 128, 256], [4, 1], P, 2, 1, 1, 0),
+    (Down, W4A16, [8, 128, 256], [2, 1], R, 2, 1, 4, 4),
     (Down, W4A16, [8, 128, 256], [4, 1], PA, 2, 1, 4, 4),
+    (Down, W4A16, [8, 128, 2048], [4, 1], PF, 3, 1, 4, 2),
     (Down, W4A16, [8, 128, 256], [4, 1], R, 1, 1, 1, 4),
     (Down, W4A16, [8, 128, 256], [4, 1], R, 1, 1, 2, 0),
     (Down, W4A16, [8, 128, 256], [4, 1], R, 1, 1, 4, 4),
@@ -56,6 +61,7 @@ const WINNERS: &[Row] = &[
     (Down, W4A4, [32, 128, 256], [4, 1], R, 1, 1, 2, 4),
     (Down, W4A4, [32, 128, 2048], [4, 1], P, 2, 1, 2, 4),
     (Down, W4A4, [32, 128, 2048], [4, 1], R, 2, 1, 1, 4),
+    (GateUp, W4A16, [8, 16, 512], [1, 4], PA, 4, 1, 4, 2),
     (GateUp, W4A16, [8, 16, 1024], [1, 4], P, 3, 1, 2, 0),
     (GateUp, W4A16, [8, 16, 1024], [1, 4], R, 2, 2, 4, 0),
     (GateUp, W4A16, [8, 16, 6144], [1, 8], R, 2, 1, 2, 1),
@@ -104,7 +110,7 @@ pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedCo
                 a_type,
                 [block_m, block_n, block_k],
                 [warps_n, warps_k],
-                (warp_ring, a_smem),
+                (warp_ring, a_smem, flow),
                 depth,
                 split_k,
                 min_ctas,
@@ -129,6 +135,7 @@ pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedCo
                     wgmma: false,
                     k_tail: false,
                     a_smem,
+                    flow,
                 }
             },
         )

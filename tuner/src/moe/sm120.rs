@@ -129,6 +129,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                             wgmma: false,
                             k_tail,
                             a_smem: false,
+                            flow: false,
                         };
                         if c.check(shape).is_ok() {
                             out.push(c);

@@ -33,6 +33,7 @@ fn grouped(op: MoeOp, block_m: u32, block_n: u32, block_k: u32, wn: u32, wk: u32
         wgmma: false,
         k_tail: false,
         a_smem: false,
+        flow: false,
     }
 }
 

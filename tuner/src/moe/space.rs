@@ -31,14 +31,16 @@ pub fn search_space_for(
     let (_, k) = shape.nk(op);
     let mut out = Vec::new();
     // (block_n, warps_n) pairs, warps_k, split_k, register-ring depths, warp-ring stages
-    // (bf16: also with the activations in the warp ring, `a_smem`), min_ctas and walk values per
-    // op.
+    // (bf16: also with the activations in the warp ring, `a_smem`), the stages of that ring when
+    // it runs on across tiles (`flow`, taken where the depth does not divide a tile's chunks),
+    // min_ctas and walk values per op.
     struct Lists {
         tiles: &'static [(u32, u32)],
         warps_k: &'static [u32],
         splits: &'static [u32],
         depths: &'static [u32],
         stages: &'static [u32],
+        flow_stages: &'static [u32],
         min_ctas: &'static [u32],
         walks: &'static [u32],
     }
@@ -50,6 +52,7 @@ pub fn search_space_for(
             splits: &[1, 2],
             depths: &[1, 2, 3],
             stages: &[2, 3, 4],
+            flow_stages: &[3, 4, 5],
             // 3 CTAs per SM: the register cap that fits 3- and 4-stage warp rings with their
             // activation register ring, which spill at 4
             min_ctas: &[1, 2, 3, 4],
@@ -63,17 +66,21 @@ pub fn search_space_for(
             splits: &[1, 2],
             depths: &[1, 2, 4],
             stages: &[4],
+            flow_stages: &[],
             min_ctas: &[1, 2, 4],
             walks: &[0, 2],
         },
-        // short K: many weight rows per CTA, a persistent walk
+        // short K: many weight rows per CTA (up to 64 per warp, fewer tiles per weight byte), a
+        // persistent walk
         (MoeOp::Down, AType::Bf16) => Lists {
-            tiles: &[(32, 2), (64, 4), (128, 4), (128, 8), (256, 8)],
+            tiles: &[(32, 2), (64, 4), (128, 2), (128, 4), (128, 8), (256, 4), (256, 8)],
             warps_k: &[1, 2],
             splits: &[1],
             depths: &[1, 2],
             stages: &[2],
-            min_ctas: &[1, 2, 4],
+            // 2 chunks per warp and tile at the TP8 and EP8 K: 3 to 5 stages run across tiles
+            flow_stages: &[3, 4, 5],
+            min_ctas: &[1, 2, 3, 4],
             walks: &[0, 2, 4],
         },
         (MoeOp::Down, AType::Nvfp4) => Lists {
@@ -82,16 +89,19 @@ pub fn search_space_for(
             splits: &[1],
             depths: &[1, 2],
             stages: &[2],
+            flow_stages: &[],
             min_ctas: &[1, 2, 4],
             walks: &[0, 2, 4],
         },
     };
-    let Lists { tiles, warps_k, splits, depths, stages, min_ctas, walks } = lists;
-    // (warp_ring, a_smem, depth)
-    let mut rings: Vec<(bool, bool, u32)> = depths.iter().map(|&d| (false, false, d)).collect();
-    rings.extend(stages.iter().map(|&d| (true, false, d)));
+    let Lists { tiles, warps_k, splits, depths, stages, flow_stages, min_ctas, walks } = lists;
+    // (warp_ring, a_smem, flow, depth)
+    let mut rings: Vec<(bool, bool, bool, u32)> =
+        depths.iter().map(|&d| (false, false, false, d)).collect();
+    rings.extend(stages.iter().map(|&d| (true, false, false, d)));
     if a_type == AType::Bf16 {
-        rings.extend(stages.iter().map(|&d| (true, true, d)));
+        rings.extend(stages.iter().map(|&d| (true, true, false, d)));
+        rings.extend(flow_stages.iter().map(|&d| (true, true, true, d)));
     }
     for block_m in [8, 16, 32] {
         for &(block_n, warps_n) in tiles {
@@ -106,7 +116,7 @@ pub fn search_space_for(
                         &[slice, 128 * wk, 256 * wk]
                     };
                     for &block_k in passes {
-                        for &(warp_ring, a_smem, depth) in &rings {
+                        for &(warp_ring, a_smem, flow, depth) in &rings {
                             for &mc in min_ctas {
                                 for &walk in walks {
                                     let c = GroupedConfig {
@@ -128,7 +138,14 @@ pub fn search_space_for(
                                         wgmma: false,
                                         k_tail: false,
                                         a_smem,
+                                        flow,
                                     };
+                                    // a ring whose depth divides the tile's chunks runs the
+                                    // same without flow
+                                    let twin = GroupedConfig { flow: false, ..c };
+                                    if flow && twin.check(shape).is_ok() {
+                                        continue;
+                                    }
                                     if c.check(shape).is_ok() && !out.contains(&c) {
                                         out.push(c);
                                     }
