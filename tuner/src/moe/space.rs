@@ -78,7 +78,8 @@ pub fn search_space_for(
             splits: &[1],
             depths: &[1, 2],
             stages: &[2],
-            // 2 chunks per warp and tile at the TP8 and EP8 K: 3 to 5 stages run across tiles
+            // rings across tiles: deeper than a short K's 2 chunks per warp and tile (TP8), or of
+            // a depth that does not divide a longer K's chunks (EP8)
             flow_stages: &[3, 4, 5],
             min_ctas: &[1, 2, 3, 4],
             walks: &[0, 2, 4],
