@@ -321,6 +321,26 @@ struct Grouped {
         }
     };
 
+    // One chunk of the warp ring with the activations (A_SMEM): wait for its group, read stage
+    // slot, refill the stage read one chunk earlier with the walk's next chunk (an empty group
+    // past the last tile), compute it.
+    __device__ __forceinline__ static void ring_chunk(const GroupedParams& p, const GroupedRing<Cfg>& ring, Walk& walk,
+                                                      int slot, int lane,
+                                                      float (&acc)[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4]) {
+        const int refill = slot == 0 ? Cfg::DEPTH - 1 : slot - 1;
+        ptx::cp_async_wait<Cfg::DEPTH - 2>();
+        sm90::WeightChunk<Cfg> wc;
+        sm90::ActivationChunk<Cfg> ac;
+        ring.read(wc, ac, slot, lane);
+        walk.turn(p, lane);
+        if (walk.issuing) {
+            ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ptr.a_row, walk.it.z, walk.ahead.k, refill, lane);
+            walk.issued();
+        }
+        ptx::cp_async_commit();
+        sm90::chunk_mma<Cfg>(wc, sm90::RingActivations<Cfg>{ac}, lane, acc);
+    }
+
     __device__ __forceinline__ static void run(const GroupedParams& p) {
         extern __shared__ __align__(128) uint8_t smem[];
         const int tid = threadIdx.x;
@@ -361,19 +381,7 @@ struct Grouped {
                 sm90::zero_accumulators<Cfg>(acc);
 #pragma unroll 1
                 for (int c = 0; c < walk.cpt; ++c) {
-                    const int refill = slot == 0 ? Cfg::DEPTH - 1 : slot - 1;
-                    ptx::cp_async_wait<Cfg::DEPTH - 2>();
-                    sm90::WeightChunk<Cfg> wc;
-                    sm90::ActivationChunk<Cfg> ac;
-                    ring.read(wc, ac, slot, lane);
-                    walk.turn(p, lane);
-                    if (walk.issuing) {
-                        ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ptr.a_row, walk.it.z, walk.ahead.k, refill,
-                                   lane);
-                        walk.issued();
-                    }
-                    ptx::cp_async_commit();
-                    sm90::chunk_mma<Cfg>(wc, sm90::RingActivations<Cfg>{ac}, lane, acc);
+                    ring_chunk(p, ring, walk, slot, lane, acc);
                     slot = slot == Cfg::DEPTH - 1 ? 0 : slot + 1;
                 }
                 sm90::fold_accumulators<Cfg>(acc);
@@ -398,21 +406,7 @@ struct Grouped {
 #pragma unroll 1
                 for (int base = 0; base < walk.cpt; base += Cfg::DEPTH) {
 #pragma unroll
-                    for (int d = 0; d < Cfg::DEPTH; ++d) {
-                        const int refill = d == 0 ? Cfg::DEPTH - 1 : d - 1;
-                        ptx::cp_async_wait<Cfg::DEPTH - 2>();
-                        sm90::WeightChunk<Cfg> wc;
-                        sm90::ActivationChunk<Cfg> ac;
-                        ring.read(wc, ac, d, lane);
-                        walk.turn(p, lane);
-                        if (walk.issuing) {
-                            ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ptr.a_row, walk.it.z, walk.ahead.k,
-                                       refill, lane);
-                            walk.issued();
-                        }
-                        ptx::cp_async_commit();
-                        sm90::chunk_mma<Cfg>(wc, sm90::RingActivations<Cfg>{ac}, lane, acc);
-                    }
+                    for (int d = 0; d < Cfg::DEPTH; ++d) ring_chunk(p, ring, walk, d, lane, acc);
                 }
                 finish_tile();
             }

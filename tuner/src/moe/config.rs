@@ -638,10 +638,12 @@ impl GroupedConfig {
                 self.a_type == AType::Nvfp4,
                 self.warp_ring,
                 self.min_ctas,
-                match (self.a_smem, self.flow) {
-                    (_, true) => ", true, true",
-                    (true, false) => ", true",
-                    (false, false) => "",
+                if self.flow {
+                    ", true, true"
+                } else if self.a_smem {
+                    ", true"
+                } else {
+                    ""
                 }
             ),
             rust_side: "moe/config.rs smem_bytes",
