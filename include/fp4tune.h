@@ -47,7 +47,7 @@ extern "C" {
 #define FP4TUNE_API
 #endif
 
-#define FP4TUNE_ABI_VERSION 1
+#define FP4TUNE_ABI_VERSION 2
 
 typedef enum fp4tune_status {
     FP4TUNE_OK = 0,
@@ -159,7 +159,8 @@ FP4TUNE_API size_t fp4tune_scale_bytes(int32_t rows, int32_t k);
 
 /* ---- Grouped MoE layer (routed experts of one step in one launch per projection) -------------
  * Layer shape: hidden (model width), inter (expert intermediate size on this GPU), experts (local
- * experts E), top_k. Weights per expert in the ModelOpt layout of fp4tune_gemm, stacked:
+ * experts E), top_k. Weights per expert in the ModelOpt layout of fp4tune_gemm, stacked, their
+ * codes prepared once after loading (fp4tune_moe_prepare_weights):
  *   w13 [E][2*inter, hidden/2] codes ([gate; up] fused), w13_sf E blocks of
  *       fp4tune_scale_bytes(2*inter, hidden), alpha13 float[E];
  *   w2  [E][hidden, inter/2] codes, w2_sf E blocks of fp4tune_scale_bytes(hidden, inter),
@@ -197,6 +198,17 @@ typedef struct fp4tune_moe_args {
     uint64_t x_fp4;        /* W4A4: X codes (16-byte aligned), or 0 to quantize x */
     uint64_t x_sf;         /* W4A4: X swizzled scales (4-byte aligned), with x_fp4 */
 } fp4tune_moe_args;
+
+/* Put a layer's weight codes (bytes at device address codes, 16-byte aligned, a multiple of 16:
+ * w13 or w2 of all local experts, or one buffer holding several) into the order this device's
+ * grouped kernels read, in place on stream, once after loading. Grouped launches return
+ * FP4TUNE_ERR_INVALID_ARGUMENT for weight codes that were not prepared, and so does preparing
+ * codes that overlap prepared ones. Prepared codes serve the grouped layer only:
+ * fp4tune_moe_restore_weights (same codes and bytes) puts them back for fp4tune_gemm. */
+FP4TUNE_API int fp4tune_moe_prepare_weights(const fp4tune_dispatcher* d, uint64_t codes, size_t bytes,
+                                            uint64_t stream);
+FP4TUNE_API int fp4tune_moe_restore_weights(const fp4tune_dispatcher* d, uint64_t codes, size_t bytes,
+                                            uint64_t stream);
 
 /* A workspace for up to max_tokens tokens of the layer; the table must have grouped entries for
  * it. On failure *out is NULL. */

@@ -6,7 +6,8 @@ MoE ABI on PyTorch tensors, W4A16, captured in a CUDA graph, checked against tor
     layer:   Y[t] = sum_s w[t, s] * down_e( SiLU(gate_e(X[t])) * up_e(X[t]) ),  e = topk_ids[t, s]
 
 Weights are random, quantized to NVFP4 with the ModelOpt rules (examples/python/glm5_expert.py),
-stacked per expert as the ABI expects (fp4tune.h, "Grouped MoE layer"). The layer runs as one
+stacked per expert as the ABI expects (fp4tune.h, "Grouped MoE layer"), their codes prepared once
+for the grouped kernels (fp4tune_moe_prepare_weights, in place). The layer runs as one
 `fp4tune_moe_layer` call on the current torch stream (align, gate_up with SiLU * up, down,
 weighted sum), eagerly and inside a CUDA graph (the graph's output must equal the eager one), and
 is compared with a torch reference on the block-dequantized weights. Then one decode step is timed
@@ -131,6 +132,8 @@ def main() -> int:
     lib.fp4tune_moe_workspace_destroy.argtypes = [ctypes.c_void_p]
     lib.fp4tune_moe_layer.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(MoeArgs), ctypes.c_uint64]
     lib.fp4tune_moe_route.argtypes = [ctypes.c_void_p, i32, i32, i32, i32, i32, ctypes.c_char_p, ctypes.c_size_t]
+    for f in (lib.fp4tune_moe_prepare_weights, lib.fp4tune_moe_restore_weights):
+        f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64]
     lib.fp4tune_close.argtypes = [ctypes.c_void_p]
 
     def check(status, what):
@@ -146,7 +149,30 @@ def main() -> int:
     # weight copies for cold-L2 timing (the quantized bytes and the torch peer's bf16 weights)
     copies13 = [(w13.codes, w13.sf)] + [(w13.codes.clone(), w13.sf.clone()) for _ in range(args.copies - 1)]
     copies2 = [(w2.codes, w2.sf)] + [(w2.codes.clone(), w2.sf.clone()) for _ in range(args.copies - 1)]
-    ok = True
+    stream = torch.cuda.current_stream().cuda_stream
+    # a launch on codes in the ModelOpt order is refused; preparing puts every copy's codes into
+    # the grouped kernels' order once (in place); restoring gives the same bytes back
+    probe = torch.zeros(1, dtype=torch.int32, device="cuda")
+    unprepared = MoeArgs(probe.data_ptr(), probe.data_ptr(), probe.data_ptr(), w13.codes.data_ptr(),
+                         w13.sf.data_ptr(), w13.alpha.data_ptr(), w2.codes.data_ptr(), w2.sf.data_ptr(),
+                         w2.alpha.data_ptr(), probe.data_ptr(), 1, 0)
+    refused = lib.fp4tune_moe_layer(d, ws, ctypes.byref(unprepared), stream) != 0
+    ok = refused and b"not prepared" in lib.fp4tune_last_error()
+    print(f"unprepared weights refused: {ok} ({lib.fp4tune_last_error().decode()})")
+    original = w13.codes.clone()
+    for codes, _ in copies13 + copies2:
+        check(lib.fp4tune_moe_prepare_weights(d, codes.data_ptr(), codes.numel(), stream),
+              "fp4tune_moe_prepare_weights")
+    moved = not torch.equal(w13.codes, original)
+    check(lib.fp4tune_moe_restore_weights(d, w13.codes.data_ptr(), w13.codes.numel(), stream),
+          "fp4tune_moe_restore_weights")
+    restored = torch.equal(w13.codes, original)
+    check(lib.fp4tune_moe_prepare_weights(d, w13.codes.data_ptr(), w13.codes.numel(), stream),
+          "fp4tune_moe_prepare_weights")
+    twice = lib.fp4tune_moe_prepare_weights(d, w13.codes.data_ptr(), w13.codes.numel(), stream) != 0
+    print(f"prepare moves the codes: {moved}, restore gives them back: {restored}, "
+          f"preparing twice refused: {twice}")
+    ok &= moved and restored and twice
     print("B,fp4tune_layer_us,torch_grouped_mm_bf16_us,speedup,max_rel_err,graph_equal,route")
     for b in args.tokens:
         x = (torch.randn(b, HIDDEN, generator=gen, device="cuda") * 0.5).to(torch.bfloat16)

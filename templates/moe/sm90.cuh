@@ -57,6 +57,7 @@ struct GroupedConfig
     static constexpr int MIN_CTAS = MIN_CTAS_;
     static constexpr bool A_SMEM = A_SMEM_;
     static constexpr bool FLOW = FLOW_;
+    static constexpr bool W_ORDERED = true;  // the layer's weight codes are in the decode order
     static constexpr int REGISTER_CAP = sm90::cmin(65536 / (Tile::THREADS * MIN_CTAS) / 8 * 8, 255);  // per lane
     // Registers of the register ring: DEPTH entries of the weights (register ring only: per m16
     // tile 2 x (4 code words + 1 scale half-word pair)) and the activations (per n8 tile the

@@ -46,6 +46,7 @@ struct TiledConfig
     : sm90::Sm90Config<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_M_, WARPS_N_, 1, STAGES_, 1, false, false, K_TAIL_> {
     using Gemm = sm90::Sm90Config<BLOCK_M_, BLOCK_N_, BLOCK_K_, WARPS_M_, WARPS_N_, 1, STAGES_, 1, false, false, K_TAIL_>;
     static constexpr int MIN_CTAS = MIN_CTAS_;
+    static constexpr bool W_ORDERED = true;  // the layer's weight codes are in the decode order
     static_assert(BLOCK_M_ == 16 || BLOCK_M_ == 32 || BLOCK_M_ == 64 || BLOCK_M_ == 128,
                   "BLOCK_M is one of moe_align's tile lists of at least one m16 tile (16, 32, 64, 128)");
     static_assert(MIN_CTAS >= 1 && MIN_CTAS <= 16 && Gemm::THREADS * MIN_CTAS <= 2048,

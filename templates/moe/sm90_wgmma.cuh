@@ -11,9 +11,9 @@
 // (x, y) computes n-tile x of tile y of moe_align's list for BLOCK_M (one tile = up to BLOCK_M
 // routed rows of one expert); CTAs past the tile count exit at once.
 //
-// K order: the A fragment's k pair (2t, 2t + 1) of a k16 step is byte t of a code word, the real
-// k pair (8c + 2t, 8c + 2t + 1); the B tile holds the activations in their real k order, so no
-// permutation is needed on either side. One k16 step is one 16-k scale block: each fragment
+// K order: the A fragment's k pair (2t, 2t + 1) of a k16 step is elements 2t and 2t + 1 of a code
+// word (in the decode order, nvfp4.cuh), the real k pair (8c + 2t, 8c + 2t + 1); the B tile holds
+// the activations in their real k order, so no permutation is needed on either side. One k16 step is one 16-k scale block: each fragment
 // register is multiplied by its row's block scale of that step.
 //
 // Weight rows (A rows): m64 tile m of warpgroup wg is rows (wg * MT + m) * 64 .. + 63 of the CTA's
@@ -108,6 +108,28 @@ struct GroupedWgmma {
         }
     }
 
+    // Elements 2t and 2t + 1 (t = lane % 4) of a weight word in the decode order (nvfp4.cuh) as
+    // raw bf16x2, low half first. Element 2t belongs to pair 0 or 2, a rotation of the raw
+    // positions: rotated right by lo_rot it sits on the low half's raw bits. Element 2t + 1
+    // belongs to pair 1 (t even: on the raw positions) or pair 3 (t odd): masked to its 4 bits
+    // and multiplied by shifts that never overlap, it lands on the high half's raw bits. The
+    // lane's constants are registers, so all lanes run the same 5 integer instructions.
+    struct LanePick {
+        uint32_t lo_rot, hi_mask, hi_mul;
+
+        __device__ __forceinline__ explicit LanePick(int t)
+            : lo_rot(t == 0 ? 22u : t == 1 ? 3u : t == 2 ? 6u : 19u),
+              hi_mask(t == 0 ? 0x000081C0u : t == 1 ? 0x0000001Bu : t == 2 ? 0x81C00000u : 0x001B0000u),
+              hi_mul(t == 0 ? 0x00010000u : t == 1 ? 0x41080000u : t == 2 ? 1u : nvfp4::ORDER_PAIR3_MUL) {}
+
+        __device__ __forceinline__ uint32_t raw(uint32_t w) const {
+            constexpr uint32_t LO = nvfp4::RAW_BF16X2 & 0xFFFFu;
+            const uint32_t lo = __funnelshift_r(w, w, lo_rot);
+            const uint32_t hi = ((w & hi_mask) * hi_mul) & (nvfp4::RAW_BF16X2 & ~LO);
+            return (lo & LO) | hi;
+        }
+    };
+
     // One stage's weight data of the lane's two rows (g and g + 8) of one m64 tile, two k16
     // steps at a time: the 16-byte code unit that holds both steps and their prepared scales.
     struct RowPair {
@@ -131,17 +153,13 @@ struct GroupedWgmma {
             }
         }
 
-        // The A fragment of step 2u + jj: a0 = row g, k (2t, 2t + 1) = byte t of word 2jj; a1 =
-        // row g + 8; a2, a3 = k (2t + 8, 2t + 9) = byte t of word 2jj + 1. `sel` moves byte t of
-        // the word to byte 0 and byte t of the word >> 4 to byte 2, so e2m1_pair_raw<0> takes
-        // code 2t to the low half and code 2t + 1 to the high half.
-        __device__ __forceinline__ void fragment(int jj, uint32_t sel, uint32_t (&a)[4]) const {
+        // The A fragment of step 2u + jj: a0 = row g, k (2t, 2t + 1) = elements 2t, 2t + 1 of
+        // word 2jj; a1 = row g + 8; a2, a3 = k (2t + 8, 2t + 9) = those of word 2jj + 1.
+        __device__ __forceinline__ void fragment(int jj, const LanePick& pick, uint32_t (&a)[4]) const {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const uint32_t lo = code[h][2 * jj];
-                const uint32_t hi = code[h][2 * jj + 1];
-                a[h] = ptx::mul_bf16x2(nvfp4::e2m1_pair_raw<0>(ptx::prmt(lo, lo >> 4, sel)), scale[h][jj]);
-                a[2 + h] = ptx::mul_bf16x2(nvfp4::e2m1_pair_raw<0>(ptx::prmt(hi, hi >> 4, sel)), scale[h][jj]);
+                a[h] = ptx::mul_bf16x2(pick.raw(code[h][2 * jj]), scale[h][jj]);
+                a[2 + h] = ptx::mul_bf16x2(pick.raw(code[h][2 * jj + 1]), scale[h][jj]);
             }
         }
     };
@@ -239,7 +257,7 @@ struct GroupedWgmma {
         const int wg = warp >> 2;
         const int rw = 16 * (warp & 3) + (lane >> 2);
         const int t = lane & 3;
-        const uint32_t sel = static_cast<uint32_t>(t | ((t + 4) << 8));
+        const LanePick pick(t);
 #pragma unroll
         for (int s = 0; s < Cfg::STAGES - 2; ++s) {
             issue(s, s);
@@ -275,7 +293,7 @@ struct GroupedWgmma {
                 if (s > 0) wgmma::wait<1>();
 #pragma unroll
                 for (int m = 0; m < Cfg::MT; ++m) {
-                    rp[m].fragment(s & 1, sel, f[m]);
+                    rp[m].fragment(s & 1, pick, f[m]);
 #pragma unroll
                     for (int i = 0; i < 4; ++i) wgmma::fence_operand(f[m][i]);
                 }

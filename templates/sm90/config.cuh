@@ -28,6 +28,9 @@ struct Sm90Config {
     // The K-tail form (Pipeline::KTail, names with `kt`): any K that is a multiple of 16 (the NVFP4
     // block) in stages of 64 k, ceil(K / 64) of them, the last one cut at K (sm90/load.cuh).
     static constexpr bool K_TAIL = K_TAIL_;
+    // Weight codes in the ModelOpt order (the GEMM's); the tiled grouped configuration reads the
+    // decode order (nvfp4.cuh) and says so.
+    static constexpr bool W_ORDERED = false;
 
     static constexpr int WARPS_MN = WARPS_M * WARPS_N;
     static constexpr int WARPS = WARPS_MN * WARPS_K;

@@ -55,6 +55,9 @@ struct DirectConfig {
     static constexpr int SPLIT_K = SPLIT_K_;
     static constexpr bool SWAP_AB = true;
     static constexpr bool A_FP4 = A_FP4_;
+    // Weight codes in the ModelOpt order (the GEMM's); the grouped configuration reads the decode
+    // order (nvfp4.cuh) and says so.
+    static constexpr bool W_ORDERED = false;
 
     static constexpr int WARPS_MN = WARPS_N;
     static constexpr int WARPS = WARPS_N * WARPS_K;
@@ -370,8 +373,8 @@ __device__ __forceinline__ void chunk_mma(const WeightChunk<Cfg>& wc, const Acti
         for (int i = 0; i < Cfg::P_TILES; ++i) {
             const uint32_t c0[4] = {wc.code[i][0].x, wc.code[i][0].y, wc.code[i][0].z, wc.code[i][0].w};
             const uint32_t c1[4] = {wc.code[i][1].x, wc.code[i][1].y, wc.code[i][1].z, wc.code[i][1].w};
-            nvfp4::dequant_word(c0[w], wscale[i][0][w >> 1], pr[i][0]);
-            nvfp4::dequant_word(c1[w], wscale[i][1][w >> 1], pr[i][1]);
+            nvfp4::dequant_weight_word<Cfg::W_ORDERED>(c0[w], wscale[i][0][w >> 1], pr[i][0]);
+            nvfp4::dequant_weight_word<Cfg::W_ORDERED>(c1[w], wscale[i][1][w >> 1], pr[i][1]);
         }
 #pragma unroll
         for (int q = 0; q < Cfg::Q_TILES; ++q) {

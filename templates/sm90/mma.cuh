@@ -10,9 +10,10 @@ namespace fp4tune {
 namespace sm90 {
 
 // One row's operand data for one chunk, before the per-word expansion into bf16x2 registers.
-// FP4: the lane's CHUNK/8 code bytes (WORDS words) and the prepared scales of its 1 or 2 blocks.
+// FP4: the lane's CHUNK/8 code bytes (WORDS words) and the prepared scales of its 1 or 2 blocks,
+// in the ModelOpt order or (ORDERED, weights of the grouped kernels) the decode order.
 // bf16: nothing is cached (the 16 bytes of each word are loaded when the word is expanded).
-template <class Cfg, bool FP4, int ROWS>
+template <class Cfg, bool FP4, int ROWS, bool ORDERED = false>
 struct RowChunk {
     static constexpr int WORDS = Cfg::WORDS;
     uint32_t code[FP4 ? WORDS : 1];
@@ -56,7 +57,7 @@ struct RowChunk {
     // r[s] = (element s, element s + 4) of word w of the lane's run (8 k), as bf16x2.
     __device__ __forceinline__ void word(int w, int c, int t, uint32_t (&r)[4]) const {
         if constexpr (FP4) {
-            nvfp4::dequant_word(code[w], scale[WORDS == 4 ? (w >> 1) : 0], r);
+            nvfp4::dequant_weight_word<ORDERED>(code[w], scale[WORDS == 4 ? (w >> 1) : 0], r);
         } else {
             // k_local = CHUNK*c + CHUNK/4*t + 8w: unit CHUNK/8*c + CHUNK/32*t + w
             const int u = (Cfg::CHUNK / 8) * c + (Cfg::CHUNK / 32) * t + w;
@@ -79,8 +80,10 @@ __device__ __forceinline__ void warp_mma_stage(const uint8_t* p_tile, const uint
 #pragma unroll
     for (int cc = 0; cc < Cfg::CHUNKS; ++cc) {
         const int c = wk * Cfg::CHUNKS + cc;  // chunk index within the stage
-        RowChunk<Cfg, Cfg::P_FP4, Cfg::P_ROWS> prow[Cfg::P_TILES][2];  // rows g and g + 8 of each m16 tile
-        RowChunk<Cfg, Cfg::Q_FP4, Cfg::Q_ROWS> qrow[Cfg::Q_TILES];     // row g of each n8 tile
+        // rows g and g + 8 of each m16 tile, row g of each n8 tile; the weights' side (P with
+        // swap_ab) reads the order Cfg::W_ORDERED says
+        RowChunk<Cfg, Cfg::P_FP4, Cfg::P_ROWS, Cfg::W_ORDERED && Cfg::SWAP_AB> prow[Cfg::P_TILES][2];
+        RowChunk<Cfg, Cfg::Q_FP4, Cfg::Q_ROWS, Cfg::W_ORDERED && !Cfg::SWAP_AB> qrow[Cfg::Q_TILES];
 #pragma unroll
         for (int i = 0; i < Cfg::P_TILES; ++i) {
             prow[i][0].load(p_tile, p_sf, p0 + 16 * i + g, c, t);

@@ -15,7 +15,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 /// Version of this ABI; bumped on any incompatible change of the header.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Status codes (`enum fp4tune_status` in the header).
 #[repr(C)]
@@ -75,6 +75,8 @@ pub const EXPORTS: &[(&str, usize)] = &[
     ("fp4tune_moe_gate_up", 4),
     ("fp4tune_moe_down", 4),
     ("fp4tune_moe_route", 8),
+    ("fp4tune_moe_prepare_weights", 4),
+    ("fp4tune_moe_restore_weights", 4),
 ];
 
 /// The opaque handle (`fp4tune_dispatcher` in C).

@@ -186,6 +186,69 @@ pub unsafe extern "C" fn fp4tune_moe_down(
     unsafe { moe_call(d, ws, args, stream, MoeCall::Down) }
 }
 
+/// Put a layer's weight codes into the order this device's grouped kernels read
+/// (`MoeOps::prepare_weights`), or (`back`) restore the ModelOpt order.
+///
+/// # Safety
+/// As the exported functions that call it.
+unsafe fn weights_call(
+    d: *const Fp4tuneDispatcher,
+    codes: u64,
+    bytes: usize,
+    stream: u64,
+    back: bool,
+) -> c_int {
+    guard(|| {
+        // SAFETY: live handle per the contract.
+        let d = unsafe { handle(d)? };
+        let m = d.moe().map_err(|e| fail(e, false))?;
+        // SAFETY: buffer and stream contract forwarded from the caller.
+        unsafe {
+            if back {
+                m.restore_weights(codes, bytes as u64, stream)
+            } else {
+                m.prepare_weights(codes, bytes as u64, stream)
+            }
+        }
+        .map_err(|e| fail(e, true))
+    })
+}
+
+/// Put a layer's weight codes (`bytes` at device address `codes`: w13 or w2 of all local experts,
+/// or a buffer holding several) into the order the grouped kernels read, in place on `stream`,
+/// once after loading. Grouped launches refuse codes that were not prepared; overlapping a
+/// prepared range is refused.
+///
+/// # Safety
+/// `d` live; `codes` device memory of `bytes` bytes not used by other work until the work
+/// completes; `stream` 0 or a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn fp4tune_moe_prepare_weights(
+    d: *const Fp4tuneDispatcher,
+    codes: u64,
+    bytes: usize,
+    stream: u64,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { weights_call(d, codes, bytes, stream, false) }
+}
+
+/// Put codes prepared by `fp4tune_moe_prepare_weights` (same address and size) back into the
+/// ModelOpt order, in place on `stream` (for `fp4tune_gemm`).
+///
+/// # Safety
+/// As `fp4tune_moe_prepare_weights`; no grouped launch reading them may be pending.
+#[no_mangle]
+pub unsafe extern "C" fn fp4tune_moe_restore_weights(
+    d: *const Fp4tuneDispatcher,
+    codes: u64,
+    bytes: usize,
+    stream: u64,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { weights_call(d, codes, bytes, stream, true) }
+}
+
 /// Write the grouped kernels the layer launches for `tokens`, per activation type the table has
 /// grouped entries for, and why (`Dispatcher::moe_route`): "w4a16: gate_up <config> (<why>);
 /// down <config> (<why>)", where why is `exact`, the nearest bucket between two tuned ones, or

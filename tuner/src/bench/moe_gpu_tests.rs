@@ -124,6 +124,36 @@ fn setup(w4a16: bool) -> Option<(Gpu, Compiler, MoeKernels, tempfile::TempDir)> 
     Some((gpu, compiler, kernels, dir))
 }
 
+/// The order kernels put codes into the order `moe::order` computes on the CPU (the bytes the
+/// bench uploads and the grouped kernels are verified on) and back, in place, on a buffer whose
+/// length is no multiple of the grid; misaligned and empty ranges are refused.
+#[test]
+#[cfg_attr(
+    not(feature = "gpu"),
+    ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
+)]
+fn the_order_kernels_match_the_cpu_order_and_restore() {
+    let Some((gpu, _compiler, kernels, _dir)) = setup(false) else { return };
+    let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
+    let family = crate::runtime::family_for(gpu.info()).unwrap();
+    let mut rng = crate::moe::schedule::SplitMix64(0x0D0E);
+    let codes: Vec<u8> = (0..(1 << 20) + 48).map(|_| rng.below(256) as u8).collect();
+    let buf = gpu.upload(&codes).unwrap();
+    let stream = gpu.own_stream();
+    // SAFETY: buf holds codes.len() bytes on this device, used by nothing else meanwhile.
+    unsafe { launcher.order_weights(buf.ptr(), codes.len() as u64, false, stream) }.unwrap();
+    let want = crate::moe::order::apply(crate::moe::order::WeightOrder::of(family), &codes);
+    assert_eq!(gpu.download(&buf).unwrap(), want, "forward order");
+    // SAFETY: as above.
+    unsafe { launcher.order_weights(buf.ptr(), codes.len() as u64, true, stream) }.unwrap();
+    assert_eq!(gpu.download(&buf).unwrap(), codes, "back to the ModelOpt order");
+    for (at, bytes) in [(buf.ptr() + 4, 64), (buf.ptr(), 20), (buf.ptr(), 0), (0, 64)] {
+        // SAFETY: refused before any launch.
+        let e = unsafe { launcher.order_weights(at, bytes, false, stream) }.unwrap_err();
+        assert!(e.to_string().contains("16-byte aligned"), "{e}");
+    }
+}
+
 fn step(shape: MoeShape, begin: i32, tokens: u32, routing: Routing, seed: u64) -> MoeStep {
     MoeStep { shape, experts_total: 256, expert_begin: begin, tokens, routing, seed }
 }

@@ -226,15 +226,17 @@ fn run_op(
         MoeOp::Down => d.copies2,
     };
     // Per weight copy: the launches of every active expert.
+    // the per-expert GEMMs read the codes in the ModelOpt order
     let per_copy: Vec<Vec<GemmArgs>> = (0..copies)
-        .map(|c| {
+        .map(|c| -> Result<Vec<GemmArgs>, GpuError> {
             let a = d.args(c, c);
-            match op {
-                MoeOp::GateUp => o.args(d, a.w13, a.w13_sf),
-                MoeOp::Down => o.args(d, a.w2, a.w2_sf),
-            }
+            let codes = d.weights.modelopt_codes_at(gpu, op, c)?;
+            Ok(match op {
+                MoeOp::GateUp => o.args(d, codes, a.w13_sf),
+                MoeOp::Down => o.args(d, codes, a.w2_sf),
+            })
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     let max_rows = expert_slices(&d.schedule).iter().map(|s| s.2).max().unwrap_or(1);
     let ws = dispatcher.gemm_workspace(max_rows as u32)?;
     let routes: Vec<Route> = match per_copy[0]

@@ -6,9 +6,12 @@
 use super::moe::MoeStep;
 use super::policy::{rotation_copies, TimingPolicy};
 use crate::gpu::{DeviceBuf, Gpu, GpuError};
+use crate::moe::order::{self, WeightOrder};
 use crate::moe::reference::ExpertWeights;
 use crate::moe::schedule::RouteSchedule;
 use crate::moe::{MoeOp, MoeShape};
+use crate::template::{Arch, Family};
+use std::sync::OnceLock;
 
 /// The seed every layer's random weights are drawn from (gate_up and down derive theirs).
 pub const WEIGHT_SEED: u64 = 0x5EED_3EED;
@@ -48,6 +51,12 @@ pub struct LayerWeights {
     pub alpha2: DeviceBuf<f32>,
     /// Copies uploaded (gate_up, down).
     pub copies: (usize, usize),
+    /// The order the device's grouped kernels read the codes in (`moe::order`): the copies above
+    /// are uploaded in it.
+    pub order: WeightOrder,
+    /// The copies' codes in the ModelOpt order, for the per-expert GEMMs of the loop peer when
+    /// the grouped kernels read another order (uploaded on first use).
+    modelopt: OnceLock<(DeviceBuf<u8>, DeviceBuf<u8>)>,
 }
 
 impl LayerWeights {
@@ -59,10 +68,14 @@ impl LayerWeights {
         let w13 = ExpertWeights::random(n13 as usize, k13 as usize, e, WEIGHT_SEED ^ 0x13);
         let w2 = ExpertWeights::random(n2 as usize, k2 as usize, e, WEIGHT_SEED ^ 0x2);
         let copies = (copies.0.clamp(1, MAX_COPIES), copies.1.clamp(1, MAX_COPIES));
+        // a device of no known family runs no grouped kernel: its order is moot
+        let (major, minor) = gpu.info().compute_capability;
+        let order = Arch::for_compute_capability(major, minor)
+            .map_or(WeightOrder::ModelOpt, |a| WeightOrder::of(Family::for_arch(a)));
         Ok(LayerWeights {
-            w13_codes: gpu.upload_repeated(&w13.codes, copies.0)?,
+            w13_codes: gpu.upload_repeated(&order::apply(order, &w13.codes), copies.0)?,
             w13_sf: gpu.upload_repeated(&w13.scales, copies.0)?,
-            w2_codes: gpu.upload_repeated(&w2.codes, copies.1)?,
+            w2_codes: gpu.upload_repeated(&order::apply(order, &w2.codes), copies.1)?,
             w2_sf: gpu.upload_repeated(&w2.scales, copies.1)?,
             alpha13: gpu.upload(&w13.alpha)?,
             alpha2: gpu.upload(&w2.alpha)?,
@@ -70,6 +83,32 @@ impl LayerWeights {
             w13,
             w2,
             copies,
+            order,
+            modelopt: OnceLock::new(),
+        })
+    }
+
+    /// Device address of op's codes in copy `c` in the ModelOpt order (what `fp4tune_gemm`
+    /// reads); the scales are those of `w13_at` / `w2_at`.
+    pub fn modelopt_codes_at(&self, gpu: &Gpu, op: MoeOp, c: usize) -> Result<u64, GpuError> {
+        let (w13, w2) = match self.order {
+            WeightOrder::ModelOpt => (&self.w13_codes, &self.w2_codes),
+            WeightOrder::Decode => {
+                if self.modelopt.get().is_none() {
+                    let bufs = (
+                        gpu.upload_repeated(&self.w13.codes, self.copies.0)?,
+                        gpu.upload_repeated(&self.w2.codes, self.copies.1)?,
+                    );
+                    // a concurrent first use uploads twice; either copy is the same bytes
+                    let _ = self.modelopt.set(bufs);
+                }
+                let (a, b) = self.modelopt.get().expect("set above");
+                (a, b)
+            }
+        };
+        Ok(match op {
+            MoeOp::GateUp => w13.ptr() + ((c % self.copies.0) * self.w13.codes.len()) as u64,
+            MoeOp::Down => w2.ptr() + ((c % self.copies.1) * self.w2.codes.len()) as u64,
         })
     }
 

@@ -329,10 +329,34 @@ pub fn tune_phase(
     }
     let keys: std::collections::HashSet<_> = entries.iter().map(|e| e.key).collect();
     table.moe.retain(|e| !keys.contains(&e.key));
+    // the table records one grouped template hash: entries kept from a tune with other
+    // templates take this build's hash, so say which ones they are
+    let now = fp4tune::moe::templates::template_hash();
+    let stale_kept = (!table.moe.is_empty()
+        && table.moe_template_hash.as_deref() != Some(now.as_str()))
+    .then(|| {
+        format!(
+            "{}: {} grouped entries kept from a tune with other grouped templates ({}) now carry \
+             this build's hash; re-tune them too if those templates' kernels differ",
+            path.display(),
+            table.moe.len(),
+            table.moe_template_hash.as_deref().map_or("none recorded", |h| &h[..h.len().min(16)])
+        )
+    });
     table.moe.extend(entries);
-    table.moe_template_hash = Some(fp4tune::moe::templates::template_hash());
+    table.moe_template_hash = Some(now);
     table.save(&path)?;
-    let mut jsonl = String::new();
+    // the screens of earlier grouped tunes into this folder (another activation type, other
+    // buckets) stay in the log: this tune's lines follow theirs
+    let log_path = out.join(format!("{slug}-moe.jsonl"));
+    let mut jsonl = match std::fs::read_to_string(&log_path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", log_path.display())),
+    };
+    if !jsonl.is_empty() && !jsonl.ends_with('\n') {
+        jsonl.push('\n');
+    }
     for (key, measured) in &logs {
         for m in measured {
             jsonl.push_str(&serde_json::to_string(
@@ -341,9 +365,11 @@ pub fn tune_phase(
             jsonl.push('\n');
         }
     }
-    let log_path = out.join(format!("{slug}-moe.jsonl"));
     fp4tune::compile::cache::write_atomic(&log_path, jsonl.as_bytes())
         .with_context(|| format!("writing {}", log_path.display()))?;
+    if let Some(w) = stale_kept {
+        warnln!("{w}");
+    }
     outln!(
         "grouped MoE phase: {} entries in {:.1} s; wrote {} and {}",
         keys.len(),

@@ -78,6 +78,17 @@ pub struct MoeFinalizeParams {
 // SAFETY: as MoeAlignParams.
 unsafe impl DeviceRepr for MoeFinalizeParams {}
 
+/// templates/moe/order.cuh `OrderParams`: a layer's weight codes as `count` 32-bit words.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MoeOrderParams {
+    pub words: u64,
+    pub count: u64,
+}
+
+// SAFETY: as MoeAlignParams.
+unsafe impl DeviceRepr for MoeOrderParams {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +108,6 @@ mod tests {
         assert_eq!(offset_of!(MoeGroupedParams, top_k), 100);
         assert_eq!((size_of::<MoeFinalizeParams>(), align_of::<MoeFinalizeParams>()), (48, 8));
         assert_eq!(offset_of!(MoeFinalizeParams, tokens), 32);
+        assert_eq!((size_of::<MoeOrderParams>(), align_of::<MoeOrderParams>()), (16, 8));
     }
 }

@@ -21,11 +21,14 @@
 //! `reference` is the CPU model every GPU result is checked against; `epilogue` mirrors the
 //! grouped epilogue's element positions and NVFP4 quantization of H lane by lane; `tiled` mirrors
 //! the tiled kernel's row maps (interleaved gate / up stage rows, accumulator positions); `wgmma`
-//! holds the wgmma kernel's configurations and mirrors its operand layouts; `seeds`
+//! holds the wgmma kernel's configurations and mirrors its operand layouts; `order` is the order
+//! of the weight codes each family's grouped kernels read (and the kernel that puts a layer's
+//! codes into it once at load); `seeds`
 //! lists the configurations that won H200 campaigns, which every grouped screen measures.
 
 pub mod config;
 pub mod epilogue;
+pub mod order;
 pub mod reference;
 pub mod schedule;
 pub mod seeds;

@@ -109,10 +109,10 @@ pub const SM90_TEMPLATES: &[&str] = &[
 ];
 pub const SM120_TEMPLATES: &[&str] =
     &["common/", "sm120/", "moe/epilogue.cuh", "moe/params.cuh", "moe/sm120.cuh"];
-/// The layer's fixed kernels (routing, the weighted sum): outside the grouped hashes, since no
+/// The layer's fixed kernels (routing, the weighted sum, the weight order): outside the grouped hashes, since no
 /// table entry times them and no projection kernel includes them; a change of them needs the GPU
 /// suite and a new benchmark, not a re-tune.
-pub const FIXED_KERNEL_TEMPLATES: &[&str] = &["moe/align.cuh", "moe/finalize.cuh"];
+pub const FIXED_KERNEL_TEMPLATES: &[&str] = &["moe/align.cuh", "moe/finalize.cuh", "moe/order.cuh"];
 
 /// Hex SHA-256 of the templates the sm90 grouped kernels are built from (the family of the
 /// table's `moe` entries; recorded as `moe_template_hash`).

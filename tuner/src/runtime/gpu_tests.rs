@@ -518,6 +518,49 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     }
     let e = disp.moe_route(&crate::moe::MoeShape::GLM5_EP8, AType::Bf16, 8).unwrap_err();
     assert!(e.to_string().contains("no grouped route"), "{e}");
+    // Weight codes: launches refuse codes that were not prepared (before anything is enqueued);
+    // preparing overlapping codes is refused, restoring takes exactly a prepared range.
+    let ops = disp.moe().unwrap();
+    let ws = ops.workspace(shape, 4).unwrap();
+    let codes = gpu.upload(&vec![0x5Au8; 1 << 20]).unwrap();
+    let stream = gpu.own_stream();
+    let args = crate::runtime::moe::MoeArgs {
+        x: 256,
+        topk_ids: 256,
+        topk_weights: 256,
+        w13: codes.ptr(),
+        w13_sf: 256,
+        alpha13: 256,
+        w2: codes.ptr(),
+        w2_sf: 256,
+        alpha2: 256,
+        y: 256,
+        tokens: 1,
+        ..Default::default()
+    };
+    for e in [
+        // SAFETY: refused before any launch (the codes are not prepared).
+        unsafe { ops.layer(&args, &ws, stream) }.unwrap_err(),
+        // SAFETY: as above.
+        unsafe { ops.down(&args, &ws, stream) }.unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("not prepared"), "{e}");
+    }
+    // SAFETY: `codes` holds 1 MiB on this device, used by nothing else.
+    unsafe { ops.prepare_weights(codes.ptr(), 1 << 19, stream) }.unwrap();
+    // SAFETY: refused before any launch (overlap; not the prepared range).
+    let e = unsafe { ops.prepare_weights(codes.ptr() + 4096, 1 << 19, stream) }.unwrap_err();
+    assert!(e.to_string().contains("overlap"), "{e}");
+    // SAFETY: as above.
+    let e = unsafe { ops.restore_weights(codes.ptr(), 1 << 18, stream) }.unwrap_err();
+    assert!(e.to_string().contains("not prepared"), "{e}");
+    // the prepared half is too small for the layer's w2 codes (256 x 6144 x 128 bytes)
+    // SAFETY: refused before any launch.
+    let e = unsafe { ops.down(&args, &ws, stream) }.unwrap_err();
+    assert!(e.to_string().contains("not prepared"), "{e}");
+    // SAFETY: the prepared range, as above.
+    unsafe { ops.restore_weights(codes.ptr(), 1 << 19, stream) }.unwrap();
+    assert!(gpu.download(&codes).unwrap().iter().all(|&b| b == 0x5A), "restored bytes");
     // Without grouped entries: no route, and the reason.
     let (gemm_only, _, _) = table_for(&gpu);
     let disp = Dispatcher::open_with(Some((&gemm_only, Path::new("t.ron"))), &options).unwrap();

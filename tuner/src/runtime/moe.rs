@@ -13,10 +13,11 @@
 use super::error::RuntimeError;
 use crate::compile::Compiler;
 use crate::gpu::moe_params::MoeAlignChunkParams;
-use crate::gpu::moe_params::{MoeAlignParams, MoeFinalizeParams, MoeGroupedParams};
+use crate::gpu::moe_params::{MoeAlignParams, MoeFinalizeParams, MoeGroupedParams, MoeOrderParams};
 use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
+use crate::moe::order::{order_source, WeightOrder, ORDER_THREADS};
 use crate::moe::templates::{
     align_chunks, align_source, finalize_source, AlignForm, AlignKernel, ALIGN_THREADS,
     FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT, FINALIZE_THREADS,
@@ -61,11 +62,15 @@ impl GroupedKernel {
     }
 }
 
-/// The fixed kernels of the layer (routing, the activation quantizer of W4A4, finalize).
+/// The fixed kernels of the layer (routing, the activation quantizer of W4A4, finalize, the
+/// weight order).
 #[derive(Debug)]
 pub struct MoeKernels {
     /// The device's kernel family: the grouped kernels a launcher runs must be of it.
     pub family: Family,
+    /// The kernels that put weight codes into the decode order and back (moe::order).
+    order: Kernel,
+    order_back: Kernel,
     /// The routing kernels: the one-CTA form, then the chunked form's count, scan and place.
     align: Kernel,
     align_count: Kernel,
@@ -89,7 +94,7 @@ impl MoeKernels {
             config: quantize::QUANTIZE_KERNEL.into(),
             reason: e.to_string(),
         })?;
-        // The seven fixed kernels compile (or come from the cache) on all cores at once.
+        // The nine fixed kernels compile (or come from the cache) on all cores at once.
         let sources = [
             align_source(arch, AlignKernel::OneCta),
             align_source(arch, AlignKernel::Count),
@@ -98,6 +103,8 @@ impl MoeKernels {
             quantizer,
             finalize_source(arch, FINALIZE_GROUPED_SLOTS),
             finalize_source(arch, FINALIZE_SINGLE_SLOT),
+            order_source(arch, false),
+            order_source(arch, true),
         ];
         let mut compiled = Vec::with_capacity(sources.len());
         for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
@@ -118,6 +125,8 @@ impl MoeKernels {
             quantize: load(4)?,
             finalize_grouped: load(5)?,
             finalize_single: load(6)?,
+            order: load(7)?,
+            order_back: load(8)?,
             finalize_grouped_wave: finalize_ctas_per_sm(registers, gpu.sm_limits()?)
                 * gpu.info().sm_count,
         })
@@ -364,6 +373,43 @@ impl MoeLauncher<'_> {
         };
         // SAFETY: the finalize kernels take one MoeFinalizeParams; hidden % 8 == 0 (checked when
         // the layer was built), buffers per the contract above.
+        unsafe { self.gpu.launch_params_on_stream(kernel, dims, &p, stream) }?;
+        Ok(())
+    }
+
+    /// A layer's weight codes (`bytes` at `codes`) into the order this family's grouped kernels
+    /// read (`back` false) or back into the ModelOpt order (`back` true), in place on `stream`;
+    /// nothing to do for a family that reads the ModelOpt order.
+    ///
+    /// # Safety
+    /// `codes` must be `bytes` bytes of this device, alive and not read or written by other work
+    /// until the work on `stream` completes; `stream` 0 or a live stream of the device's primary
+    /// context.
+    pub unsafe fn order_weights(
+        &self,
+        codes: u64,
+        bytes: u64,
+        back: bool,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        if codes == 0 || codes % 16 != 0 || bytes == 0 || bytes % 16 != 0 {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "weight codes at {codes:#x}, {bytes} bytes: need a non-null 16-byte aligned \
+                 address and a positive multiple of 16 bytes"
+            )));
+        }
+        if WeightOrder::of(self.kernels.family) == WeightOrder::ModelOpt {
+            return Ok(());
+        }
+        let count = bytes / 4;
+        let ctas =
+            count.div_ceil(u64::from(ORDER_THREADS)).min(u64::from(self.gpu.info().sm_count) * 16);
+        let dims =
+            LaunchDims { grid: (ctas as u32, 1, 1), block: (ORDER_THREADS, 1, 1), smem_bytes: 0 };
+        let kernel = if back { &self.kernels.order_back } else { &self.kernels.order };
+        let p = MoeOrderParams { words: codes, count };
+        // SAFETY: the order kernels take one MoeOrderParams and touch words [0, count) of
+        // `codes`, `bytes` bytes per the contract above.
         unsafe { self.gpu.launch_params_on_stream(kernel, dims, &p, stream) }?;
         Ok(())
     }

@@ -109,6 +109,9 @@ pub fn nearest_bucket(buckets: impl Iterator<Item = u32>, tokens: u32) -> usize 
 pub struct MoeRuntime {
     kernels: MoeKernels,
     layers: Vec<MoeRoutes>,
+    /// Address ranges `[begin, end)` of the weight codes put into the grouped kernels' order
+    /// (`MoeOps::prepare_weights`); launches read only codes inside one of them.
+    prepared: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
 impl MoeRuntime {
@@ -160,7 +163,11 @@ impl MoeRuntime {
                 .collect();
             layers.push(MoeRoutes::load(gpu, compiler, shape, a_type, &choices)?);
         }
-        Ok(Some(MoeRuntime { kernels: MoeKernels::load(gpu, compiler)?, layers }))
+        Ok(Some(MoeRuntime {
+            kernels: MoeKernels::load(gpu, compiler)?,
+            layers,
+            prepared: std::sync::Mutex::new(Vec::new()),
+        }))
     }
 
     /// The layer shapes the table has grouped entries for (each once).
@@ -236,6 +243,97 @@ impl MoeOps<'_> {
         Ok((r.pick(MoeOp::GateUp, tokens).config, r.pick(MoeOp::Down, tokens).config))
     }
 
+    /// The prepared ranges (a poisoned lock still holds a consistent list: it is only pushed to
+    /// or removed from after the launch succeeded).
+    fn prepared(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u64)>> {
+        self.runtime.prepared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Put a layer's weight codes (`w13` or `w2` of every local expert, or any buffer holding
+    /// several: `bytes` at `codes`) into the order this device's grouped kernels read
+    /// (`moe::order`), in place on `stream`: once after loading, before the first launch that
+    /// reads them. Codes overlapping codes prepared before are refused (a second pass would
+    /// scramble them); grouped launches refuse weights outside the prepared ranges. After it the
+    /// codes serve the grouped layer only (`restore_weights` puts them back for `gemm`).
+    ///
+    /// # Safety
+    /// `codes` must be `bytes` bytes of this device, not read or written by other work until the
+    /// work on `stream` completes; `stream` 0 or a live stream of the device's primary context.
+    pub unsafe fn prepare_weights(
+        &self,
+        codes: u64,
+        bytes: u64,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let end = codes.checked_add(bytes).ok_or_else(|| {
+            RuntimeError::InvalidArgument(format!(
+                "weight codes at {codes:#x}: {bytes} bytes overflow"
+            ))
+        })?;
+        let mut prepared = self.prepared();
+        if let Some(&(b, e)) = prepared.iter().find(|&&(b, e)| codes < e && b < end) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "weight codes {codes:#x}..{end:#x} overlap codes prepared before ({b:#x}..{e:#x}): \
+                 a second pass would scramble them"
+            )));
+        }
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe { self.launcher().order_weights(codes, bytes, false, stream) }?;
+        prepared.push((codes, end));
+        Ok(())
+    }
+
+    /// Put codes prepared by `prepare_weights` (the same `codes` and `bytes`) back into the
+    /// ModelOpt order, in place on `stream`.
+    ///
+    /// # Safety
+    /// As `prepare_weights`; no grouped launch reading them may be pending.
+    pub unsafe fn restore_weights(
+        &self,
+        codes: u64,
+        bytes: u64,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let mut prepared = self.prepared();
+        let at = prepared
+            .iter()
+            .position(|&r| r == (codes, codes.wrapping_add(bytes)))
+            .ok_or_else(|| {
+                RuntimeError::InvalidArgument(format!(
+                    "weight codes at {codes:#x} ({bytes} bytes) were not prepared by this dispatcher \
+                     (restore takes exactly the address and size that were prepared)"
+                ))
+            })?;
+        // SAFETY: forwarded to the caller (see the function's contract).
+        unsafe { self.launcher().order_weights(codes, bytes, true, stream) }?;
+        prepared.remove(at);
+        Ok(())
+    }
+
+    /// `Ok` when op's weight codes of `args` lie inside one prepared range.
+    fn check_prepared(
+        &self,
+        op: MoeOp,
+        args: &MoeArgs,
+        shape: &MoeShape,
+    ) -> Result<(), RuntimeError> {
+        let (what, codes) = match op {
+            MoeOp::GateUp => ("w13", args.w13),
+            MoeOp::Down => ("w2", args.w2),
+        };
+        let (n, k) = shape.nk(op);
+        let bytes = u64::from(shape.experts) * u64::from(n) * u64::from(k) / 2;
+        let end = codes.saturating_add(bytes);
+        if self.prepared().iter().any(|&(b, e)| b <= codes && end <= e) {
+            return Ok(());
+        }
+        Err(RuntimeError::InvalidArgument(format!(
+            "{what} at {codes:#x} ({bytes} bytes of codes): not prepared for the grouped kernels; \
+             call moe_prepare_weights (C: fp4tune_moe_prepare_weights) on the layer's codes once \
+             after loading"
+        )))
+    }
+
     /// The whole layer on `stream`: align, (W4A4 with bf16 X) the quantization of X, gate_up
     /// (SiLU(gate) * up into the workspace), down, and the router-weighted sum into `args.y`.
     /// No allocation, no synchronization.
@@ -252,6 +350,8 @@ impl MoeOps<'_> {
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
         let r = self.runtime.routes(&ws.shape, args.a_type())?;
+        self.check_prepared(MoeOp::GateUp, args, &ws.shape)?;
+        self.check_prepared(MoeOp::Down, args, &ws.shape)?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe {
             self.launcher().layer(
@@ -298,6 +398,7 @@ impl MoeOps<'_> {
     ) -> Result<(), RuntimeError> {
         args.validate(ws)?;
         let r = self.runtime.routes(&ws.shape, args.a_type())?;
+        self.check_prepared(MoeOp::GateUp, args, &ws.shape)?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe {
             if args.quantizes_x() {
@@ -319,6 +420,7 @@ impl MoeOps<'_> {
     ) -> Result<(), RuntimeError> {
         args.validate(ws)?;
         let r = self.runtime.routes(&ws.shape, args.a_type())?;
+        self.check_prepared(MoeOp::Down, args, &ws.shape)?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe {
             self.launcher().grouped(r.pick(MoeOp::Down, args.tokens), args, ws, stream)?;
