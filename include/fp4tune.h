@@ -126,7 +126,8 @@ FP4TUNE_API void fp4tune_gemm_workspace_destroy(fp4tune_gemm_workspace* ws);
 FP4TUNE_API size_t fp4tune_gemm_workspace_bytes(const fp4tune_gemm_workspace* ws);
 
 /* fp4tune_gemm with `ws` (a workspace of `d`) as the scratch: no allocation, no synchronization,
- * no lock (capturable). A launch that needs more than ws holds (M above its max_m on a split-K or
+ * no exclusive lock (capturable; codes prepared for the grouped layer are refused). A launch that
+ * needs more than ws holds (M above its max_m on a split-K or
  * dequantize-then-cuBLAS route, or a shape outside the table whose fallback uses split-K), or a
  * workspace of another dispatcher, returns FP4TUNE_ERR_INVALID_ARGUMENT before anything is
  * enqueued. Same operands, alignment and sizes as fp4tune_gemm. */
@@ -200,15 +201,19 @@ typedef struct fp4tune_moe_args {
 } fp4tune_moe_args;
 
 /* Put a layer's weight codes (bytes at device address codes, 16-byte aligned, a multiple of 16:
- * w13 or w2 of all local experts, or one buffer holding several) into the order this device's
- * grouped kernels read, in place on stream, once after loading. Grouped launches return
- * FP4TUNE_ERR_INVALID_ARGUMENT for weight codes that were not prepared, and so does preparing
+ * w13 or w2 of all local experts, or one buffer holding several layers' codes, no scales) into
+ * the order this device's grouped kernels read, in place on stream, once after loading (not
+ * while the stream captures a graph). Grouped launches return FP4TUNE_ERR_INVALID_ARGUMENT for
+ * weight codes that were not prepared, fp4tune_gemm for codes that were, and so does preparing
  * codes that overlap prepared ones. Prepared codes serve the grouped layer only:
- * fp4tune_moe_restore_weights (same codes and bytes) puts them back for fp4tune_gemm. */
+ * fp4tune_moe_restore_weights (same codes and bytes) puts them back for fp4tune_gemm;
+ * fp4tune_moe_forget_weights (same codes and bytes) drops them from the dispatcher's list
+ * without touching them: call one of the two before the memory is freed or reused. */
 FP4TUNE_API int fp4tune_moe_prepare_weights(const fp4tune_dispatcher* d, uint64_t codes, size_t bytes,
                                             uint64_t stream);
 FP4TUNE_API int fp4tune_moe_restore_weights(const fp4tune_dispatcher* d, uint64_t codes, size_t bytes,
                                             uint64_t stream);
+FP4TUNE_API int fp4tune_moe_forget_weights(const fp4tune_dispatcher* d, uint64_t codes, size_t bytes);
 
 /* A workspace for up to max_tokens tokens of the layer; the table must have grouped entries for
  * it. On failure *out is NULL. */

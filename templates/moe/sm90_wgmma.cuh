@@ -117,10 +117,31 @@ struct GroupedWgmma {
     struct LanePick {
         uint32_t lo_rot, hi_mask, hi_mul;
 
+        static_assert(nvfp4::ORDER_ROTATION[1] == 0, "LanePick takes pair 1 on the raw positions (mask only)");
+
+        // lo: pair 0 (even t) or 2 (odd t), its element in the high half for t >= 2 (16 more).
+        // hi: pair 1 (even t, on the raw positions) or pair 3's bits (odd t), the low half's element
+        // for t < 2 (moved up 16 more by the multiplier), the high half's for t >= 2.
+        __host__ __device__ static constexpr uint32_t lo_rot_of(int t) {
+            return ((t & 1 ? nvfp4::ORDER_ROTATION[2] : nvfp4::ORDER_ROTATION[0]) + (t >> 1) * 16) % 32;
+        }
+        __host__ __device__ static constexpr uint32_t hi_mask_of(int t) {
+            return (t & 1 ? nvfp4::ORDER_PAIR3_MASK : nvfp4::RAW_BF16X2) & (t < 2 ? 0x0000FFFFu : 0xFFFF0000u);
+        }
+        __host__ __device__ static constexpr uint32_t hi_mul_of(int t) {
+            return (t & 1 ? nvfp4::ORDER_PAIR3_MUL : 1u) << (t < 2 ? 16 : 0);
+        }
+
+        // the lanes' constants, evaluated at compile time
+        static constexpr uint32_t ROT0 = lo_rot_of(0), ROT1 = lo_rot_of(1), ROT2 = lo_rot_of(2), ROT3 = lo_rot_of(3);
+        static constexpr uint32_t MASK0 = hi_mask_of(0), MASK1 = hi_mask_of(1), MASK2 = hi_mask_of(2),
+                                  MASK3 = hi_mask_of(3);
+        static constexpr uint32_t MUL0 = hi_mul_of(0), MUL1 = hi_mul_of(1), MUL2 = hi_mul_of(2), MUL3 = hi_mul_of(3);
+
         __device__ __forceinline__ explicit LanePick(int t)
-            : lo_rot(t == 0 ? 22u : t == 1 ? 3u : t == 2 ? 6u : 19u),
-              hi_mask(t == 0 ? 0x000081C0u : t == 1 ? 0x0000001Bu : t == 2 ? 0x81C00000u : 0x001B0000u),
-              hi_mul(t == 0 ? 0x00010000u : t == 1 ? 0x41080000u : t == 2 ? 1u : nvfp4::ORDER_PAIR3_MUL) {}
+            : lo_rot(t == 0 ? ROT0 : t == 1 ? ROT1 : t == 2 ? ROT2 : ROT3),
+              hi_mask(t == 0 ? MASK0 : t == 1 ? MASK1 : t == 2 ? MASK2 : MASK3),
+              hi_mul(t == 0 ? MUL0 : t == 1 ? MUL1 : t == 2 ? MUL2 : MUL3) {}
 
         __device__ __forceinline__ uint32_t raw(uint32_t w) const {
             constexpr uint32_t LO = nvfp4::RAW_BF16X2 & 0xFFFFu;

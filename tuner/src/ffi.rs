@@ -77,6 +77,7 @@ pub const EXPORTS: &[(&str, usize)] = &[
     ("fp4tune_moe_route", 8),
     ("fp4tune_moe_prepare_weights", 4),
     ("fp4tune_moe_restore_weights", 4),
+    ("fp4tune_moe_forget_weights", 3),
 ];
 
 /// The opaque handle (`fp4tune_dispatcher` in C).

@@ -215,9 +215,10 @@ unsafe fn weights_call(
 }
 
 /// Put a layer's weight codes (`bytes` at device address `codes`: w13 or w2 of all local experts,
-/// or a buffer holding several) into the order the grouped kernels read, in place on `stream`,
-/// once after loading. Grouped launches refuse codes that were not prepared; overlapping a
-/// prepared range is refused.
+/// or a buffer holding several layers' codes, no scales) into the order the grouped kernels read,
+/// in place on `stream`, once after loading. Grouped launches refuse codes that were not
+/// prepared, GEMM launches codes that were; overlapping a prepared range and a capturing stream
+/// are refused.
 ///
 /// # Safety
 /// `d` live; `codes` device memory of `bytes` bytes not used by other work until the work
@@ -247,6 +248,25 @@ pub unsafe extern "C" fn fp4tune_moe_restore_weights(
 ) -> c_int {
     // SAFETY: forwarded contract.
     unsafe { weights_call(d, codes, bytes, stream, true) }
+}
+
+/// Forget codes prepared by `fp4tune_moe_prepare_weights` (same address and size) without
+/// touching them: before their memory is freed or overwritten with other data.
+///
+/// # Safety
+/// `d` live.
+#[no_mangle]
+pub unsafe extern "C" fn fp4tune_moe_forget_weights(
+    d: *const Fp4tuneDispatcher,
+    codes: u64,
+    bytes: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: live handle per the contract.
+        let d = unsafe { handle(d)? };
+        let m = d.moe().map_err(|e| fail(e, false))?;
+        m.forget_weights(codes, bytes as u64).map_err(|e| fail(e, true))
+    })
 }
 
 /// Write the grouped kernels the layer launches for `tokens`, per activation type the table has
@@ -328,6 +348,16 @@ mod tests {
         // SAFETY: NULL handles are refused before anything is dereferenced.
         let s = unsafe { fp4tune_moe_layer(std::ptr::null(), std::ptr::null_mut(), &args, 0) };
         assert_eq!(s, Status::InvalidArgument as c_int);
+        // SAFETY: as above.
+        unsafe {
+            for s in [
+                fp4tune_moe_prepare_weights(std::ptr::null(), 256, 4096, 0),
+                fp4tune_moe_restore_weights(std::ptr::null(), 256, 4096, 0),
+                fp4tune_moe_forget_weights(std::ptr::null(), 256, 4096),
+            ] {
+                assert_eq!(s, Status::InvalidArgument as c_int);
+            }
+        }
         let mut ws: *mut Fp4tuneMoeWorkspace = std::ptr::null_mut();
         // SAFETY: as above; `ws` is a valid out pointer.
         let s = unsafe {

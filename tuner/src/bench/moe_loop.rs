@@ -226,9 +226,10 @@ fn run_op(
         MoeOp::Down => d.copies2,
     };
     // Per weight copy: the launches of every active expert.
-    // the per-expert GEMMs read the codes in the ModelOpt order
-    let per_copy: Vec<Vec<GemmArgs>> = (0..copies)
-        .map(|c| -> Result<Vec<GemmArgs>, GpuError> {
+    // the per-expert GEMMs read the codes in the ModelOpt order (a copy of them that does not
+    // fit on the device fails this peer, not the run)
+    let per_copy: Result<Vec<Vec<GemmArgs>>, GpuError> = (0..copies)
+        .map(|c| {
             let a = d.args(c, c);
             let codes = d.weights.modelopt_codes_at(gpu, op, c)?;
             Ok(match op {
@@ -236,7 +237,11 @@ fn run_op(
                 MoeOp::Down => o.args(d, codes, a.w2_sf),
             })
         })
-        .collect::<Result<_, _>>()?;
+        .collect();
+    let per_copy = match per_copy {
+        Ok(p) => p,
+        Err(e) => return Ok(Err(format!("the ModelOpt-order copy of the weights: {e}"))),
+    };
     let max_rows = expert_slices(&d.schedule).iter().map(|s| s.2).max().unwrap_or(1);
     let ws = dispatcher.gemm_workspace(max_rows as u32)?;
     let routes: Vec<Route> = match per_copy[0]

@@ -250,7 +250,7 @@ pub fn phase_a_type(
 
 /// The grouped phase of `fp4tune tune`: tune the layer, then write its entries into `table` (the
 /// GEMM campaign's), else into the table already at the output path, else into a new table; the
-/// screened candidates (failures included) go to `<sku>-moe.jsonl`.
+/// screened candidates (failures included) are appended to `<sku>-moe.jsonl`.
 pub fn tune_phase(
     (shape, origin): (MoeShape, &str),
     experts_total: u32,
@@ -332,17 +332,18 @@ pub fn tune_phase(
     // the table records one grouped template hash: entries kept from a tune with other
     // templates take this build's hash, so say which ones they are
     let now = fp4tune::moe::templates::template_hash();
-    let stale_kept = (!table.moe.is_empty()
-        && table.moe_template_hash.as_deref() != Some(now.as_str()))
-    .then(|| {
-        format!(
+    let stale_kept =
+        (!table.moe.is_empty() && table.moe_template_hash.as_deref() != Some(now.as_str())).then(
+            || {
+                format!(
             "{}: {} grouped entries kept from a tune with other grouped templates ({}) now carry \
              this build's hash; re-tune them too if those templates' kernels differ",
             path.display(),
             table.moe.len(),
-            table.moe_template_hash.as_deref().map_or("none recorded", |h| &h[..h.len().min(16)])
+            table.moe_template_hash.as_deref().map_or("none recorded", |h| h.get(..16).unwrap_or(h))
         )
-    });
+            },
+        );
     table.moe.extend(entries);
     table.moe_template_hash = Some(now);
     table.save(&path)?;

@@ -137,9 +137,12 @@ mod tests {
 
     /// moe/sm90_wgmma.cuh `LanePick::raw` for lane t.
     fn lane_pick(p: u32, t: usize) -> u32 {
-        let lo_rot = [22, 3, 6, 19][t];
-        let hi_mask = [0x0000_81C0u32, 0x0000_001B, 0x81C0_0000, 0x001B_0000][t];
-        let hi_mul = [0x0001_0000u32, 0x4108_0000, 1, 0x4108][t];
+        let odd = t & 1 == 1;
+        let lo_rot = (ORDER_ROTATION[if odd { 2 } else { 0 }] + 16 * (t as u32 >> 1)) % 32;
+        let half = if t < 2 { 0x0000_FFFF } else { 0xFFFF_0000 };
+        let hi_mask = if odd { ORDER_PAIR3_MASK } else { 0x81C0_81C0 } & half;
+        let hi_mul = (if odd { ORDER_PAIR3_MUL } else { 1 }) << if t < 2 { 16 } else { 0 };
+        assert_eq!(ORDER_ROTATION[1], 0, "pair 1 on the raw positions");
         let hi = (p & hi_mask).wrapping_mul(hi_mul) & 0x81C0_0000;
         (p.rotate_right(lo_rot) & 0x81C0) | hi
     }

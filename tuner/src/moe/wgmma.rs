@@ -4,7 +4,8 @@
 //! the cp.async stages in the 128-byte swizzle), 64 weight rows per warpgroup are its A operand,
 //! decoded from NVFP4 straight into registers. The tests check the layouts against what the
 //! hardware reads (the swizzle and descriptor steps), that the weight fragment loads are free of
-//! bank conflicts, and that every output element of a grid is written once from its weight rows.
+//! bank conflicts, and that every output element of a grid is written once from its weight rows
+//! (the lanes' decode of the weight codes is mirrored in `order`).
 
 use super::config::{GroupedConfig, IllegalConfig, UnitParts};
 use super::{MoeOp, MoeShape};
@@ -233,47 +234,6 @@ mod tests {
                         }
                     }
                 }
-            }
-        }
-    }
-
-    /// PTX `prmt.b32` in its default mode: output byte i is byte `sel` nibble i & 7 of the 8
-    /// bytes (a: 0..3, b: 4..7); bit 3 of the nibble replicates that byte's sign bit instead.
-    fn prmt(a: u32, b: u32, sel: u32) -> u32 {
-        let bytes = (u64::from(b) << 32) | u64::from(a);
-        (0..4).fold(0, |out, i| {
-            let n = (sel >> (4 * i)) & 15;
-            let byte = ((bytes >> (8 * (n & 7))) & 0xFF) as u32;
-            let byte = if n & 8 == 0 {
-                byte
-            } else if byte & 0x80 != 0 {
-                0xFF
-            } else {
-                0
-            };
-            out | (byte << (8 * i))
-        })
-    }
-
-    /// The decode of one A fragment register (templates/moe/sm90_wgmma.cuh `fragment`): lane t
-    /// takes byte t of a code word, codes 2t and 2t + 1 (k 2t and 2t + 1 of the word's 8), with
-    /// `sel = t | (t + 4) << 8` and `e2m1_pair_raw<0>` (mask, multiply, mask); each half must hold
-    /// its code with the sign on bit 15 and (e1 e0 m) on bits 8..6, the bf16 that nvfp4.cuh
-    /// scales. Every byte value at every position of random words.
-    #[test]
-    fn fragment_registers_hold_the_lanes_two_codes_in_k_order() {
-        let place = |code: u32| ((code & 8) << 12) | ((code & 7) << 6);
-        let mut x = 0x2545_F491u32;
-        for byte in 0..256u32 {
-            for t in 0..4u32 {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                let w = (x & !(0xFF << (8 * t))) | (byte << (8 * t));
-                let sel = t | ((t + 4) << 8);
-                let raw = (prmt(w, w >> 4, sel) & 0x000F_000F).wrapping_mul(0x1040) & 0x81C0_81C0;
-                let (lo, hi) = ((w >> (8 * t)) & 15, (w >> (8 * t + 4)) & 15);
-                assert_eq!(raw, place(lo) | (place(hi) << 16), "word {w:#010x} lane t {t}");
             }
         }
     }

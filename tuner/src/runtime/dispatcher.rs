@@ -425,6 +425,7 @@ impl Dispatcher {
     /// stream, or the caller orders them.
     pub unsafe fn gemm(&self, args: &GemmArgs, stream: RawStream) -> Result<Route, RuntimeError> {
         validate(args)?;
+        self.refuse_prepared_codes(args)?;
         let p = GemmProblem::new(args.m, args.n, args.k, args.a_type);
         let (idx, kind, method) = self.route_index(&p)?;
         let need = ScratchSizes::of_launch(&self.kernels[idx].config, &p, method);
@@ -442,9 +443,26 @@ impl Dispatcher {
         unsafe { self.launch(idx, kind, method, args, &p, Some(&ws), stream) }
     }
 
+    /// Refuse W codes that lie in weights prepared for the grouped kernels (another order than
+    /// the ModelOpt one the GEMM kernels read).
+    fn refuse_prepared_codes(&self, args: &GemmArgs) -> Result<(), RuntimeError> {
+        let Some(moe) = &self.moe else { return Ok(()) };
+        let bytes = u64::from(args.n) * u64::from(args.k) / 2;
+        match moe.prepared_overlap(args.w, bytes) {
+            None => Ok(()),
+            Some((b, e)) => Err(RuntimeError::InvalidArgument(format!(
+                "w at {:#x}: the codes lie in {b:#x}..{e:#x}, prepared for the grouped MoE kernels \
+                 (not the ModelOpt order GEMM kernels read); restore them first \
+                 (MoeOps::restore_weights, fp4tune_moe_restore_weights)",
+                args.w
+            ))),
+        }
+    }
+
     /// [`Dispatcher::gemm`] with `ws` as the scratch memory: launches on different streams, each
     /// with its own workspace, never share scratch and may run at the same time. No allocation,
-    /// no synchronization, no lock: capturable into a CUDA graph. A launch that needs more than
+    /// no synchronization, no lock but a read of the prepared grouped weights' list: capturable
+    /// into a CUDA graph. A launch that needs more than
     /// `ws` holds (M above its `max_m` on a split-K or dequantize-then-cuBLAS route, or a shape
     /// outside the table whose fallback uses split-K) is refused before anything is enqueued
     /// ([`RuntimeError::WorkspaceTooSmall`]), as is a workspace of another dispatcher.
@@ -459,6 +477,7 @@ impl Dispatcher {
         stream: RawStream,
     ) -> Result<Route, RuntimeError> {
         validate(args)?;
+        self.refuse_prepared_codes(args)?;
         if ws.owner != self.id {
             return Err(RuntimeError::ForeignWorkspace);
         }

@@ -558,9 +558,33 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     // SAFETY: refused before any launch.
     let e = unsafe { ops.down(&args, &ws, stream) }.unwrap_err();
     assert!(e.to_string().contains("not prepared"), "{e}");
+    // a GEMM on prepared codes is refused (they are not in the ModelOpt order)
+    let gemm = GemmArgs {
+        a: 256,
+        a_sf: 0,
+        w: codes.ptr() + 1024,
+        w_sf: 256,
+        y: 256,
+        m: 1,
+        n: 64,
+        k: 256,
+        a_type: AType::Bf16,
+        alpha: 1.0,
+    };
+    // SAFETY: refused before any launch.
+    let e = unsafe { disp.gemm(&gemm, stream) }.unwrap_err();
+    assert!(e.to_string().contains("prepared for the grouped MoE kernels"), "{e}");
     // SAFETY: the prepared range, as above.
     unsafe { ops.restore_weights(codes.ptr(), 1 << 19, stream) }.unwrap();
     assert!(gpu.download(&codes).unwrap().iter().all(|&b| b == 0x5A), "restored bytes");
+    // forgetting drops a range without touching the codes; only exact ranges are known
+    // SAFETY: `codes` as above.
+    unsafe { ops.prepare_weights(codes.ptr(), 1 << 20, stream) }.unwrap();
+    assert!(ops.forget_weights(codes.ptr(), 1 << 19).is_err());
+    ops.forget_weights(codes.ptr(), 1 << 20).unwrap();
+    assert!(gpu.download(&codes).unwrap().iter().any(|&b| b != 0x5A), "forget leaves the order");
+    // SAFETY: `codes` as above (forgotten, so preparing again is allowed).
+    unsafe { ops.prepare_weights(codes.ptr(), 1 << 20, stream) }.unwrap();
     // Without grouped entries: no route, and the reason.
     let (gemm_only, _, _) = table_for(&gpu);
     let disp = Dispatcher::open_with(Some((&gemm_only, Path::new("t.ron"))), &options).unwrap();

@@ -133,6 +133,23 @@ impl MoeKernels {
     }
 }
 
+/// `Ok` for weight codes the order kernels take: a non-null 16-byte aligned address and a
+/// positive multiple of 16 bytes that does not wrap the address space.
+pub fn check_codes_range(codes: u64, bytes: u64) -> Result<(), RuntimeError> {
+    if codes == 0
+        || codes % 16 != 0
+        || bytes == 0
+        || bytes % 16 != 0
+        || codes.checked_add(bytes).is_none()
+    {
+        return Err(RuntimeError::InvalidArgument(format!(
+            "weight codes at {codes:#x}, {bytes} bytes: need a non-null 16-byte aligned address \
+             and a positive multiple of 16 bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// CTAs of a finalize kernel (FINALIZE_THREADS threads, `registers` per thread, no shared
 /// memory) that one SM holds, given the SM's (threads, registers); registers are allocated per
 /// thread in multiples of 8.
@@ -392,12 +409,7 @@ impl MoeLauncher<'_> {
         back: bool,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        if codes == 0 || codes % 16 != 0 || bytes == 0 || bytes % 16 != 0 {
-            return Err(RuntimeError::InvalidArgument(format!(
-                "weight codes at {codes:#x}, {bytes} bytes: need a non-null 16-byte aligned \
-                 address and a positive multiple of 16 bytes"
-            )));
-        }
+        check_codes_range(codes, bytes)?;
         if WeightOrder::of(self.kernels.family) == WeightOrder::ModelOpt {
             return Ok(());
         }

@@ -110,8 +110,9 @@ pub struct MoeRuntime {
     kernels: MoeKernels,
     layers: Vec<MoeRoutes>,
     /// Address ranges `[begin, end)` of the weight codes put into the grouped kernels' order
-    /// (`MoeOps::prepare_weights`); launches read only codes inside one of them.
-    prepared: std::sync::Mutex<Vec<(u64, u64)>>,
+    /// (`MoeOps::prepare_weights`); grouped launches read only codes inside one of them, GEMM
+    /// launches none (`Dispatcher::gemm` asks `prepared_overlap`).
+    prepared: std::sync::RwLock<Vec<(u64, u64)>>,
 }
 
 impl MoeRuntime {
@@ -166,7 +167,7 @@ impl MoeRuntime {
         Ok(Some(MoeRuntime {
             kernels: MoeKernels::load(gpu, compiler)?,
             layers,
-            prepared: std::sync::Mutex::new(Vec::new()),
+            prepared: std::sync::RwLock::new(Vec::new()),
         }))
     }
 
@@ -179,6 +180,15 @@ impl MoeRuntime {
             }
         }
         out
+    }
+
+    /// The prepared range that `bytes` of codes at `codes` overlap, if any. (A poisoned lock
+    /// still holds a consistent list: it changes only after the launch that goes with it
+    /// succeeded.)
+    pub fn prepared_overlap(&self, codes: u64, bytes: u64) -> Option<(u64, u64)> {
+        let end = codes.saturating_add(bytes);
+        let prepared = self.prepared.read().unwrap_or_else(|e| e.into_inner());
+        prepared.iter().copied().find(|&(b, e)| codes < e && b < end)
     }
 
     fn routes(&self, shape: &MoeShape, a_type: AType) -> Result<&MoeRoutes, RuntimeError> {
@@ -243,18 +253,30 @@ impl MoeOps<'_> {
         Ok((r.pick(MoeOp::GateUp, tokens).config, r.pick(MoeOp::Down, tokens).config))
     }
 
-    /// The prepared ranges (a poisoned lock still holds a consistent list: it is only pushed to
-    /// or removed from after the launch succeeded).
-    fn prepared(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u64)>> {
-        self.runtime.prepared.lock().unwrap_or_else(|e| e.into_inner())
+    /// The prepared ranges, for a change (see `MoeRuntime::prepared_overlap` on poisoning).
+    fn prepared_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<(u64, u64)>> {
+        self.runtime.prepared.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Put a layer's weight codes (`w13` or `w2` of every local expert, or any buffer holding
-    /// several: `bytes` at `codes`) into the order this device's grouped kernels read
-    /// (`moe::order`), in place on `stream`: once after loading, before the first launch that
-    /// reads them. Codes overlapping codes prepared before are refused (a second pass would
-    /// scramble them); grouped launches refuse weights outside the prepared ranges. After it the
-    /// codes serve the grouped layer only (`restore_weights` puts them back for `gemm`).
+    /// Refuse a permutation enqueued into a graph capture: it would run at every replay.
+    fn refuse_capture(&self, what: &str, stream: RawStream) -> Result<(), RuntimeError> {
+        if self.gpu.is_capturing(stream)? {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "{what}: the stream is capturing a CUDA graph (the permutation would run at every \
+                 replay); prepare or restore weights outside capture"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Put a layer's weight codes (`w13` or `w2` of every local expert, or a buffer holding
+    /// several layers' codes, no scales: `bytes` at `codes`) into the order this device's grouped
+    /// kernels read (`moe::order`), in place on `stream`: once after loading, before the first
+    /// launch that reads them. Codes overlapping codes prepared before are refused (a second pass
+    /// would scramble them), and so is a stream that is capturing a graph; grouped launches
+    /// refuse weights outside the prepared ranges, GEMM launches weights inside them. Before the
+    /// memory is freed or overwritten: `restore_weights` (the ModelOpt bytes back) or
+    /// `forget_weights`.
     ///
     /// # Safety
     /// `codes` must be `bytes` bytes of this device, not read or written by other work until the
@@ -265,26 +287,38 @@ impl MoeOps<'_> {
         bytes: u64,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        let end = codes.checked_add(bytes).ok_or_else(|| {
-            RuntimeError::InvalidArgument(format!(
-                "weight codes at {codes:#x}: {bytes} bytes overflow"
-            ))
-        })?;
-        let mut prepared = self.prepared();
+        check_codes_range(codes, bytes)?;
+        let end = codes + bytes;
+        let mut prepared = self.prepared_mut();
         if let Some(&(b, e)) = prepared.iter().find(|&&(b, e)| codes < e && b < end) {
             return Err(RuntimeError::InvalidArgument(format!(
                 "weight codes {codes:#x}..{end:#x} overlap codes prepared before ({b:#x}..{e:#x}): \
                  a second pass would scramble them"
             )));
         }
+        self.refuse_capture("preparing weight codes", stream)?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe { self.launcher().order_weights(codes, bytes, false, stream) }?;
         prepared.push((codes, end));
         Ok(())
     }
 
+    /// The index of the prepared range `[codes, codes + bytes)` exactly.
+    fn take_prepared(
+        prepared: &[(u64, u64)],
+        codes: u64,
+        bytes: u64,
+    ) -> Result<usize, RuntimeError> {
+        prepared.iter().position(|&r| r == (codes, codes.wrapping_add(bytes))).ok_or_else(|| {
+            RuntimeError::InvalidArgument(format!(
+                "weight codes at {codes:#x} ({bytes} bytes) were not prepared by this dispatcher \
+                 (restore and forget take exactly the address and size that were prepared)"
+            ))
+        })
+    }
+
     /// Put codes prepared by `prepare_weights` (the same `codes` and `bytes`) back into the
-    /// ModelOpt order, in place on `stream`.
+    /// ModelOpt order, in place on `stream`, and forget them.
     ///
     /// # Safety
     /// As `prepare_weights`; no grouped launch reading them may be pending.
@@ -294,18 +328,21 @@ impl MoeOps<'_> {
         bytes: u64,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        let mut prepared = self.prepared();
-        let at = prepared
-            .iter()
-            .position(|&r| r == (codes, codes.wrapping_add(bytes)))
-            .ok_or_else(|| {
-                RuntimeError::InvalidArgument(format!(
-                    "weight codes at {codes:#x} ({bytes} bytes) were not prepared by this dispatcher \
-                     (restore takes exactly the address and size that were prepared)"
-                ))
-            })?;
+        let mut prepared = self.prepared_mut();
+        let at = Self::take_prepared(&prepared, codes, bytes)?;
+        self.refuse_capture("restoring weight codes", stream)?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe { self.launcher().order_weights(codes, bytes, true, stream) }?;
+        prepared.remove(at);
+        Ok(())
+    }
+
+    /// Forget codes prepared by `prepare_weights` (the same `codes` and `bytes`) without touching
+    /// them: before their memory is freed or overwritten by other data (a later allocation at
+    /// the same address is not prepared).
+    pub fn forget_weights(&self, codes: u64, bytes: u64) -> Result<(), RuntimeError> {
+        let mut prepared = self.prepared_mut();
+        let at = Self::take_prepared(&prepared, codes, bytes)?;
         prepared.remove(at);
         Ok(())
     }
@@ -324,13 +361,14 @@ impl MoeOps<'_> {
         let (n, k) = shape.nk(op);
         let bytes = u64::from(shape.experts) * u64::from(n) * u64::from(k) / 2;
         let end = codes.saturating_add(bytes);
-        if self.prepared().iter().any(|&(b, e)| b <= codes && end <= e) {
+        let prepared = self.runtime.prepared.read().unwrap_or_else(|e| e.into_inner());
+        if prepared.iter().any(|&(b, e)| b <= codes && end <= e) {
             return Ok(());
         }
         Err(RuntimeError::InvalidArgument(format!(
             "{what} at {codes:#x} ({bytes} bytes of codes): not prepared for the grouped kernels; \
-             call moe_prepare_weights (C: fp4tune_moe_prepare_weights) on the layer's codes once \
-             after loading"
+             call MoeOps::prepare_weights (C: fp4tune_moe_prepare_weights) on the layer's codes \
+             once after loading"
         )))
     }
 
