@@ -1,7 +1,8 @@
 //! The grouped MoE layer: all routed experts of one step in one launch per projection.
 //!
 //! An engine hands over the router's `topk_ids [B, top_k]` and `topk_weights [B, top_k]`, the
-//! activations `X [B, hidden]` and the stacked NVFP4 expert weights (ModelOpt layout per expert).
+//! activations `X [B, hidden]` and the stacked NVFP4 expert weights (ModelOpt layout per expert,
+//! their codes put once at load into the order the family's grouped kernels read: `order`).
 //! Four kernels (`templates/moe/`) run on one stream without a host round trip:
 //!
 //! 1. `moe_align` (`schedule`): the stable expert-sorted routed rows, their inverse, and one tile

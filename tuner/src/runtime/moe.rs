@@ -2,7 +2,8 @@
 //! per token count, and `moe_finalize`, launched on the caller's stream with no allocation and no
 //! synchronization. W4A16 reads bf16 X; W4A4 (`MoeArgs::w4a4`) reads X as NVFP4 (the caller's, or
 //! quantized into the workspace by the activation quantizer first), and its gate_up writes H as
-//! NVFP4 too, which down reads.
+//! NVFP4 too, which down reads. A layer's weight codes are put once at load into the order the
+//! family's grouped kernels read (`order_weights`, `MoeOps::prepare_weights`: `moe::order`).
 //!
 //! Scratch memory (the routed-row schedule, `H` in bf16 and NVFP4, the quantized X, the per-row
 //! outputs) lives in a [`MoeWorkspace`] the caller creates once per stream, sized at creation for a
