@@ -186,8 +186,16 @@ pub unsafe extern "C" fn fp4tune_moe_down(
     unsafe { moe_call(d, ws, args, stream, MoeCall::Down) }
 }
 
-/// Put a layer's weight codes into the order this device's grouped kernels read
-/// (`MoeOps::prepare_weights`), or (`back`) restore the ModelOpt order.
+/// Which call on a layer's prepared weight codes `weights_call` makes.
+#[derive(Clone, Copy)]
+enum WeightsCall {
+    Prepare,
+    Restore,
+    Forget,
+}
+
+/// Prepare, restore or forget a layer's weight codes (`MoeOps::prepare_weights`,
+/// `restore_weights`, `forget_weights`; forget enqueues nothing on `stream`).
 ///
 /// # Safety
 /// As the exported functions that call it.
@@ -196,18 +204,19 @@ unsafe fn weights_call(
     codes: u64,
     bytes: usize,
     stream: u64,
-    back: bool,
+    call: WeightsCall,
 ) -> c_int {
     guard(|| {
         // SAFETY: live handle per the contract.
         let d = unsafe { handle(d)? };
         let m = d.moe().map_err(|e| fail(e, false))?;
+        let bytes = bytes as u64;
         // SAFETY: buffer and stream contract forwarded from the caller.
         unsafe {
-            if back {
-                m.restore_weights(codes, bytes as u64, stream)
-            } else {
-                m.prepare_weights(codes, bytes as u64, stream)
+            match call {
+                WeightsCall::Prepare => m.prepare_weights(codes, bytes, stream),
+                WeightsCall::Restore => m.restore_weights(codes, bytes, stream),
+                WeightsCall::Forget => m.forget_weights(codes, bytes),
             }
         }
         .map_err(|e| fail(e, true))
@@ -231,7 +240,7 @@ pub unsafe extern "C" fn fp4tune_moe_prepare_weights(
     stream: u64,
 ) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { weights_call(d, codes, bytes, stream, false) }
+    unsafe { weights_call(d, codes, bytes, stream, WeightsCall::Prepare) }
 }
 
 /// Put codes prepared by `fp4tune_moe_prepare_weights` (same address and size) back into the
@@ -247,7 +256,7 @@ pub unsafe extern "C" fn fp4tune_moe_restore_weights(
     stream: u64,
 ) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { weights_call(d, codes, bytes, stream, true) }
+    unsafe { weights_call(d, codes, bytes, stream, WeightsCall::Restore) }
 }
 
 /// Forget codes prepared by `fp4tune_moe_prepare_weights` (same address and size) without
@@ -261,12 +270,8 @@ pub unsafe extern "C" fn fp4tune_moe_forget_weights(
     codes: u64,
     bytes: usize,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: live handle per the contract.
-        let d = unsafe { handle(d)? };
-        let m = d.moe().map_err(|e| fail(e, false))?;
-        m.forget_weights(codes, bytes as u64).map_err(|e| fail(e, true))
-    })
+    // SAFETY: forwarded contract (no stream is touched).
+    unsafe { weights_call(d, codes, bytes, 0, WeightsCall::Forget) }
 }
 
 /// Write the grouped kernels the layer launches for `tokens`, per activation type the table has

@@ -10,7 +10,6 @@ use crate::moe::order::{self, WeightOrder};
 use crate::moe::reference::ExpertWeights;
 use crate::moe::schedule::RouteSchedule;
 use crate::moe::{MoeOp, MoeShape};
-use crate::template::{Arch, Family};
 use std::sync::OnceLock;
 
 /// The seed every layer's random weights are drawn from (gate_up and down derive theirs).
@@ -69,9 +68,8 @@ impl LayerWeights {
         let w2 = ExpertWeights::random(n2 as usize, k2 as usize, e, WEIGHT_SEED ^ 0x2);
         let copies = (copies.0.clamp(1, MAX_COPIES), copies.1.clamp(1, MAX_COPIES));
         // a device of no known family runs no grouped kernel: its order is moot
-        let (major, minor) = gpu.info().compute_capability;
-        let order = Arch::for_compute_capability(major, minor)
-            .map_or(WeightOrder::ModelOpt, |a| WeightOrder::of(Family::for_arch(a)));
+        let order =
+            crate::runtime::family_for(gpu.info()).map_or(WeightOrder::ModelOpt, WeightOrder::of);
         Ok(LayerWeights {
             w13_codes: gpu.upload_repeated(&order::apply(order, &w13.codes), copies.0)?,
             w13_sf: gpu.upload_repeated(&w13.scales, copies.0)?,

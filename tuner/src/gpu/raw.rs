@@ -68,19 +68,6 @@ impl Gpu {
         .map_err(drv("cuLaunchKernel"))
     }
 
-    /// Whether `stream` is capturing a CUDA graph (work enqueued on it now runs at every replay,
-    /// not now).
-    pub fn is_capturing(&self, stream: RawStream) -> Result<bool, GpuError> {
-        self.bind_to_thread()?;
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `status` outlives the call; a stream handle that is not live is reported by the
-        // driver as an error.
-        unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) }
-            .result()
-            .map_err(drv("cuStreamIsCapturing"))?;
-        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-    }
-
     /// The raw handle of this `Gpu`'s own stream (the one `launch`, `capture` and the benchmark use).
     pub fn own_stream(&self) -> RawStream {
         self.stream().cu_stream() as RawStream

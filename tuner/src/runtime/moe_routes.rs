@@ -259,8 +259,12 @@ impl MoeOps<'_> {
     }
 
     /// Refuse a permutation enqueued into a graph capture: it would run at every replay.
-    fn refuse_capture(&self, what: &str, stream: RawStream) -> Result<(), RuntimeError> {
-        if self.gpu.is_capturing(stream)? {
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of the device's primary context.
+    unsafe fn refuse_capture(&self, what: &str, stream: RawStream) -> Result<(), RuntimeError> {
+        // SAFETY: the stream per this function's contract.
+        if unsafe { self.gpu.stream_is_capturing(stream)? } {
             return Err(RuntimeError::InvalidArgument(format!(
                 "{what}: the stream is capturing a CUDA graph (the permutation would run at every \
                  replay); prepare or restore weights outside capture"
@@ -296,7 +300,8 @@ impl MoeOps<'_> {
                  a second pass would scramble them"
             )));
         }
-        self.refuse_capture("preparing weight codes", stream)?;
+        // SAFETY: the stream per this function's contract.
+        unsafe { self.refuse_capture("preparing weight codes", stream) }?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe { self.launcher().order_weights(codes, bytes, false, stream) }?;
         prepared.push((codes, end));
@@ -330,7 +335,8 @@ impl MoeOps<'_> {
     ) -> Result<(), RuntimeError> {
         let mut prepared = self.prepared_mut();
         let at = Self::take_prepared(&prepared, codes, bytes)?;
-        self.refuse_capture("restoring weight codes", stream)?;
+        // SAFETY: the stream per this function's contract.
+        unsafe { self.refuse_capture("restoring weight codes", stream) }?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe { self.launcher().order_weights(codes, bytes, true, stream) }?;
         prepared.remove(at);
