@@ -358,14 +358,10 @@ pub fn tune_phase(
     if !jsonl.is_empty() && !jsonl.ends_with('\n') {
         jsonl.push('\n');
     }
-    for (key, measured) in &logs {
-        for m in measured {
-            jsonl.push_str(&serde_json::to_string(
-                &serde_json::json!({"key": key, "candidate": m}),
-            )?);
-            jsonl.push('\n');
-        }
-    }
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    jsonl.push_str(&fp4tune::tune::moe::log_lines(&logs, &info.name, info.compute_capability, at)?);
     fp4tune::compile::cache::write_atomic(&log_path, jsonl.as_bytes())
         .with_context(|| format!("writing {}", log_path.display()))?;
     if let Some(w) = stale_kept {

@@ -65,6 +65,53 @@ fn timed(m: &Measured) -> Option<crate::bench::Summary> {
 /// Every candidate screened for one key (failures included).
 pub type KeyLog = (MoeKey, Vec<Measured>);
 
+/// Schema of the lines of a grouped tune's log (`<sku>-moe.jsonl`). Version 2 adds the version,
+/// the device, the grouped template hash and the time to the key and candidate that the lines
+/// without a `schema_version` (version 1) hold.
+pub const MOE_LOG_SCHEMA_VERSION: u32 = 2;
+
+/// One line of a grouped tune's log: a screened candidate of one key (its configuration and its
+/// time or failure), with the device and the templates (`moe::templates::family_template_hash` of
+/// the key's family) it was measured with, and when (Unix seconds). Logs of several tunes of the
+/// same keys in one folder follow each other; the hash and the time tell their lines apart.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MoeLogRecord<'a> {
+    pub schema_version: u32,
+    pub key: &'a MoeKey,
+    pub candidate: &'a Measured,
+    pub device: &'a str,
+    pub compute_capability: (u32, u32),
+    pub template_hash: String,
+    pub at: u64,
+}
+
+/// The log lines of a tune's screens, one JSON object per candidate, each line ending in a
+/// newline; `device` and `compute_capability` name the GPU, `at` the time of the tune.
+pub fn log_lines(
+    logs: &[KeyLog],
+    device: &str,
+    compute_capability: (u32, u32),
+    at: u64,
+) -> Result<String, serde_json::Error> {
+    let mut out = String::new();
+    for (key, measured) in logs {
+        let template_hash = crate::moe::templates::family_template_hash(key.family);
+        for candidate in measured {
+            out += &serde_json::to_string(&MoeLogRecord {
+                schema_version: MOE_LOG_SCHEMA_VERSION,
+                key,
+                candidate,
+                device,
+                compute_capability,
+                template_hash: template_hash.clone(),
+                at,
+            })?;
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
 /// Tune every (op, bucket); returns the entries and every screened candidate (failures included).
 pub fn tune_moe(
     gpu: &Gpu,
@@ -207,4 +254,59 @@ pub fn tune_moe(
         }
     }
     Ok((entries, logs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::moe::{Measured, Outcome};
+    use crate::template::Family;
+
+    /// Every screened candidate becomes one line that carries the schema version, the key, the
+    /// candidate, the device, the key's family's grouped template hash and the time.
+    #[test]
+    fn log_lines_carry_version_device_templates_and_time() {
+        let shape = MoeShape { hidden: 6144, inter: 256, experts: 256, top_k: 8 };
+        let configs =
+            crate::moe::space::search_space_for(Family::Sm90, AType::Bf16, MoeOp::Down, &shape);
+        let (n, k) = shape.nk(MoeOp::Down);
+        let key = MoeKey {
+            op: MoeOp::Down,
+            family: Family::Sm90,
+            a_type: AType::Bf16,
+            n,
+            k,
+            experts: 256,
+            top_k: 8,
+            tokens: 64,
+        };
+        let measured = vec![
+            Measured {
+                config: configs[0],
+                outcome: Outcome::Failed("refused at load: spills".into()),
+            },
+            Measured { config: configs[1], outcome: Outcome::Failed("did not verify".into()) },
+        ];
+        let text =
+            log_lines(&[(key, measured.clone())], "NVIDIA H200", (9, 0), 1_764_800_000).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(text.ends_with('\n'));
+        for (line, m) in lines.iter().zip(&measured) {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(v["schema_version"], MOE_LOG_SCHEMA_VERSION);
+            assert_eq!(v["device"], "NVIDIA H200");
+            assert_eq!(v["compute_capability"], serde_json::json!([9, 0]));
+            assert_eq!(v["at"], 1_764_800_000u64);
+            assert_eq!(
+                v["template_hash"],
+                crate::moe::templates::family_template_hash(Family::Sm90)
+            );
+            let back: MoeKey = serde_json::from_value(v["key"].clone()).unwrap();
+            assert_eq!(back, key);
+            let cand: Measured = serde_json::from_value(v["candidate"].clone()).unwrap();
+            assert_eq!(&cand, m);
+        }
+        assert_eq!(log_lines(&[], "x", (9, 0), 0).unwrap(), "");
+    }
 }
