@@ -150,7 +150,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         compiler.nvrtc_version().0,
         compiler.nvrtc_version().1,
         plan.policy.describe(),
-        fp4tune::moe::templates::template_hash(),
+        fp4tune::moe::templates::family_template_hash(fp4tune::runtime::family_for(&info)?),
         report::utc_now(),
         if a.tables.is_empty() {
             "no table: the family defaults".to_string()
@@ -329,9 +329,9 @@ pub fn tune_phase(
     }
     let keys: std::collections::HashSet<_> = entries.iter().map(|e| e.key).collect();
     table.moe.retain(|e| !keys.contains(&e.key));
-    // the table records one grouped template hash: entries kept from a tune with other
-    // templates take this build's hash, so say which ones they are
-    let now = fp4tune::moe::templates::template_hash();
+    // the table records one grouped template hash (that of the device's family): entries kept
+    // from a tune with other templates take this build's hash, so say which ones they are
+    let now = fp4tune::moe::templates::family_template_hash(fp4tune::runtime::family_for(&info)?);
     let stale_kept =
         (!table.moe.is_empty() && table.moe_template_hash.as_deref() != Some(now.as_str())).then(
             || {

@@ -114,8 +114,9 @@ pub const SM120_TEMPLATES: &[&str] =
 /// suite and a new benchmark, not a re-tune.
 pub const FIXED_KERNEL_TEMPLATES: &[&str] = &["moe/align.cuh", "moe/finalize.cuh", "moe/order.cuh"];
 
-/// Hex SHA-256 of the templates the sm90 grouped kernels are built from (the family of the
-/// table's `moe` entries; recorded as `moe_template_hash`).
+/// Hex SHA-256 of the templates the sm90 grouped kernels are built from (what the `moe` entries
+/// of a table measured on SM90 record as `moe_template_hash`; `Table::current_moe_template_hash`
+/// gives the hash of any table's entries' family).
 pub fn template_hash() -> String {
     family_template_hash(Family::Sm90)
 }

@@ -139,7 +139,7 @@ impl MoeRuntime {
             ));
             return Ok(None);
         }
-        let now = crate::moe::templates::template_hash();
+        let now = crate::moe::templates::family_template_hash(family);
         if table.moe_template_hash.as_deref() != Some(now.as_str()) {
             warnings.push(
                 "the grouped MoE entries were tuned with other kernel templates: their kernels are built from \

@@ -148,6 +148,16 @@ impl TableCheck {
 }
 
 impl Table {
+    /// The grouped template hash this build gives the table's `moe` entries: that of their
+    /// family (a table is measured on one device, so its entries share one; sm90 for a table
+    /// without entries). A tune records it as `moe_template_hash`, and the runtime and the check
+    /// compare the recorded one with it.
+    pub fn current_moe_template_hash(&self) -> String {
+        crate::moe::templates::family_template_hash(
+            self.moe.first().map_or(Family::Sm90, |e| e.key.family),
+        )
+    }
+
     /// The template hashes of the table that differ from the sources compiled into this binary
     /// (no GPU needed): stale, foreign and empty hashes alike.
     pub fn template_mismatches(&self) -> Vec<Mismatch> {
@@ -164,7 +174,7 @@ impl Table {
             })
             .collect();
         if !self.moe.is_empty() || self.moe_template_hash.is_some() {
-            let current = crate::moe::templates::template_hash();
+            let current = self.current_moe_template_hash();
             if self.moe_template_hash.as_deref() != Some(current.as_str()) {
                 out.push(Mismatch::MoeTemplateHash {
                     table: self.moe_template_hash.clone(),
@@ -375,6 +385,31 @@ pub(crate) mod tests {
             .unwrap();
         assert_eq!(c.disabled.iter().copied().collect::<Vec<_>>(), vec![Family::Sm90]);
         assert!(c.warnings()[0].contains("template sources changed"), "{:?}", c.warnings());
+    }
+
+    /// The grouped entries are compared with the hash of their own family's templates: an SM120
+    /// table records the sm120 grouped hash and is current with it, and stale with the sm90 one.
+    #[test]
+    fn grouped_entries_are_checked_against_their_familys_templates() {
+        use crate::moe::templates::family_template_hash;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+        let mut t = Table::load(&root.join("nvidia-h200.ron")).unwrap();
+        assert!(!t.moe.is_empty());
+        t.moe_template_hash = Some(family_template_hash(Family::Sm90));
+        assert_eq!(t.current_moe_template_hash(), family_template_hash(Family::Sm90));
+        let moe_stale = |t: &Table| {
+            t.template_mismatches().iter().any(|m| matches!(m, Mismatch::MoeTemplateHash { .. }))
+        };
+        assert!(!moe_stale(&t));
+        let mut sm120 = t.clone();
+        for e in &mut sm120.moe {
+            e.key.family = Family::Sm120;
+        }
+        assert_ne!(family_template_hash(Family::Sm120), family_template_hash(Family::Sm90));
+        assert_eq!(sm120.current_moe_template_hash(), family_template_hash(Family::Sm120));
+        assert!(moe_stale(&sm120), "an sm120 table with the sm90 grouped hash is stale");
+        sm120.moe_template_hash = Some(family_template_hash(Family::Sm120));
+        assert!(!moe_stale(&sm120));
     }
 
     fn write(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {

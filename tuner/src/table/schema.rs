@@ -273,7 +273,9 @@ pub struct Table {
     /// The timing policy the medians were measured under, in words.
     pub timing_policy: String,
     pub entries: Vec<Entry>,
-    /// Hash of the grouped kernels' templates (`moe::templates::template_hash`) when `moe` is not empty.
+    /// Hash of the grouped kernels' templates of the entries' family
+    /// (`moe::templates::family_template_hash`, `Table::current_moe_template_hash`) when `moe` is
+    /// not empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_template_hash: Option<String>,
     /// Grouped MoE entries (version 3).
