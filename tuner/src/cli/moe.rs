@@ -150,7 +150,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         compiler.nvrtc_version().0,
         compiler.nvrtc_version().1,
         plan.policy.describe(),
-        fp4tune::moe::templates::family_template_hash(fp4tune::runtime::family_for(&info)?),
+        fp4tune::moe::templates::family_template_hash(family),
         report::utc_now(),
         if a.tables.is_empty() {
             "no table: the family defaults".to_string()
@@ -329,9 +329,10 @@ pub fn tune_phase(
     }
     let keys: std::collections::HashSet<_> = entries.iter().map(|e| e.key).collect();
     table.moe.retain(|e| !keys.contains(&e.key));
-    // the table records one grouped template hash (that of the device's family): entries kept
-    // from a tune with other templates take this build's hash, so say which ones they are
-    let now = fp4tune::moe::templates::family_template_hash(fp4tune::runtime::family_for(&info)?);
+    // the table records one grouped template hash (that of its entries' family, this device's):
+    // entries kept from a tune with other templates take this build's hash, so say which ones
+    // they are
+    let now = table.current_moe_template_hash();
     let stale_kept =
         (!table.moe.is_empty() && table.moe_template_hash.as_deref() != Some(now.as_str())).then(
             || {
@@ -345,7 +346,7 @@ pub fn tune_phase(
             },
         );
     table.moe.extend(entries);
-    table.moe_template_hash = Some(now);
+    table.moe_template_hash = (!table.moe.is_empty()).then_some(now);
     table.save(&path)?;
     // the screens of earlier grouped tunes into this folder (another activation type, other
     // buckets) stay in the log: this tune's lines follow theirs

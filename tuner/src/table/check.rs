@@ -149,13 +149,16 @@ impl TableCheck {
 
 impl Table {
     /// The grouped template hash this build gives the table's `moe` entries: that of their
-    /// family (a table is measured on one device, so its entries share one; sm90 for a table
-    /// without entries). A tune records it as `moe_template_hash`, and the runtime and the check
-    /// compare the recorded one with it.
+    /// family (a table is measured on one device, so its entries share one; for a table without
+    /// entries, the family of the device it was measured on). A tune records it as
+    /// `moe_template_hash`, and the runtime and the check compare the recorded one with it.
     pub fn current_moe_template_hash(&self) -> String {
-        crate::moe::templates::family_template_hash(
-            self.moe.first().map_or(Family::Sm90, |e| e.key.family),
-        )
+        let (major, minor) = self.device.compute_capability;
+        let family = self.moe.first().map(|e| e.key.family).unwrap_or_else(|| {
+            crate::template::Arch::for_compute_capability(major, minor)
+                .map_or(Family::Sm90, Family::for_arch)
+        });
+        crate::moe::templates::family_template_hash(family)
     }
 
     /// The template hashes of the table that differ from the sources compiled into this binary
@@ -410,6 +413,14 @@ pub(crate) mod tests {
         assert!(moe_stale(&sm120), "an sm120 table with the sm90 grouped hash is stale");
         sm120.moe_template_hash = Some(family_template_hash(Family::Sm120));
         assert!(!moe_stale(&sm120));
+        // without entries: the family of the device the table was measured on
+        let mut empty = sm120.clone();
+        empty.moe.clear();
+        empty.device.compute_capability = (12, 0);
+        assert_eq!(empty.current_moe_template_hash(), family_template_hash(Family::Sm120));
+        assert!(!moe_stale(&empty));
+        empty.device.compute_capability = (9, 0);
+        assert_eq!(empty.current_moe_template_hash(), family_template_hash(Family::Sm90));
     }
 
     fn write(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
