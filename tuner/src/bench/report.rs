@@ -202,11 +202,7 @@ pub fn failures_markdown(failures: &[super::run::Failure]) -> String {
 
 /// Current UTC time as `YYYY-MM-DD HH:MM UTC` (no date crate needed for one line of a report).
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    utc_date(secs)
+    utc_date(crate::tune::run::unix_now())
 }
 
 /// `secs` since the Unix epoch as `YYYY-MM-DD HH:MM UTC`.

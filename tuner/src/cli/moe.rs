@@ -334,17 +334,15 @@ pub fn tune_phase(
     // they are
     let now = table.current_moe_template_hash();
     let stale_kept =
-        (!table.moe.is_empty() && table.moe_template_hash.as_deref() != Some(now.as_str())).then(
-            || {
-                format!(
+        table.moe_templates_stale().then(|| {
+            format!(
             "{}: {} grouped entries kept from a tune with other grouped templates ({}) now carry \
              this build's hash; re-tune them too if those templates' kernels differ",
             path.display(),
             table.moe.len(),
             table.moe_template_hash.as_deref().map_or("none recorded", |h| h.get(..16).unwrap_or(h))
         )
-            },
-        );
+        });
     table.moe.extend(entries);
     table.moe_template_hash = (!table.moe.is_empty()).then_some(now);
     table.save(&path)?;
@@ -359,9 +357,7 @@ pub fn tune_phase(
     if !jsonl.is_empty() && !jsonl.ends_with('\n') {
         jsonl.push('\n');
     }
-    let at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let at = fp4tune::tune::run::unix_now();
     jsonl.push_str(&fp4tune::tune::moe::log_lines(&logs, &info.name, info.compute_capability, at)?);
     fp4tune::compile::cache::write_atomic(&log_path, jsonl.as_bytes())
         .with_context(|| format!("writing {}", log_path.display()))?;

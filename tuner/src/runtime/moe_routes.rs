@@ -115,6 +115,11 @@ pub struct MoeRuntime {
     prepared: std::sync::RwLock<Vec<(u64, u64)>>,
 }
 
+/// The first of `ranges` that `[codes, end)` overlaps.
+fn first_overlap(ranges: &[(u64, u64)], codes: u64, end: u64) -> Option<(u64, u64)> {
+    ranges.iter().copied().find(|&(b, e)| codes < e && b < end)
+}
+
 impl MoeRuntime {
     /// Load the table's grouped entries (grouped by layer shape). A table whose grouped templates
     /// differ from this build's loads anyway (the kernels are rebuilt from this build's
@@ -139,8 +144,7 @@ impl MoeRuntime {
             ));
             return Ok(None);
         }
-        let now = crate::moe::templates::family_template_hash(family);
-        if table.moe_template_hash.as_deref() != Some(now.as_str()) {
+        if table.moe_templates_stale() {
             warnings.push(
                 "the grouped MoE entries were tuned with other kernel templates: their kernels are built from \
                  this build's templates, their recorded times may not hold (re-tune with `fp4tune tune --moe-only`)"
@@ -186,9 +190,12 @@ impl MoeRuntime {
     /// still holds a consistent list: it changes only after the launch that goes with it
     /// succeeded.)
     pub fn prepared_overlap(&self, codes: u64, bytes: u64) -> Option<(u64, u64)> {
-        let end = codes.saturating_add(bytes);
-        let prepared = self.prepared.read().unwrap_or_else(|e| e.into_inner());
-        prepared.iter().copied().find(|&(b, e)| codes < e && b < end)
+        first_overlap(&self.prepared(), codes, codes.saturating_add(bytes))
+    }
+
+    /// The prepared ranges, to read (see `prepared_overlap` on poisoning).
+    fn prepared(&self) -> std::sync::RwLockReadGuard<'_, Vec<(u64, u64)>> {
+        self.prepared.read().unwrap_or_else(|e| e.into_inner())
     }
 
     fn routes(&self, shape: &MoeShape, a_type: AType) -> Result<&MoeRoutes, RuntimeError> {
@@ -294,7 +301,7 @@ impl MoeOps<'_> {
         check_codes_range(codes, bytes)?;
         let end = codes + bytes;
         let mut prepared = self.prepared_mut();
-        if let Some(&(b, e)) = prepared.iter().find(|&&(b, e)| codes < e && b < end) {
+        if let Some((b, e)) = first_overlap(&prepared, codes, end) {
             return Err(RuntimeError::InvalidArgument(format!(
                 "weight codes {codes:#x}..{end:#x} overlap codes prepared before ({b:#x}..{e:#x}): \
                  a second pass would scramble them"
@@ -367,8 +374,7 @@ impl MoeOps<'_> {
         let (n, k) = shape.nk(op);
         let bytes = u64::from(shape.experts) * u64::from(n) * u64::from(k) / 2;
         let end = codes.saturating_add(bytes);
-        let prepared = self.runtime.prepared.read().unwrap_or_else(|e| e.into_inner());
-        if prepared.iter().any(|&(b, e)| b <= codes && end <= e) {
+        if self.runtime.prepared().iter().any(|&(b, e)| b <= codes && end <= e) {
             return Ok(());
         }
         Err(RuntimeError::InvalidArgument(format!(

@@ -220,10 +220,7 @@ impl MoeRouteTable {
             l.gate_up.sort_by_key(|(b, _)| *b);
             l.down.sort_by_key(|(b, _)| *b);
         }
-        let now = table.current_moe_template_hash();
-        let stale_templates =
-            !table.moe.is_empty() && table.moe_template_hash.as_deref() != Some(now.as_str());
-        MoeRouteTable { layers, stale_templates }
+        MoeRouteTable { layers, stale_templates: table.moe_templates_stale() }
     }
 
     /// (layer shape, activation type) of every layer with grouped entries.

@@ -161,6 +161,13 @@ impl Table {
         crate::moe::templates::family_template_hash(family)
     }
 
+    /// Grouped entries recorded with other grouped templates than this build's
+    /// (`moe_template_hash` against [`Table::current_moe_template_hash`]).
+    pub fn moe_templates_stale(&self) -> bool {
+        !self.moe.is_empty()
+            && self.moe_template_hash.as_deref() != Some(self.current_moe_template_hash().as_str())
+    }
+
     /// The template hashes of the table that differ from the sources compiled into this binary
     /// (no GPU needed): stale, foreign and empty hashes alike.
     pub fn template_mismatches(&self) -> Vec<Mismatch> {

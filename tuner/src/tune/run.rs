@@ -303,7 +303,8 @@ pub fn table_file_name(device: &DeviceInfo, shard: Shard) -> String {
     shard.file_name(&sku_slug(&device.name), "ron")
 }
 
-fn now() -> u64 {
+/// Now in Unix seconds (0 if the clock is before 1970): the `at` of records and log lines.
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -462,7 +463,7 @@ impl Campaign<'_> {
             device: self.info.name.clone(),
             compute_capability: self.info.compute_capability,
             template_hash: self.template_hash.clone(),
-            at: now(),
+            at: unix_now(),
             context: Some(self.context.clone()),
         };
         self.sink.append(record)?;
