@@ -1,0 +1,290 @@
+// Where does the grouped gate_up decode pick spend its time: in its reads or in its instructions?
+// (H200 probe, from the repository root: nvcc -O3 -std=c++17 scripts/probes/grouped_probe.cu -o grouped_probe
+// -lnvrtc -lcuda && ./grouped_probe [B ...], default B = 8 64; the kernels, grouped_probe_kernels.cu, are
+// compiled at run time with NVRTC for the device, -I templates, as the product compiles its kernels.)
+// GLM-5 TP8 gate_up (256 experts of N 512 x K 6144), B tokens routed top-8 uniformly (distinct
+// experts per token, seed 1000 + B), bf16 activations, one tile per CTA over the 8-row tile list
+// built on the host as moe_align builds it. Per B, the median per launch over 11 graph replays of
+// 10 launches that alternate between two copies of all 256 experts' weights (906 MB, 18x the
+// L2), after 2 warm-up replays:
+//   pick     the TP8 table's pick moe_gate_up_m8n32k512_w1x4_pa3_s1_o4 (templates/moe/sm90.cuh, the
+//            production kernel; random weight words: its time does not depend on their values)
+//   load     the same grid, tile walk and warp ring (every cp.async of codes, scales and
+//            activation runs, every wait_group and shared-memory read of the pick), with the
+//            decode, the MMAs and the epilogue replaced by an XOR of the words read
+//   contig   load, with each warp's chunk of codes read from one contiguous 2 KB block (the same
+//            bytes per expert in another layout: each warp instruction reads 512 contiguous bytes)
+//   d4, d6   load with a ring of 4 stages at 3 CTAs per SM and 6 at 2 (about the same shared
+//            memory per SM, more chunks in flight per warp)
+//   floor    the routed experts' codes and scales read once, one CTA row per expert, 16-byte
+//            streaming loads, 8 in flight per thread
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+#include <cuda.h>
+#include <nvrtc.h>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#define CU(x)                                                                           \
+    do {                                                                                \
+        CUresult r = (x);                                                               \
+        if (r != CUDA_SUCCESS) {                                                        \
+            const char* m = nullptr;                                                    \
+            cuGetErrorString(r, &m);                                                    \
+            printf("CUDA driver %s at line %d\n", m ? m : "?", __LINE__);               \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+#define CK(x)                                                                           \
+    do {                                                                                \
+        cudaError_t e = (x);                                                            \
+        if (e != cudaSuccess) {                                                         \
+            printf("CUDA %s at line %d\n", cudaGetErrorString(e), __LINE__);            \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+
+// templates/moe/params.cuh GroupedParams, field for field.
+struct GroupedParams {
+    const uint8_t* a;
+    const uint8_t* a_sf;
+    const uint8_t* w;
+    const uint8_t* w_sf;
+    const float* alpha;
+    uint16_t* y;
+    const int32_t* sorted_ids;
+    const int32_t* tiles;
+    const int32_t* tile_count;
+    uint8_t* h_codes;
+    uint8_t* h_sf;
+    float h_scale;
+    int n;
+    int k;
+    int top_k;
+};
+
+// grouped_probe_kernels.cu for this device with NVRTC (the product's options), loaded as a module.
+static CUmodule load_kernels() {
+    std::ifstream f("scripts/probes/grouped_probe_kernels.cu");
+    if (!f) {
+        printf("scripts/probes/grouped_probe_kernels.cu: not found (run from the repository root)\n");
+        exit(1);
+    }
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string src = ss.str();
+    int dev, major, minor;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const std::string arch = "--gpu-architecture=sm_" + std::to_string(major * 10 + minor) + "a";
+    const char* opts[] = {arch.c_str(), "-Itemplates", "--std=c++17", "--device-int128", "-DNDEBUG"};
+    nvrtcProgram prog;
+    nvrtcCreateProgram(&prog, src.c_str(), "grouped_probe_kernels.cu", 0, nullptr, nullptr);
+    const nvrtcResult r = nvrtcCompileProgram(prog, 5, opts);
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    std::string log(n, '\0');
+    nvrtcGetProgramLog(prog, &log[0]);
+    if (r != NVRTC_SUCCESS) {
+        printf("NVRTC: %s\n%s\n", nvrtcGetErrorString(r), log.c_str());
+        exit(1);
+    }
+    size_t bytes = 0;
+    nvrtcGetCUBINSize(prog, &bytes);
+    std::vector<char> cubin(bytes);
+    nvrtcGetCUBIN(prog, cubin.data());
+    nvrtcDestroyProgram(&prog);
+    CUmodule m;
+    CU(cuModuleLoadData(&m, cubin.data()));
+    return m;
+}
+
+template <class Launch>
+static float time_graph(cudaStream_t s, Launch launch) {
+    constexpr int LAUNCHES = 10, SAMPLES = 11;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int l = 0; l < LAUNCHES; ++l) launch(l & 1, s);
+    CK(cudaStreamEndCapture(s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 2; ++i) CK(cudaGraphLaunch(exec, s));
+    std::vector<float> us;
+    for (int i = 0; i < SAMPLES; ++i) {
+        CK(cudaEventRecord(a, s));
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        us.push_back(ms * 1000.0f / LAUNCHES);
+    }
+    std::sort(us.begin(), us.end());
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    return us[SAMPLES / 2];
+}
+
+int main(int argc, char** argv) {
+    std::vector<int> bs;
+    for (int i = 1; i < argc; ++i) bs.push_back(atoi(argv[i]));
+    if (bs.empty()) bs = {8, 64};
+    constexpr int E = 256, TOP_K = 8, N = 512, K = 6144, I = N / 2;
+    const size_t w_stride = static_cast<size_t>(N) * (K / 2);
+    const size_t ksf_pad = (K / 16 + 3) / 4 * 4;
+    const size_t sf_stride = static_cast<size_t>((N + 127) / 128 * 128) * ksf_pad;
+    uint8_t *w[2], *sf[2];
+    for (int c = 0; c < 2; ++c) {
+        CK(cudaMalloc(&w[c], w_stride * E));
+        CK(cudaMalloc(&sf[c], sf_stride * E));
+        std::vector<uint8_t> hw(w_stride * E), hs(sf_stride * E);
+        std::mt19937 rng(7 + c);
+        for (auto& x : hw) x = static_cast<uint8_t>(rng());
+        for (auto& x : hs) x = static_cast<uint8_t>(0x30 + rng() % 16);  // finite E4M3 scales around 1
+        CK(cudaMemcpy(w[c], hw.data(), hw.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(sf[c], hs.data(), hs.size(), cudaMemcpyHostToDevice));
+    }
+    float* alpha;
+    CK(cudaMalloc(&alpha, E * sizeof(float)));
+    std::vector<float> ha(E, 1.0f);
+    CK(cudaMemcpy(alpha, ha.data(), E * sizeof(float), cudaMemcpyHostToDevice));
+    unsigned* out;
+    CK(cudaMalloc(&out, 16));
+    CU(cuInit(0));
+    CUmodule mod = load_kernels();
+    CUfunction f_pick, f_load, f_floor, f_contig, f_d4, f_d6;
+    CU(cuModuleGetFunction(&f_pick, mod, "pick"));
+    CU(cuModuleGetFunction(&f_load, mod, "load_only"));
+    CU(cuModuleGetFunction(&f_contig, mod, "load_contig"));
+    CU(cuModuleGetFunction(&f_d4, mod, "load_d4"));
+    CU(cuModuleGetFunction(&f_d6, mod, "load_d6"));
+    CU(cuModuleGetFunction(&f_floor, mod, "floor_read"));
+    int cfg[4];
+    {
+        CUdeviceptr g;
+        size_t gb;
+        CU(cuModuleGetGlobal(&g, &gb, mod, "probe_cfg"));
+        CU(cuMemcpyDtoH(cfg, g, sizeof(cfg)));
+    }
+    int smems[3];
+    {
+        CUdeviceptr g;
+        size_t gb;
+        CU(cuModuleGetGlobal(&g, &gb, mod, "probe_smem"));
+        CU(cuMemcpyDtoH(smems, g, sizeof(smems)));
+    }
+    const int threads = cfg[0], smem = cfg[1], block_n = cfg[3];
+    CU(cuFuncSetAttribute(f_pick, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
+    CU(cuFuncSetAttribute(f_load, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
+    CU(cuFuncSetAttribute(f_contig, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
+    CU(cuFuncSetAttribute(f_d4, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smems[1]));
+    CU(cuFuncSetAttribute(f_d6, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smems[2]));
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    printf("kernel m8n32k512_w1x4_pa3_s1_o4: %d threads, %d bytes of shared memory, %d CTAs per SM\n", threads, smem,
+           cfg[2]);
+    for (int B : bs) {
+        // routing: distinct experts per token, then the expert-sorted flat ids and the 8-row tiles
+        std::mt19937 rng(1000 + B);
+        std::vector<std::vector<int>> rows(E);
+        for (int t = 0; t < B; ++t) {
+            std::vector<int> pool(E);
+            for (int e = 0; e < E; ++e) pool[e] = e;
+            for (int sl = 0; sl < TOP_K; ++sl) {
+                const int j = sl + static_cast<int>(rng() % (E - sl));
+                std::swap(pool[sl], pool[j]);
+                rows[pool[sl]].push_back(t * TOP_K + sl);
+            }
+        }
+        std::vector<int> sorted, tiles, active;
+        for (int e = 0; e < E; ++e) {
+            std::sort(rows[e].begin(), rows[e].end());
+            const int first = static_cast<int>(sorted.size());
+            for (size_t r0 = 0; r0 < rows[e].size(); r0 += 8)
+                tiles.insert(tiles.end(), {e, first + static_cast<int>(r0),
+                                           std::min(8, static_cast<int>(rows[e].size() - r0)), 0});
+            sorted.insert(sorted.end(), rows[e].begin(), rows[e].end());
+            if (!rows[e].empty()) active.push_back(e);
+        }
+        const int ntiles = static_cast<int>(tiles.size() / 4);
+        int *d_sorted, *d_tiles, *d_count, *d_active;
+        uint16_t *x, *y;
+        CK(cudaMalloc(&d_sorted, sorted.size() * 4));
+        CK(cudaMalloc(&d_tiles, tiles.size() * 4));
+        CK(cudaMalloc(&d_count, 4));
+        CK(cudaMalloc(&d_active, active.size() * 4));
+        CK(cudaMalloc(&x, static_cast<size_t>(B) * K * 2));
+        CK(cudaMalloc(&y, sorted.size() * I * 2));
+        CK(cudaMemset(x, 0x3c, static_cast<size_t>(B) * K * 2));
+        CK(cudaMemcpy(d_sorted, sorted.data(), sorted.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_tiles, tiles.data(), tiles.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_count, &ntiles, 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_active, active.data(), active.size() * 4, cudaMemcpyHostToDevice));
+        GroupedParams p[2] = {};
+        for (int c = 0; c < 2; ++c) {
+            p[c].a = reinterpret_cast<const uint8_t*>(x);
+            p[c].w = w[c];
+            p[c].w_sf = sf[c];
+            p[c].alpha = alpha;
+            p[c].y = y;
+            p[c].sorted_ids = d_sorted;
+            p[c].tiles = d_tiles;
+            p[c].tile_count = d_count;
+            p[c].n = N;
+            p[c].k = K;
+            p[c].top_k = TOP_K;
+        }
+        const unsigned gx = N / block_n, gy = static_cast<unsigned>(ntiles);
+        const float t_pick = time_graph(s, [&](int c, cudaStream_t st) {
+            void* args[] = {&p[c]};
+            CU(cuLaunchKernel(f_pick, gx, gy, 1, threads, 1, 1, smem, reinterpret_cast<CUstream>(st), args, nullptr));
+        });
+        const float t_load = time_graph(s, [&](int c, cudaStream_t st) {
+            void* args[] = {&p[c], &out};
+            CU(cuLaunchKernel(f_load, gx, gy, 1, threads, 1, 1, smem, reinterpret_cast<CUstream>(st), args, nullptr));
+        });
+        const float t_contig = time_graph(s, [&](int c, cudaStream_t st) {
+            void* args[] = {&p[c], &out};
+            CU(cuLaunchKernel(f_contig, gx, gy, 1, threads, 1, 1, smem, reinterpret_cast<CUstream>(st), args, nullptr));
+        });
+        const float t_d4 = time_graph(s, [&](int c, cudaStream_t st) {
+            void* args[] = {&p[c], &out};
+            CU(cuLaunchKernel(f_d4, gx, gy, 1, threads, 1, 1, smems[1], reinterpret_cast<CUstream>(st), args, nullptr));
+        });
+        const float t_d6 = time_graph(s, [&](int c, cudaStream_t st) {
+            void* args[] = {&p[c], &out};
+            CU(cuLaunchKernel(f_d6, gx, gy, 1, threads, 1, 1, smems[2], reinterpret_cast<CUstream>(st), args, nullptr));
+        });
+        size_t ws = w_stride, ss = sf_stride;
+        const float t_floor = time_graph(s, [&](int c, cudaStream_t st) {
+            void* args[] = {&w[c], &sf[c], &d_active, &ws, &ss, &out};
+            CU(cuLaunchKernel(f_floor, 64, static_cast<unsigned>(active.size()), 1, 256, 1, 1, 0,
+                              reinterpret_cast<CUstream>(st), args, nullptr));
+        });
+        CK(cudaGetLastError());
+        CK(cudaStreamSynchronize(s));
+        const double mb = active.size() * static_cast<double>(w_stride + sf_stride) / 1e6;
+        printf("B = %d: %zu active experts, %d tiles, %.1f MB of weights | pick %.2f us | load %.2f us | load, "
+               "contiguous codes %.2f us | load, 4 stages at 3 CTAs per SM %.2f us | load, 6 stages at 2 %.2f us | "
+               "floor %.2f us (%.0f GB/s)\n",
+               B, active.size(), ntiles, mb, t_pick, t_load, t_contig, t_d4, t_d6, t_floor, mb * 1e3 / t_floor);
+        CK(cudaFree(d_sorted));
+        CK(cudaFree(d_tiles));
+        CK(cudaFree(d_count));
+        CK(cudaFree(d_active));
+        CK(cudaFree(x));
+        CK(cudaFree(y));
+    }
+    return 0;
+}
