@@ -17,7 +17,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_CTAS) pick(c
 // CONTIG the weight codes of a warp's chunk are read from one contiguous 2 KB block instead (chunk c
 // of warp wk of n-tile x of an expert at ((x * WARPS_K + wk) * chunks + c) * 2 KB: the same bytes
 // per expert, each warp instruction reading 512 contiguous bytes).
-template <class C, bool CONTIG>
+template <class C, bool CONTIG, bool MATH = false>
 __device__ __forceinline__ void load_walk(const moe::GroupedParams& p, unsigned* out) {
     using W = moe::Grouped<C, moe::OP_GATE_UP>;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -63,8 +63,11 @@ __device__ __forceinline__ void load_walk(const moe::GroupedParams& p, unsigned*
         walk.issued();
     }
     unsigned acc = 0;
+    float facc[C::ACC_SETS][C::P_TILES][C::Q_TILES][4];
+    int4 ct = walk.it;
 #pragma unroll 1
     for (int cy = blockIdx.y; cy < walk.count; cy += walk.step) {
+        if (MATH) sm90::zero_accumulators<C>(facc);
 #pragma unroll 1
         for (int base = 0; base < walk.cpt; base += C::DEPTH) {
 #pragma unroll
@@ -80,16 +83,25 @@ __device__ __forceinline__ void load_walk(const moe::GroupedParams& p, unsigned*
                     walk.issued();
                 }
                 ptx::cp_async_commit();
+                if (MATH) {
+                    sm90::chunk_mma<C>(wc, sm90::RingActivations<C>{ac}, lane, facc);
+                } else {
 #pragma unroll
-                for (int i = 0; i < C::P_TILES; ++i)
+                    for (int i = 0; i < C::P_TILES; ++i)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        acc ^= wc.code[i][h].x ^ wc.code[i][h].y ^ wc.code[i][h].z ^ wc.code[i][h].w ^ wc.sf[i][h];
+                        for (int h = 0; h < 2; ++h)
+                            acc ^= wc.code[i][h].x ^ wc.code[i][h].y ^ wc.code[i][h].z ^ wc.code[i][h].w ^ wc.sf[i][h];
 #pragma unroll
-                for (int q = 0; q < C::Q_TILES; ++q)
+                    for (int q = 0; q < C::Q_TILES; ++q)
 #pragma unroll
-                    for (int w = 0; w < 4; ++w) acc ^= ac.v[q][w].x ^ ac.v[q][w].y ^ ac.v[q][w].z ^ ac.v[q][w].w;
+                        for (int w = 0; w < 4; ++w) acc ^= ac.v[q][w].x ^ ac.v[q][w].y ^ ac.v[q][w].z ^ ac.v[q][w].w;
+                }
             }
+        }
+        if (MATH) {
+            sm90::fold_accumulators<C>(facc);
+            W::epilogue(p, smem, facc[0], ct.x, ct.y, ct.z, blockIdx.x * C::BLOCK_N, walk.p0, wk, wmn, lane, tid);
+            ct = walk.pending;
         }
     }
     ptx::cp_async_wait<0>();
@@ -106,6 +118,11 @@ extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_CTAS) load_o
 }
 extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_CTAS) load_contig(const moe::GroupedParams p, unsigned* out) {
     load_walk<Cfg, true>(p, out);
+}
+// The pick itself (decode, MMAs, epilogue) reading its codes from the contiguous blocks: its
+// results are not the layer's (the codes are other bytes), its time is that of such a layout.
+extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_CTAS) pick_contig(const moe::GroupedParams p, unsigned* out) {
+    load_walk<Cfg, true, true>(p, out);
 }
 extern "C" __global__ void __launch_bounds__(C4::THREADS, C4::MIN_CTAS) load_d4(const moe::GroupedParams p, unsigned* out) {
     load_walk<C4, false>(p, out);
