@@ -1,7 +1,8 @@
 // Where does the grouped gate_up decode pick spend its time: in its reads or in its instructions?
 // (H200 probe, from the repository root: nvcc -O3 -std=c++17 scripts/probes/grouped_probe.cu -o grouped_probe
 // -lnvrtc -lcuda && ./grouped_probe [B ...], default B = 8 64; the kernels, grouped_probe_kernels.cu, are
-// compiled at run time with NVRTC for the device, -I templates, as the product compiles its kernels.)
+// compiled at run time with NVRTC for the device, -I templates, as the product compiles its kernels;
+// ./grouped_probe ep8 [B ...] takes the EP8 layer: the 32 local experts of N 4096 x K 6144.)
 // GLM-5 TP8 gate_up (256 experts of N 512 x K 6144), B tokens routed top-8 uniformly (distinct
 // experts per token, seed 1000 + B), bf16 activations, one tile per CTA over the 8-row tile list
 // built on the host as moe_align builds it. Per B, the median per launch over 11 graph replays of
@@ -140,9 +141,19 @@ static float time_graph(cudaStream_t s, Launch launch) {
 
 int main(int argc, char** argv) {
     std::vector<int> bs;
-    for (int i = 1; i < argc; ++i) bs.push_back(atoi(argv[i]));
+    bool ep8 = false;
+    for (int i = 1; i < argc; ++i) {
+        if (std::string(argv[i]) == "ep8") {
+            ep8 = true;
+        } else {
+            bs.push_back(atoi(argv[i]));
+        }
+    }
     if (bs.empty()) bs = {8, 64};
-    constexpr int E = 256, TOP_K = 8, N = 512, K = 6144, I = N / 2;
+    // TP8: all 256 experts, gate_up 512 x 6144; ep8: the 32 local experts 0..31 of the 256 the
+    // router picks from, gate_up 4096 x 6144
+    constexpr int E_GLOBAL = 256, TOP_K = 8, K = 6144;
+    const int E = ep8 ? 32 : 256, N = ep8 ? 4096 : 512, I = N / 2;
     const size_t w_stride = static_cast<size_t>(N) * (K / 2);
     const size_t ksf_pad = (K / 16 + 3) / 4 * 4;
     const size_t sf_stride = static_cast<size_t>((N + 127) / 128 * 128) * ksf_pad;
@@ -203,12 +214,12 @@ int main(int argc, char** argv) {
         std::mt19937 rng(1000 + B);
         std::vector<std::vector<int>> rows(E);
         for (int t = 0; t < B; ++t) {
-            std::vector<int> pool(E);
-            for (int e = 0; e < E; ++e) pool[e] = e;
+            std::vector<int> pool(E_GLOBAL);
+            for (int e = 0; e < E_GLOBAL; ++e) pool[e] = e;
             for (int sl = 0; sl < TOP_K; ++sl) {
-                const int j = sl + static_cast<int>(rng() % (E - sl));
+                const int j = sl + static_cast<int>(rng() % (E_GLOBAL - sl));
                 std::swap(pool[sl], pool[j]);
-                rows[pool[sl]].push_back(t * TOP_K + sl);
+                if (pool[sl] < E) rows[pool[sl]].push_back(t * TOP_K + sl);
             }
         }
         std::vector<int> sorted, tiles, active;
@@ -283,10 +294,10 @@ int main(int argc, char** argv) {
         CK(cudaGetLastError());
         CK(cudaStreamSynchronize(s));
         const double mb = active.size() * static_cast<double>(w_stride + sf_stride) / 1e6;
-        printf("B = %d: %zu active experts, %d tiles, %.1f MB of weights | pick %.2f us | load %.2f us | load, "
+        printf("%s B = %d: %zu active experts, %d tiles, %.1f MB of weights | pick %.2f us | load %.2f us | load, "
                "contiguous codes %.2f us | pick, contiguous codes %.2f us | load, 4 stages at 3 CTAs per SM %.2f us | load, 6 stages at 2 %.2f us | "
                "floor %.2f us (%.0f GB/s)\n",
-               B, active.size(), ntiles, mb, t_pick, t_load, t_contig, t_pick_contig, t_d4, t_d6, t_floor, mb * 1e3 / t_floor);
+               ep8 ? "EP8" : "TP8", B, active.size(), ntiles, mb, t_pick, t_load, t_contig, t_pick_contig, t_d4, t_d6, t_floor, mb * 1e3 / t_floor);
         CK(cudaFree(d_sorted));
         CK(cudaFree(d_tiles));
         CK(cudaFree(d_count));
