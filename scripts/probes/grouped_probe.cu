@@ -176,39 +176,33 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&out, 16));
     CU(cuInit(0));
     CUmodule mod = load_kernels();
-    CUfunction f_pick, f_load, f_floor, f_contig, f_d4, f_d6, f_pick_contig;
-    CU(cuModuleGetFunction(&f_pick_contig, mod, "pick_contig"));
-    CU(cuModuleGetFunction(&f_pick, mod, "pick"));
-    CU(cuModuleGetFunction(&f_load, mod, "load_only"));
-    CU(cuModuleGetFunction(&f_contig, mod, "load_contig"));
-    CU(cuModuleGetFunction(&f_d4, mod, "load_d4"));
-    CU(cuModuleGetFunction(&f_d6, mod, "load_d6"));
-    CU(cuModuleGetFunction(&f_floor, mod, "floor_read"));
-    int cfg[4];
+    // the kernels on the pick's grid, in the order of the report's columns, with the entry of
+    // probe_cfg that holds their dynamic shared memory
+    struct GridKernel {
+        const char* name;
+        int smem_entry;
+        CUfunction f;
+    } grid_kernels[] = {{"pick", 3, nullptr},        {"load_only", 3, nullptr}, {"load_contig", 3, nullptr},
+                        {"pick_contig", 3, nullptr}, {"load_d4", 4, nullptr},   {"load_d6", 5, nullptr}};
+    constexpr int GRID_KERNELS = sizeof(grid_kernels) / sizeof(grid_kernels[0]);
+    int cfg[6];
     {
         CUdeviceptr g;
         size_t gb;
         CU(cuModuleGetGlobal(&g, &gb, mod, "probe_cfg"));
         CU(cuMemcpyDtoH(cfg, g, sizeof(cfg)));
     }
-    int smems[3];
-    {
-        CUdeviceptr g;
-        size_t gb;
-        CU(cuModuleGetGlobal(&g, &gb, mod, "probe_smem"));
-        CU(cuMemcpyDtoH(smems, g, sizeof(smems)));
+    for (GridKernel& k : grid_kernels) {
+        CU(cuModuleGetFunction(&k.f, mod, k.name));
+        CU(cuFuncSetAttribute(k.f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cfg[k.smem_entry]));
     }
-    const int threads = cfg[0], smem = cfg[1], block_n = cfg[3];
-    CU(cuFuncSetAttribute(f_pick, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
-    CU(cuFuncSetAttribute(f_load, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
-    CU(cuFuncSetAttribute(f_contig, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
-    CU(cuFuncSetAttribute(f_pick_contig, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
-    CU(cuFuncSetAttribute(f_d4, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smems[1]));
-    CU(cuFuncSetAttribute(f_d6, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smems[2]));
+    CUfunction f_floor;
+    CU(cuModuleGetFunction(&f_floor, mod, "floor_read"));
+    const int threads = cfg[0], smem = cfg[3], block_n = cfg[2];
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     printf("kernel m8n32k512_w1x4_pa3_s1_o4: %d threads, %d bytes of shared memory, %d CTAs per SM\n", threads, smem,
-           cfg[2]);
+           cfg[1]);
     for (int B : bs) {
         // routing: distinct experts per token, then the expert-sorted flat ids and the 8-row tiles
         std::mt19937 rng(1000 + B);
@@ -261,30 +255,13 @@ int main(int argc, char** argv) {
             p[c].top_k = TOP_K;
         }
         const unsigned gx = N / block_n, gy = static_cast<unsigned>(ntiles);
-        const float t_pick = time_graph(s, [&](int c, cudaStream_t st) {
-            void* args[] = {&p[c]};
-            CU(cuLaunchKernel(f_pick, gx, gy, 1, threads, 1, 1, smem, reinterpret_cast<CUstream>(st), args, nullptr));
-        });
-        const float t_load = time_graph(s, [&](int c, cudaStream_t st) {
-            void* args[] = {&p[c], &out};
-            CU(cuLaunchKernel(f_load, gx, gy, 1, threads, 1, 1, smem, reinterpret_cast<CUstream>(st), args, nullptr));
-        });
-        const float t_contig = time_graph(s, [&](int c, cudaStream_t st) {
-            void* args[] = {&p[c], &out};
-            CU(cuLaunchKernel(f_contig, gx, gy, 1, threads, 1, 1, smem, reinterpret_cast<CUstream>(st), args, nullptr));
-        });
-        const float t_pick_contig = time_graph(s, [&](int c, cudaStream_t st) {
-            void* args[] = {&p[c], &out};
-            CU(cuLaunchKernel(f_pick_contig, gx, gy, 1, threads, 1, 1, smem, reinterpret_cast<CUstream>(st), args, nullptr));
-        });
-        const float t_d4 = time_graph(s, [&](int c, cudaStream_t st) {
-            void* args[] = {&p[c], &out};
-            CU(cuLaunchKernel(f_d4, gx, gy, 1, threads, 1, 1, smems[1], reinterpret_cast<CUstream>(st), args, nullptr));
-        });
-        const float t_d6 = time_graph(s, [&](int c, cudaStream_t st) {
-            void* args[] = {&p[c], &out};
-            CU(cuLaunchKernel(f_d6, gx, gy, 1, threads, 1, 1, smems[2], reinterpret_cast<CUstream>(st), args, nullptr));
-        });
+        float t[GRID_KERNELS];
+        for (int v = 0; v < GRID_KERNELS; ++v)
+            t[v] = time_graph(s, [&](int c, cudaStream_t st) {
+                void* args[] = {&p[c], &out};
+                CU(cuLaunchKernel(grid_kernels[v].f, gx, gy, 1, threads, 1, 1, cfg[grid_kernels[v].smem_entry],
+                                  reinterpret_cast<CUstream>(st), args, nullptr));
+            });
         size_t ws = w_stride, ss = sf_stride;
         const float t_floor = time_graph(s, [&](int c, cudaStream_t st) {
             void* args[] = {&w[c], &sf[c], &d_active, &ws, &ss, &out};
@@ -297,7 +274,7 @@ int main(int argc, char** argv) {
         printf("%s B = %d: %zu active experts, %d tiles, %.1f MB of weights | pick %.2f us | load %.2f us | load, "
                "contiguous codes %.2f us | pick, contiguous codes %.2f us | load, 4 stages at 3 CTAs per SM %.2f us | load, 6 stages at 2 %.2f us | "
                "floor %.2f us (%.0f GB/s)\n",
-               ep8 ? "EP8" : "TP8", B, active.size(), ntiles, mb, t_pick, t_load, t_contig, t_pick_contig, t_d4, t_d6, t_floor, mb * 1e3 / t_floor);
+               ep8 ? "EP8" : "TP8", B, active.size(), ntiles, mb, t[0], t[1], t[2], t[3], t[4], t[5], t_floor, mb * 1e3 / t_floor);
         CK(cudaFree(d_sorted));
         CK(cudaFree(d_tiles));
         CK(cudaFree(d_count));

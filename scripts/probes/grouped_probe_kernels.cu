@@ -6,10 +6,9 @@ using namespace fp4tune;
 using Cfg = moe::GroupedConfig<8, 32, 512, 1, 4, 3, 1, false, true, 4, true>;
 using G = moe::Grouped<Cfg, moe::OP_GATE_UP>;
 
-// What the host needs of the configuration.
-extern "C" __device__ const int probe_cfg[4] = {Cfg::THREADS, Cfg::SMEM_BYTES, Cfg::MIN_CTAS, Cfg::BLOCK_N};
 
-extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_CTAS) pick(const moe::GroupedParams p) {
+// (out unused: every kernel on the pick's grid takes the same arguments)
+extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_CTAS) pick(const moe::GroupedParams p, unsigned*) {
     G::run(p);
 }
 
@@ -31,27 +30,17 @@ __device__ __forceinline__ void load_walk(const moe::GroupedParams& p, unsigned*
     const size_t w_stride = static_cast<size_t>(p.n) * (p.k / 2);
     auto issue = [&](int slot) {
         if (CONTIG) {
-            // the ring's copies with the codes from the contiguous block (scales, activations as is)
+            // the ring's own copies, the codes' row pointers moved onto the contiguous block (the
+            // ring adds the chunk's k0 / 2 to them); scales and activations as in the pick
             const uint8_t* blk = p.w + walk.it.x * w_stride +
-                                 ((static_cast<size_t>(blockIdx.x) * C::WARPS_K + wk) * walk.cpt + walk.ic) * 2048;
+                                 ((static_cast<size_t>(blockIdx.x) * C::WARPS_K + wk) * walk.cpt + walk.ic) * 2048 -
+                                 (walk.ahead.k >> 1);
+            const uint8_t* code[C::P_TILES][2];
 #pragma unroll
             for (int i = 0; i < C::P_TILES; ++i)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) ptx::cp_async_cg_16(ring.code_at(slot, i, h, lane), blk + (i * 2 + h) * 512 + lane * 16, 16u);
-            if ((lane & 1) == 0) {
-#pragma unroll
-                for (int i = 0; i < C::P_TILES; ++i)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        ptx::cp_async_ca_4(ring.sf_at(slot, i, h, lane), walk.ptr.sf_row[i][h] + (walk.ahead.k >> 6) * 512, 4u);
-            }
-#pragma unroll
-            for (int q = 0; q < C::Q_TILES; ++q) {
-                const uint32_t bytes = 8 * q + (lane >> 2) < walk.it.z ? 16u : 0u;
-#pragma unroll
-                for (int w = 0; w < 4; ++w)
-                    moe::GroupedRing<C>::copy_ca_16(ring.a_at(slot, q, w, lane), walk.ptr.a_row[q] + walk.ahead.k * 2 + 16 * w, bytes);
-            }
+                for (int h = 0; h < 2; ++h) code[i][h] = blk + (i * 2 + h) * 512 + lane * 16;
+            ring.issue(code, walk.ptr.sf_row, walk.ptr.a_row, walk.it.z, walk.ahead.k, slot, lane);
         } else {
             ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ptr.a_row, walk.it.z, walk.ahead.k, slot, lane);
         }
@@ -112,7 +101,10 @@ __device__ __forceinline__ void load_walk(const moe::GroupedParams& p, unsigned*
 // same shared memory per SM: 4 stages at 3, 6 at 2), and of the pick with contiguous code blocks.
 using C4 = moe::GroupedConfig<8, 32, 512, 1, 4, 4, 1, false, true, 3, true>;
 using C6 = moe::GroupedConfig<8, 32, 512, 1, 4, 6, 1, false, true, 2, true>;
-extern "C" __device__ const int probe_smem[3] = {Cfg::SMEM_BYTES, C4::SMEM_BYTES, C6::SMEM_BYTES};
+// What the host needs: the pick's threads, CTAs per SM and weight rows per CTA, then the dynamic
+// shared memory of the pick (and the loads of its ring), of C4 and of C6.
+extern "C" __device__ const int probe_cfg[6] = {Cfg::THREADS, Cfg::MIN_CTAS, Cfg::BLOCK_N,
+                                                Cfg::SMEM_BYTES, C4::SMEM_BYTES, C6::SMEM_BYTES};
 extern "C" __global__ void __launch_bounds__(Cfg::THREADS, Cfg::MIN_CTAS) load_only(const moe::GroupedParams p, unsigned* out) {
     load_walk<Cfg, false>(p, out);
 }

@@ -200,9 +200,15 @@ pub fn failures_markdown(failures: &[super::run::Failure]) -> String {
     md
 }
 
+/// Now in Unix seconds (0 if the clock is before 1970): report dates, and the `at` of the tune's
+/// records and log lines.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// Current UTC time as `YYYY-MM-DD HH:MM UTC` (no date crate needed for one line of a report).
 pub fn utc_now() -> String {
-    utc_date(crate::tune::run::unix_now())
+    utc_date(unix_now())
 }
 
 /// `secs` since the Unix epoch as `YYYY-MM-DD HH:MM UTC`.

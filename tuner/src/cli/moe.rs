@@ -357,7 +357,7 @@ pub fn tune_phase(
     if !jsonl.is_empty() && !jsonl.ends_with('\n') {
         jsonl.push('\n');
     }
-    let at = fp4tune::tune::run::unix_now();
+    let at = fp4tune::bench::report::unix_now();
     jsonl.push_str(&fp4tune::tune::moe::log_lines(&logs, &info.name, info.compute_capability, at)?);
     fp4tune::compile::cache::write_atomic(&log_path, jsonl.as_bytes())
         .with_context(|| format!("writing {}", log_path.display()))?;

@@ -94,8 +94,17 @@ pub fn log_lines(
     at: u64,
 ) -> Result<String, serde_json::Error> {
     let mut out = String::new();
+    // one hash per family (the keys of a tune share one): hashing the templates is not per key
+    let mut hashes: Vec<(crate::template::Family, String)> = Vec::new();
     for (key, measured) in logs {
-        let template_hash = crate::moe::templates::family_template_hash(key.family);
+        let template_hash = match hashes.iter().find(|(f, _)| *f == key.family) {
+            Some((_, h)) => h.clone(),
+            None => {
+                let h = crate::moe::templates::family_template_hash(key.family);
+                hashes.push((key.family, h.clone()));
+                h
+            }
+        };
         for candidate in measured {
             out += &serde_json::to_string(&MoeLogRecord {
                 schema_version: MOE_LOG_SCHEMA_VERSION,

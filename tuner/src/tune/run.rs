@@ -303,11 +303,6 @@ pub fn table_file_name(device: &DeviceInfo, shard: Shard) -> String {
     shard.file_name(&sku_slug(&device.name), "ron")
 }
 
-/// Now in Unix seconds (0 if the clock is before 1970): the `at` of records and log lines.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
 /// The random operands of a key (fused candidates and the composite path see the same ones).
 fn operand_seed(key: &TableKey) -> u64 {
     0xF4F4 ^ ((key.m as u64) << 40) ^ ((key.n as u64) << 20) ^ key.k as u64
@@ -463,7 +458,7 @@ impl Campaign<'_> {
             device: self.info.name.clone(),
             compute_capability: self.info.compute_capability,
             template_hash: self.template_hash.clone(),
-            at: unix_now(),
+            at: crate::bench::report::unix_now(),
             context: Some(self.context.clone()),
         };
         self.sink.append(record)?;
