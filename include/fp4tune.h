@@ -200,20 +200,27 @@ typedef struct fp4tune_moe_args {
     uint64_t x_sf;         /* W4A4: X swizzled scales (4-byte aligned), with x_fp4 */
 } fp4tune_moe_args;
 
-/* Put a layer's weight codes (bytes at device address codes, 16-byte aligned, a multiple of 16:
- * w13 or w2 of all local experts, or one buffer holding several layers' codes, no scales) into
- * the order this device's grouped kernels read, in place on stream, once after loading (not
- * while the stream captures a graph). Grouped launches return FP4TUNE_ERR_INVALID_ARGUMENT for
- * weight codes that were not prepared, fp4tune_gemm for codes that were, and so does preparing
- * codes that overlap prepared ones. Prepared codes serve the grouped layer only:
- * fp4tune_moe_restore_weights (same codes and bytes) puts them back for fp4tune_gemm;
- * fp4tune_moe_forget_weights (same codes and bytes) drops them from the dispatcher's list
+/* Put one projection's weight codes of a layer (projection FP4TUNE_MOE_W13: w13 of all local
+ * experts, or FP4TUNE_MOE_W2: w2; codes only, at device address codes, 16-byte aligned; the
+ * layer shape as for the workspace) into the layout this device's grouped kernels read, in place,
+ * once after loading (not while the stream captures a graph). The work runs on stream through a
+ * scratch copy of up to 64 MiB; the call returns once the codes are in place. Grouped launches
+ * return FP4TUNE_ERR_INVALID_ARGUMENT for weight codes that were not prepared for their
+ * projection and shape, fp4tune_gemm for codes that were, and so does preparing codes that
+ * overlap prepared ones. Prepared codes serve the grouped layer only:
+ * fp4tune_moe_restore_weights (same shape, projection and codes) puts them back for
+ * fp4tune_gemm; fp4tune_moe_forget_weights (same arguments) drops them from the dispatcher's list
  * without touching them: call one of the two before the memory is freed or reused. */
-FP4TUNE_API int fp4tune_moe_prepare_weights(const fp4tune_dispatcher* d, uint64_t codes, size_t bytes,
+#define FP4TUNE_MOE_W13 0u
+#define FP4TUNE_MOE_W2 1u
+FP4TUNE_API int fp4tune_moe_prepare_weights(const fp4tune_dispatcher* d, int32_t hidden, int32_t inter,
+                                            int32_t experts, uint32_t projection, uint64_t codes,
                                             uint64_t stream);
-FP4TUNE_API int fp4tune_moe_restore_weights(const fp4tune_dispatcher* d, uint64_t codes, size_t bytes,
+FP4TUNE_API int fp4tune_moe_restore_weights(const fp4tune_dispatcher* d, int32_t hidden, int32_t inter,
+                                            int32_t experts, uint32_t projection, uint64_t codes,
                                             uint64_t stream);
-FP4TUNE_API int fp4tune_moe_forget_weights(const fp4tune_dispatcher* d, uint64_t codes, size_t bytes);
+FP4TUNE_API int fp4tune_moe_forget_weights(const fp4tune_dispatcher* d, int32_t hidden, int32_t inter,
+                                           int32_t experts, uint32_t projection, uint64_t codes);
 
 /* A workspace for up to max_tokens tokens of the layer; the table must have grouped entries for
  * it. On failure *out is NULL. */

@@ -132,8 +132,13 @@ def main() -> int:
     lib.fp4tune_moe_workspace_destroy.argtypes = [ctypes.c_void_p]
     lib.fp4tune_moe_layer.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(MoeArgs), ctypes.c_uint64]
     lib.fp4tune_moe_route.argtypes = [ctypes.c_void_p, i32, i32, i32, i32, i32, ctypes.c_char_p, ctypes.c_size_t]
+    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
     for f in (lib.fp4tune_moe_prepare_weights, lib.fp4tune_moe_restore_weights):
-        f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64]
+        f.argtypes = [ctypes.c_void_p, i32, i32, i32, u32, u64, u64]
+    W13, W2 = 0, 1  # FP4TUNE_MOE_W13, FP4TUNE_MOE_W2
+
+    def prepare(codes, projection):
+        return lib.fp4tune_moe_prepare_weights(d, HIDDEN, INTER, EXPERTS, projection, codes.data_ptr(), stream)
     lib.fp4tune_close.argtypes = [ctypes.c_void_p]
 
     def check(status, what):
@@ -150,8 +155,8 @@ def main() -> int:
     copies13 = [(w13.codes, w13.sf)] + [(w13.codes.clone(), w13.sf.clone()) for _ in range(args.copies - 1)]
     copies2 = [(w2.codes, w2.sf)] + [(w2.codes.clone(), w2.sf.clone()) for _ in range(args.copies - 1)]
     stream = torch.cuda.current_stream().cuda_stream
-    # a launch on codes in the ModelOpt order is refused; preparing puts every copy's codes into
-    # the grouped kernels' order once (in place); restoring gives the same bytes back
+    # a launch on codes in the ModelOpt layout is refused; preparing puts every copy's codes into
+    # the grouped kernels' layout once (in place); restoring gives the same bytes back
     probe = torch.zeros(1, dtype=torch.int32, device="cuda")
     unprepared = MoeArgs(probe.data_ptr(), probe.data_ptr(), probe.data_ptr(), w13.codes.data_ptr(),
                          w13.sf.data_ptr(), w13.alpha.data_ptr(), w2.codes.data_ptr(), w2.sf.data_ptr(),
@@ -160,18 +165,17 @@ def main() -> int:
     ok = refused and b"not prepared" in lib.fp4tune_last_error()
     print(f"unprepared weights refused: {ok} ({lib.fp4tune_last_error().decode()})")
     original = w13.codes.clone()
-    for codes, _ in copies13 + copies2:
-        check(lib.fp4tune_moe_prepare_weights(d, codes.data_ptr(), codes.numel(), stream),
-              "fp4tune_moe_prepare_weights")
-    # the sm90 grouped kernels read a decode order; a family that reads the ModelOpt order as
-    # loaded (sm120) only records the range
+    for projection, copies in ((W13, copies13), (W2, copies2)):
+        for codes, _ in copies:
+            check(prepare(codes, projection), "fp4tune_moe_prepare_weights")
+    # the sm90 grouped kernels read the grouped layout; a family that reads the ModelOpt layout
+    # as loaded (sm120) only records the codes
     moved = not torch.equal(w13.codes, original) or torch.cuda.get_device_capability()[0] != 9
-    check(lib.fp4tune_moe_restore_weights(d, w13.codes.data_ptr(), w13.codes.numel(), stream),
+    check(lib.fp4tune_moe_restore_weights(d, HIDDEN, INTER, EXPERTS, W13, w13.codes.data_ptr(), stream),
           "fp4tune_moe_restore_weights")
     restored = torch.equal(w13.codes, original)
-    check(lib.fp4tune_moe_prepare_weights(d, w13.codes.data_ptr(), w13.codes.numel(), stream),
-          "fp4tune_moe_prepare_weights")
-    twice = lib.fp4tune_moe_prepare_weights(d, w13.codes.data_ptr(), w13.codes.numel(), stream) != 0
+    check(prepare(w13.codes, W13), "fp4tune_moe_prepare_weights")
+    twice = prepare(w13.codes, W13) != 0
     print(f"prepare moves the codes: {moved}, restore gives them back: {restored}, "
           f"preparing twice refused: {twice}")
     ok &= moved and restored and twice

@@ -36,6 +36,7 @@
 // threads, SMEM_BYTES of dynamic shared memory, cluster (1, 1, SPLIT_K) when SPLIT_K > 1.
 #pragma once
 #include "moe/epilogue.cuh"
+#include "moe/layout.cuh"
 #include "moe/params.cuh"
 #include "sm90/direct.cuh"
 
@@ -89,6 +90,41 @@ struct GroupedConfig
                   "MIN_CTAS CTAs' shared memory (ring and split-K slots) over the 228 KiB of an SM");
 };
 
+// The codes of a row's chunk at k0 (a multiple of 128) in the grouped layout (moe/layout.cuh):
+// one 1 KB block per chunk, so a lane's pointer at k = 0 moves by a block per chunk.
+__device__ __forceinline__ int chunk_codes(int k0) { return (k0 >> 7) * CODE_BLOCK_BYTES; }
+
+// sm90::WeightChunk::load and sm90::WarpRing::issue (direct.cuh, the GEMM's ModelOpt rows) with the
+// codes of the grouped layout: the same lane bytes and scales, the codes' chunk step a block.
+template <class Cfg>
+__device__ __forceinline__ void load_weights(sm90::WeightChunk<Cfg>& wc, const uint8_t* const (&code_row)[Cfg::P_TILES][2],
+                                             const uint8_t* const (&sf_row)[Cfg::P_TILES][2], int k0) {
+#pragma unroll
+    for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wc.code[i][h] = ptx::ldg_stream_v4(code_row[i][h] + chunk_codes(k0));
+#pragma unroll
+    for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wc.sf[i][h] = ptx::ldg_u16(sf_row[i][h] + (k0 >> 6) * 512);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void issue_weights(const sm90::WarpRing<Cfg>& ring,
+                                              const uint8_t* const (&code_row)[Cfg::P_TILES][2],
+                                              const uint8_t* const (&sf_word_row)[Cfg::P_TILES][2], int k0, int slot,
+                                              int lane) {
+#pragma unroll
+    for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ptx::cp_async_cg_16(ring.code_at(slot, i, h), code_row[i][h] + chunk_codes(k0), 16u);
+#pragma unroll
+    for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            ptx::cp_async_ca_4(ring.sf_at(slot, i, h, lane), sf_word_row[i][h] + (k0 >> 6) * 512, 4u);
+}
+
 // This warp's ring of weights and activations (GroupedConfig::A_SMEM): stage slot holds the code
 // runs [i][h][lane] (16 bytes), the scale words [i][h][g][t / 2] (the lanes t and t ^ 1 read the
 // same word; the even one copies it), then the bf16 runs [q][w][lane] (16 bytes): every LDS.128
@@ -133,7 +169,7 @@ struct GroupedRing {
         for (int i = 0; i < Cfg::P_TILES; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                ptx::cp_async_cg_16(code_at(slot, i, h, lane), code_row[i][h] + (k0 >> 1), 16u);
+                ptx::cp_async_cg_16(code_at(slot, i, h, lane), code_row[i][h] + chunk_codes(k0), 16u);
         if ((lane & 1) == 0) {
 #pragma unroll
             for (int i = 0; i < Cfg::P_TILES; ++i)
@@ -200,14 +236,16 @@ struct Grouped {
             for (int i = 0; i < Cfg::P_TILES; ++i)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
+                    // m16 tile i is paired rows rho0 .. rho0 + 15 (moe/layout.cuh; clamped to the
+                    // last tile: its rows are never stored), the lane's row 8h + g of them
+                    const int rho0 = min(n0 + p0 + 16 * i, p.n - CODE_GROUP_ROWS);
                     int row;
                     if constexpr (OP == OP_GATE_UP) {
-                        const int half = p.n / 2;
-                        row = min((n0 + p0 + 16 * i) / 2 + g, half - 1) + h * half;
+                        row = rho0 / 2 + g + h * (p.n / 2);
                     } else {
-                        row = min(n0 + p0 + 16 * i + 8 * h + g, p.n - 1);
+                        row = rho0 + 8 * h + g;
                     }
-                    code_row[i][h] = ptx::opaque_ptr(w + static_cast<size_t>(row) * (p.k / 2) + 16 * t);
+                    code_row[i][h] = ptx::opaque_ptr(w + code_group(rho0, p.k / 2) + h * 512 + lane * 16);
                     // register ring: the lane's two scale bytes (blocks 2t, 2t + 1); warp ring: the
                     // 4-byte word that holds them (blocks 4 (t / 2) ..), which cp.async copies whole
                     sf_row[i][h] = ptx::opaque_ptr(w_sf + swizzled_sf_offset(static_cast<uint32_t>(row),
@@ -424,7 +462,7 @@ struct Grouped {
             sm90::ActivationChunk<Cfg> aring[Cfg::DEPTH];
 #pragma unroll
             for (int d = 0; d < Cfg::DEPTH - 1; ++d) {
-                ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k, d, lane);
+                issue_weights<Cfg>(ring, walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k, d, lane);
                 aring[d].load(walk.ptr.a_row, walk.ptr.a_sf_row, walk.ahead.k);
                 ptx::cp_async_commit();
                 walk.issued();
@@ -442,7 +480,7 @@ struct Grouped {
                         ring.read(wc, d, lane);
                         walk.turn(p, lane);
                         if (walk.issuing) {
-                            ring.issue(walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k, refill, lane);
+                            issue_weights<Cfg>(ring, walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k, refill, lane);
                             aring[refill].load(walk.ptr.a_row, walk.ptr.a_sf_row, walk.ahead.k);
                             walk.issued();
                         }
@@ -459,7 +497,7 @@ struct Grouped {
             sm90::ActivationChunk<Cfg> aring[Cfg::DEPTH];
 #pragma unroll
             for (int d = 0; d < Cfg::DEPTH; ++d) {
-                ring[d].load(walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k);
+                load_weights<Cfg>(ring[d], walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k);
                 aring[d].load(walk.ptr.a_row, walk.ptr.a_sf_row, walk.ahead.k);
                 walk.issued();
             }
@@ -473,7 +511,7 @@ struct Grouped {
                         sm90::chunk_mma<Cfg>(ring[d], sm90::RingActivations<Cfg>{aring[d]}, lane, acc);
                         walk.turn(p, lane);
                         if (walk.issuing) {
-                            ring[d].load(walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k);
+                            load_weights<Cfg>(ring[d], walk.ptr.code_row, walk.ptr.sf_row, walk.ahead.k);
                             aring[d].load(walk.ptr.a_row, walk.ptr.a_sf_row, walk.ahead.k);
                             walk.issued();
                         }

@@ -9,7 +9,8 @@
 // x of tile y of its tile list (one tile = up to BLOCK_M rows of one expert, BLOCK_M 16 to 128); CTAs past the tile
 // count exit at once, so empty experts cost nothing.
 //
-// The loads are sm90/load.cuh's, with two row maps:
+// The loads are sm90/load.cuh's (the weight codes' from the grouped layout, moe/code_copy.cuh),
+// with two row maps:
 // - the activations: stage row r is routed row tl.y + r; gate_up gathers X[sorted_ids[..] / top_k]
 //   (rows at or past the tile's count are not copied: their accumulator rows are never stored);
 // - the weights: OP_GATE_UP interleaves the CTA's BLOCK_N weight rows as gate / up pairs, stage row
@@ -28,6 +29,7 @@
 // Launch contract (moe::GroupedConfig with `tiled` in Rust): grid (ceil(N / BLOCK_N), max_tiles,
 // 1), THREADS threads, SMEM_BYTES of dynamic shared memory, no cluster.
 #pragma once
+#include "moe/code_copy.cuh"
 #include "moe/epilogue.cuh"
 #include "moe/params.cuh"
 #include "sm90/config.cuh"
@@ -108,15 +110,17 @@ struct GroupedTiled {
         const uint8_t* w = p.w + static_cast<size_t>(expert) * p.n * (k / 2);
         const uint8_t* w_sf = p.w_sf + static_cast<size_t>(expert) * ((p.n + 127) / 128 * 128) * ksf_pad;
 
-        // This thread's copies of every stage, planned once (sm90/load.cuh CopyPlan, or TailCopyPlan).
-        Plan<Cfg::BLOCK_N * W_UNITS, CODE_BYTES, W_UNITS, 2 * CODE_BYTES> w_codes;
+        // This thread's copies of every stage, planned once (sm90/load.cuh CopyPlan, or TailCopyPlan;
+        // the codes from the grouped layout, moe/code_copy.cuh).
+        CodeCopyPlan<Cfg::BLOCK_N * W_UNITS, Cfg::THREADS, CODE_BYTES> w_codes;
         Plan<Cfg::BLOCK_N * G, 4, 1, 64> w_scales;  // K-tail form: G == 1, one word (64 k) per row
         Plan<Cfg::BLOCK_M * A_UNITS, 16, A_UNITS, 8> a_rows;
-        w_codes.plan(tid, [&](int i, const uint8_t*& src, uint32_t& dst) {
+        w_codes.plan(tid, w, k, [&](int i, int& rho, int& b0, uint32_t& dst) {
             const int r = i / W_UNITS;
             const int u = i % W_UNITS;
             const int row = weight_row(p, n0, r);
-            src = w + static_cast<size_t>(max(row, 0)) * (k / 2) + u * CODE_BYTES;
+            rho = paired_row(OP, p.n, max(row, 0));
+            b0 = u * CODE_BYTES;
             if constexpr (Cfg::K_TAIL) {
                 dst = r * (BK / 2) + u * CODE_BYTES;  // two 16-byte units per row: no swizzle
             } else {
@@ -145,7 +149,7 @@ struct GroupedTiled {
         const auto issue = [&](int s, int kb) {
             const uint32_t stage = smem_base + s * Cfg::STAGE_BYTES;
             const int k_left = k - kb * BK;  // k left before K (the K-tail form cuts the stage there)
-            w_codes.issue(stage, static_cast<size_t>(kb) * (BK / 2), k_left);
+            w_codes.issue(stage, kb * (BK / 2));
             w_scales.issue(stage, static_cast<size_t>(kb) * G * 512, k_left);  // k-block kb = 4G scale columns
             a_rows.issue(stage, static_cast<size_t>(kb) * BK * 2, k_left);
         };

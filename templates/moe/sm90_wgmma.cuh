@@ -34,6 +34,7 @@
 // max_tiles, 1), THREADS threads, SMEM_BYTES of dynamic shared memory, no cluster; sm_90a.
 #pragma once
 #include "common/nvfp4.cuh"
+#include "moe/code_copy.cuh"
 #include "moe/epilogue.cuh"
 #include "moe/params.cuh"
 #include "moe/wgmma.cuh"
@@ -224,7 +225,7 @@ struct GroupedWgmma {
 
         // This thread's copies of every stage, planned once (sm90/load.cuh CopyPlan).
         sm90::CopyPlan<Cfg::BLOCK_M * Cfg::A_UNITS, Cfg::THREADS, 16> b_rows;
-        sm90::CopyPlan<Cfg::BLOCK_N * Cfg::W_UNITS, Cfg::THREADS, 16> w_codes;
+        CodeCopyPlan<Cfg::BLOCK_N * Cfg::W_UNITS, Cfg::THREADS, 16> w_codes;  // the grouped layout
         sm90::CopyPlan<Cfg::BLOCK_N * Cfg::SF_WORDS, Cfg::THREADS, 4> w_scales;
         b_rows.plan(tid, [&](int i, const uint8_t*& src, uint32_t& dst) {
             const int r = i / Cfg::A_UNITS;
@@ -235,11 +236,12 @@ struct GroupedWgmma {
             dst = wgmma::b_offset<Cfg::BLOCK_M>(r, u);
             return r < rows;
         });
-        w_codes.plan(tid, [&](int i, const uint8_t*& src, uint32_t& dst) {
+        w_codes.plan(tid, w, k, [&](int i, int& rho, int& b0, uint32_t& dst) {
             const int r = i / Cfg::W_UNITS;
             const int u = i % Cfg::W_UNITS;
             const int row = weight_row(p, n0, r);
-            src = w + static_cast<size_t>(max(row, 0)) * (k / 2) + u * 16;
+            rho = paired_row(OP, p.n, max(row, 0));
+            b0 = u * 16;
             dst = Cfg::OFF_W + r * (BK / 2) + code_unit<Cfg::W_UNITS>(r, u) * 16;
             return row >= 0;
         });
@@ -259,7 +261,7 @@ struct GroupedWgmma {
             const bool live = kb < iters;
             const size_t kc = static_cast<size_t>(min(kb, iters - 1));
             copy<16>(b_rows, stage, kc * BK * 2, live);
-            copy<16>(w_codes, stage, kc * (BK / 2), live);
+            w_codes.issue(stage, static_cast<int>(kc) * (BK / 2), live);
             copy<4>(w_scales, stage, kc * Cfg::SF_WORDS * 512, live);  // 4 scale columns per word
         };
 

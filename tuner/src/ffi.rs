@@ -75,9 +75,9 @@ pub const EXPORTS: &[(&str, usize)] = &[
     ("fp4tune_moe_gate_up", 4),
     ("fp4tune_moe_down", 4),
     ("fp4tune_moe_route", 8),
-    ("fp4tune_moe_prepare_weights", 4),
-    ("fp4tune_moe_restore_weights", 4),
-    ("fp4tune_moe_forget_weights", 3),
+    ("fp4tune_moe_prepare_weights", 7),
+    ("fp4tune_moe_restore_weights", 7),
+    ("fp4tune_moe_forget_weights", 6),
 ];
 
 /// The opaque handle (`fp4tune_dispatcher` in C).

@@ -194,84 +194,114 @@ enum WeightsCall {
     Forget,
 }
 
-/// Prepare, restore or forget a layer's weight codes (`MoeOps::prepare_weights`,
-/// `restore_weights`, `forget_weights`; forget enqueues nothing on `stream`).
+/// The projection a C `projection` names: `FP4TUNE_MOE_W13` (0, gate_up) or `FP4TUNE_MOE_W2`
+/// (1, down).
+fn projection(p: u32) -> Result<crate::moe::MoeOp, Failure> {
+    match p {
+        0 => Ok(crate::moe::MoeOp::GateUp),
+        1 => Ok(crate::moe::MoeOp::Down),
+        _ => Err(invalid(format!("projection {p}: FP4TUNE_MOE_W13 (0) or FP4TUNE_MOE_W2 (1)"))),
+    }
+}
+
+/// Prepare, restore or forget one projection's weight codes of a layer
+/// (`MoeOps::prepare_weights`, `restore_weights`, `forget_weights`; forget enqueues nothing on
+/// `stream`).
 ///
 /// # Safety
 /// As the exported functions that call it.
+#[allow(clippy::too_many_arguments)]
 unsafe fn weights_call(
     d: *const Fp4tuneDispatcher,
+    hidden: i32,
+    inter: i32,
+    experts: i32,
+    which: u32,
     codes: u64,
-    bytes: usize,
     stream: u64,
     call: WeightsCall,
 ) -> c_int {
     guard(|| {
         // SAFETY: live handle per the contract.
         let d = unsafe { handle(d)? };
+        // (top_k does not shape the weights)
+        let shape = moe_shape(hidden, inter, experts, 1)?;
+        let op = projection(which)?;
         let m = d.moe().map_err(|e| fail(e, false))?;
-        let bytes = bytes as u64;
         // SAFETY: buffer and stream contract forwarded from the caller.
         unsafe {
             match call {
-                WeightsCall::Prepare => m.prepare_weights(codes, bytes, stream),
-                WeightsCall::Restore => m.restore_weights(codes, bytes, stream),
-                WeightsCall::Forget => m.forget_weights(codes, bytes),
+                WeightsCall::Prepare => m.prepare_weights(&shape, op, codes, stream),
+                WeightsCall::Restore => m.restore_weights(&shape, op, codes, stream),
+                WeightsCall::Forget => m.forget_weights(&shape, op, codes),
             }
         }
         .map_err(|e| fail(e, true))
     })
 }
 
-/// Put a layer's weight codes (`bytes` at device address `codes`: w13 or w2 of all local experts,
-/// or a buffer holding several layers' codes, no scales) into the order the grouped kernels read,
-/// in place on `stream`, once after loading. Grouped launches refuse codes that were not
-/// prepared, GEMM launches codes that were; overlapping a prepared range and a capturing stream
-/// are refused.
+/// Put one projection's weight codes of a layer (`projection` 0 = w13, 1 = w2: every local
+/// expert's codes, no scales, at device address `codes`) into the layout the grouped kernels
+/// read, in place, once after loading; returns once they are in place (`stream` runs the work).
+/// Grouped launches refuse codes that were not prepared for their projection and shape, GEMM
+/// launches codes that were; overlapping a prepared range and a capturing stream are refused.
 ///
 /// # Safety
-/// `d` live; `codes` device memory of `bytes` bytes not used by other work until the work
-/// completes; `stream` 0 or a live stream.
+/// `d` live; `codes` the projection's codes on the device, not used by other work until the
+/// call returns; `stream` 0 or a live stream.
 #[no_mangle]
 pub unsafe extern "C" fn fp4tune_moe_prepare_weights(
     d: *const Fp4tuneDispatcher,
+    hidden: i32,
+    inter: i32,
+    experts: i32,
+    projection: u32,
     codes: u64,
-    bytes: usize,
     stream: u64,
 ) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { weights_call(d, codes, bytes, stream, WeightsCall::Prepare) }
+    unsafe {
+        weights_call(d, hidden, inter, experts, projection, codes, stream, WeightsCall::Prepare)
+    }
 }
 
-/// Put codes prepared by `fp4tune_moe_prepare_weights` (same address and size) back into the
-/// ModelOpt order, in place on `stream` (for `fp4tune_gemm`).
+/// Put codes prepared by `fp4tune_moe_prepare_weights` (same shape, projection and address)
+/// back into the ModelOpt layout, in place (for `fp4tune_gemm`); returns once done.
 ///
 /// # Safety
 /// As `fp4tune_moe_prepare_weights`; no grouped launch reading them may be pending.
 #[no_mangle]
 pub unsafe extern "C" fn fp4tune_moe_restore_weights(
     d: *const Fp4tuneDispatcher,
+    hidden: i32,
+    inter: i32,
+    experts: i32,
+    projection: u32,
     codes: u64,
-    bytes: usize,
     stream: u64,
 ) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { weights_call(d, codes, bytes, stream, WeightsCall::Restore) }
+    unsafe {
+        weights_call(d, hidden, inter, experts, projection, codes, stream, WeightsCall::Restore)
+    }
 }
 
-/// Forget codes prepared by `fp4tune_moe_prepare_weights` (same address and size) without
-/// touching them: before their memory is freed or overwritten with other data.
+/// Forget codes prepared by `fp4tune_moe_prepare_weights` (same shape, projection and address)
+/// without touching them: before their memory is freed or overwritten with other data.
 ///
 /// # Safety
 /// `d` live.
 #[no_mangle]
 pub unsafe extern "C" fn fp4tune_moe_forget_weights(
     d: *const Fp4tuneDispatcher,
+    hidden: i32,
+    inter: i32,
+    experts: i32,
+    projection: u32,
     codes: u64,
-    bytes: usize,
 ) -> c_int {
     // SAFETY: forwarded contract (no stream is touched).
-    unsafe { weights_call(d, codes, bytes, 0, WeightsCall::Forget) }
+    unsafe { weights_call(d, hidden, inter, experts, projection, codes, 0, WeightsCall::Forget) }
 }
 
 /// Write the grouped kernels the layer launches for `tokens`, per activation type the table has
@@ -356,9 +386,9 @@ mod tests {
         // SAFETY: as above.
         unsafe {
             for s in [
-                fp4tune_moe_prepare_weights(std::ptr::null(), 256, 4096, 0),
-                fp4tune_moe_restore_weights(std::ptr::null(), 256, 4096, 0),
-                fp4tune_moe_forget_weights(std::ptr::null(), 256, 4096),
+                fp4tune_moe_prepare_weights(std::ptr::null(), 6144, 256, 256, 0, 4096, 0),
+                fp4tune_moe_restore_weights(std::ptr::null(), 6144, 256, 256, 1, 4096, 0),
+                fp4tune_moe_forget_weights(std::ptr::null(), 6144, 256, 256, 0, 4096),
             ] {
                 assert_eq!(s, Status::InvalidArgument as c_int);
             }

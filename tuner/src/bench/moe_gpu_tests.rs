@@ -124,33 +124,56 @@ fn setup(w4a16: bool) -> Option<(Gpu, Compiler, MoeKernels, tempfile::TempDir)> 
     Some((gpu, compiler, kernels, dir))
 }
 
-/// The order kernels put codes into the order `moe::order` computes on the CPU (the bytes the
-/// bench uploads and the grouped kernels are verified on) and back, in place, on a buffer whose
-/// length is no multiple of the grid; misaligned and empty ranges are refused.
+/// The order kernels put codes into the layout `moe::order` computes on the CPU (the bytes the
+/// bench uploads and the grouped kernels are verified on) and back, in place: both projections,
+/// K with whole blocks, a 32-byte tail (K = 192) and an 8-byte one (K = 176), and a stack over
+/// the scratch's 64 MiB (two passes); misaligned ranges and rows the layout cannot take are
+/// refused.
 #[test]
 #[cfg_attr(
     not(feature = "gpu"),
     ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
 )]
-fn the_order_kernels_match_the_cpu_order_and_restore() {
+fn the_order_kernels_match_the_cpu_layout_and_restore() {
+    use crate::moe::order::{apply, CodeStack, WeightOrder};
     let Some((gpu, _compiler, kernels, _dir)) = setup(false) else { return };
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
-    let family = crate::runtime::family_for(gpu.info()).unwrap();
+    let order = WeightOrder::of(crate::runtime::family_for(gpu.info()).unwrap());
     let mut rng = crate::moe::schedule::SplitMix64(0x0D0E);
-    let codes: Vec<u8> = (0..(1 << 20) + 48).map(|_| rng.below(256) as u8).collect();
-    let buf = gpu.upload(&codes).unwrap();
     let stream = gpu.own_stream();
-    // SAFETY: buf holds codes.len() bytes on this device, used by nothing else meanwhile.
-    unsafe { launcher.order_weights(buf.ptr(), codes.len() as u64, false, stream) }.unwrap();
-    let want = crate::moe::order::apply(crate::moe::order::WeightOrder::of(family), &codes);
-    assert_eq!(gpu.download(&buf).unwrap(), want, "forward order");
-    // SAFETY: as above.
-    unsafe { launcher.order_weights(buf.ptr(), codes.len() as u64, true, stream) }.unwrap();
-    assert_eq!(gpu.download(&buf).unwrap(), codes, "back to the ModelOpt order");
-    for (at, bytes) in [(buf.ptr() + 4, 64), (buf.ptr(), 20), (buf.ptr(), 0), (0, 64)] {
+    let stacks = [
+        CodeStack { op: MoeOp::GateUp, n: 64, k: 256, experts: 3 },
+        CodeStack { op: MoeOp::Down, n: 48, k: 192, experts: 2 },
+        CodeStack { op: MoeOp::GateUp, n: 32, k: 176, experts: 5 },
+        CodeStack { op: MoeOp::Down, n: 6144, k: 256, experts: 3 },
+        CodeStack { op: MoeOp::GateUp, n: 512, k: 6144, experts: 48 },
+    ];
+    for stack in stacks {
+        let codes: Vec<u8> = (0..stack.bytes()).map(|_| rng.below(256) as u8).collect();
+        let buf = gpu.upload(&codes).unwrap();
+        // SAFETY: buf holds the stack's bytes on this device, used by nothing else meanwhile.
+        unsafe { launcher.order_weights(buf.ptr(), stack, false, stream) }.unwrap();
+        let want = apply(order, stack.op, stack.n as usize, stack.k as usize, &codes);
+        assert!(gpu.download(&buf).unwrap() == want, "{stack:?}: into the layout");
+        // SAFETY: as above.
+        unsafe { launcher.order_weights(buf.ptr(), stack, true, stream) }.unwrap();
+        assert!(gpu.download(&buf).unwrap() == codes, "{stack:?}: back to the ModelOpt layout");
+    }
+    let buf = gpu.upload(&vec![0u8; 1 << 16]).unwrap();
+    let stack = CodeStack { op: MoeOp::Down, n: 16, k: 256, experts: 1 };
+    for at in [buf.ptr() + 4, 0] {
         // SAFETY: refused before any launch.
-        let e = unsafe { launcher.order_weights(at, bytes, false, stream) }.unwrap_err();
+        let e = unsafe { launcher.order_weights(at, stack, false, stream) }.unwrap_err();
         assert!(e.to_string().contains("16-byte aligned"), "{e}");
+    }
+    for bad in [
+        CodeStack { n: 24, ..stack },
+        CodeStack { k: 200, ..stack },
+        CodeStack { experts: 0, ..stack },
+    ] {
+        // SAFETY: as above.
+        let e = unsafe { launcher.order_weights(buf.ptr(), bad, false, stream) }.unwrap_err();
+        assert!(e.to_string().contains("multiples of 16"), "{bad:?}: {e}");
     }
 }
 

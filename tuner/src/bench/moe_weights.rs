@@ -50,11 +50,11 @@ pub struct LayerWeights {
     pub alpha2: DeviceBuf<f32>,
     /// Copies uploaded (gate_up, down).
     pub copies: (usize, usize),
-    /// The order the device's grouped kernels read the codes in (`moe::order`): the copies above
+    /// The layout the device's grouped kernels read the codes in (`moe::order`): the copies above
     /// are uploaded in it.
     pub order: WeightOrder,
-    /// The copies' codes in the ModelOpt order, for the per-expert GEMMs of the loop peer when
-    /// the grouped kernels read another order (uploaded on first use).
+    /// The copies' codes in the ModelOpt layout, for the per-expert GEMMs of the loop peer when
+    /// the grouped kernels read another layout (uploaded on first use).
     modelopt: OnceLock<(DeviceBuf<u8>, DeviceBuf<u8>)>,
 }
 
@@ -70,10 +70,15 @@ impl LayerWeights {
         // a device of no known family runs no grouped kernel: its order is moot
         let order =
             crate::runtime::family_for(gpu.info()).map_or(WeightOrder::ModelOpt, WeightOrder::of);
+        let (n13, k13, n2, k2) = (n13 as usize, k13 as usize, n2 as usize, k2 as usize);
         Ok(LayerWeights {
-            w13_codes: gpu.upload_repeated(&order::apply(order, &w13.codes), copies.0)?,
+            w13_codes: gpu.upload_repeated(
+                &order::apply(order, MoeOp::GateUp, n13, k13, &w13.codes),
+                copies.0,
+            )?,
             w13_sf: gpu.upload_repeated(&w13.scales, copies.0)?,
-            w2_codes: gpu.upload_repeated(&order::apply(order, &w2.codes), copies.1)?,
+            w2_codes: gpu
+                .upload_repeated(&order::apply(order, MoeOp::Down, n2, k2, &w2.codes), copies.1)?,
             w2_sf: gpu.upload_repeated(&w2.scales, copies.1)?,
             alpha13: gpu.upload(&w13.alpha)?,
             alpha2: gpu.upload(&w2.alpha)?,
@@ -91,7 +96,7 @@ impl LayerWeights {
     pub fn modelopt_codes_at(&self, gpu: &Gpu, op: MoeOp, c: usize) -> Result<u64, GpuError> {
         let (w13, w2) = match self.order {
             WeightOrder::ModelOpt => (&self.w13_codes, &self.w2_codes),
-            WeightOrder::Decode => {
+            WeightOrder::Grouped => {
                 if self.modelopt.get().is_none() {
                     let bufs = (
                         gpu.upload_repeated(&self.w13.codes, self.copies.0)?,

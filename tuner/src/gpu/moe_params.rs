@@ -78,12 +78,16 @@ pub struct MoeFinalizeParams {
 // SAFETY: as MoeAlignParams.
 unsafe impl DeviceRepr for MoeFinalizeParams {}
 
-/// templates/moe/order.cuh `OrderParams`: a layer's weight codes as `count` 32-bit words.
+/// templates/moe/order.cuh `OrderParams`: experts of one projection's weight codes, read from
+/// `src` (a copy) and written to `dst` in the other layout.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct MoeOrderParams {
-    pub words: u64,
-    pub count: u64,
+    pub src: u64,
+    pub dst: u64,
+    pub n: i32,
+    pub k: i32,
+    pub op: i32,
 }
 
 // SAFETY: as MoeAlignParams.
@@ -108,6 +112,7 @@ mod tests {
         assert_eq!(offset_of!(MoeGroupedParams, top_k), 100);
         assert_eq!((size_of::<MoeFinalizeParams>(), align_of::<MoeFinalizeParams>()), (48, 8));
         assert_eq!(offset_of!(MoeFinalizeParams, tokens), 32);
-        assert_eq!((size_of::<MoeOrderParams>(), align_of::<MoeOrderParams>()), (16, 8));
+        assert_eq!((size_of::<MoeOrderParams>(), align_of::<MoeOrderParams>()), (32, 8));
+        assert_eq!(offset_of!(MoeOrderParams, op), 24);
     }
 }

@@ -114,6 +114,34 @@ impl Gpu {
         unsafe { self.launch_raw(kernel, dims, &mut args, stream) }
     }
 
+    /// Copy `bytes` bytes from device address `src` to `dst` on the raw stream `stream`
+    /// (asynchronously).
+    ///
+    /// # Safety
+    /// `src` and `dst` must be device memory of this context of `bytes` bytes each, not
+    /// overlapping, alive until the copy completes; `stream` 0 or a live stream of the primary
+    /// context.
+    pub unsafe fn copy_on_stream(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        stream: RawStream,
+    ) -> Result<(), GpuError> {
+        self.bind_to_thread()?;
+        // SAFETY: the context is current; addresses, size and stream per the contract above.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                dst as sys::CUdeviceptr,
+                src as sys::CUdeviceptr,
+                bytes as usize,
+                stream as sys::CUstream,
+            )
+        }
+        .result()
+        .map_err(drv("cuMemcpyDtoDAsync"))
+    }
+
     /// Block until all work on `stream` has finished (surfaces asynchronous launch errors).
     ///
     /// # Safety

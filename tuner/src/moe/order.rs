@@ -1,17 +1,27 @@
-//! The order of a layer's weight codes that the grouped kernels read.
+//! The layout of a layer's weight codes that the grouped kernels read.
 //!
-//! Engines load expert weights in the ModelOpt layout (nibble i of each little-endian 32-bit word
-//! is element i, element 0 in the low nibble). The sm90 family's grouped kernels decode codes to
-//! bf16 in registers and read the *decode order*: every word's 32 bits permuted so that pair `s`
-//! (elements `s` and `s + 4`, one bf16x2 register) sits on the raw bf16x2 bit positions rotated
-//! left by 22, 0 and 3 bits for `s` = 0, 1, 2, and pair 3 on the bits left, from where one
-//! multiply moves it there (`templates/common/nvfp4.cuh` `dequant_word_ordered`: 8 integer instructions
-//! per word of 8 codes instead of 13). The family sm120 MMA reads ModelOpt codes as they are.
+//! Engines load expert weights in the ModelOpt layout (rows of K/2 bytes; nibble i of each
+//! little-endian 32-bit word is element i, element 0 in the low nibble). The sm90 family's
+//! grouped kernels decode codes to bf16 in registers and read the *grouped layout*
+//! (`templates/moe/layout.cuh`):
+//! - every word in the *decode order*: its 32 bits permuted so that pair `s` (elements `s` and
+//!   `s + 4`, one bf16x2 register) sits on the raw bf16x2 bit positions rotated left by 22, 0 and
+//!   3 bits for `s` = 0, 1, 2, and pair 3 on the bits left, from where one multiply moves it there
+//!   (`templates/common/nvfp4.cuh` `dequant_word_ordered`: 8 integer instructions per word of 8
+//!   codes instead of 13);
+//! - the rows of each expert paired as the kernels' m16 tiles hold them ([`paired_row`]: gate_up
+//!   puts gate row 8T + g and up row I + 8T + g in rows g and 8 + g of group T) and stored in
+//!   blocks of 16 paired rows x 128 k ([`code_offset`]: 1 KB, in the order a warp's 16-byte copies
+//!   of an m16 tile read it, 512 contiguous bytes per copy instruction).
 //!
-//! A layer's codes are put into the order once at load (`templates/moe/order.cuh`, launched by
-//! the runtime's `prepare_weights`); benchmarks upload them ordered on the CPU (`apply`). This is
-//! the one table both use; the tests mirror the device decodes of the ordered words.
+//! The family sm120 MMA reads ModelOpt codes as they are.
+//!
+//! A layer's codes are put into the layout once at load (`templates/moe/order.cuh`, launched by
+//! the runtime's `prepare_weights`); benchmarks upload them in it from the CPU (`apply`). This is
+//! the one table both use; the tests mirror the device decodes of the ordered words and the
+//! kernels' reads of the layout.
 
+use super::MoeOp;
 use crate::template::{Arch, Family, KernelSource};
 
 /// How a family's grouped kernels read a layer's weight codes.
@@ -19,17 +29,90 @@ use crate::template::{Arch, Family, KernelSource};
 pub enum WeightOrder {
     /// The ModelOpt layout, as loaded (family sm120).
     ModelOpt,
-    /// The decode order (family sm90).
-    Decode,
+    /// The grouped layout: the decode order, rows paired, 16-row blocks of 128 k (family sm90).
+    Grouped,
 }
 
 impl WeightOrder {
     pub fn of(family: Family) -> Self {
         match family {
-            Family::Sm90 => WeightOrder::Decode,
+            Family::Sm90 => WeightOrder::Grouped,
             Family::Sm120 => WeightOrder::ModelOpt,
         }
     }
+}
+
+/// One projection's stacked expert codes (`experts` blocks of `n` rows of `k / 2` bytes): what
+/// the runtime prepares in place and what a grouped launch reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeStack {
+    pub op: MoeOp,
+    pub n: u32,
+    pub k: u32,
+    pub experts: u32,
+}
+
+impl CodeStack {
+    /// op's codes of every local expert of `shape`.
+    pub fn of(shape: &super::MoeShape, op: MoeOp) -> Self {
+        let (n, k) = shape.nk(op);
+        CodeStack { op, n, k, experts: shape.experts }
+    }
+
+    pub fn expert_bytes(&self) -> u64 {
+        u64::from(self.n) * u64::from(self.k) / 2
+    }
+
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.experts) * self.expert_bytes()
+    }
+
+    /// Whether the grouped layout takes the stack: whole groups of 16 rows and whole 16-k
+    /// blocks (the grouped kernels' own limits).
+    pub fn check(&self) -> Result<(), String> {
+        if self.n == 0 || self.k == 0 || self.experts == 0 || self.n % 16 != 0 || self.k % 16 != 0 {
+            return Err(format!(
+                "{} codes of {} experts of {} x {}: the grouped layout needs rows and k that are \
+                 positive multiples of 16",
+                self.op, self.experts, self.n, self.k
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Paired rows per row group and bytes per block of the grouped layout (`moe/layout.cuh`).
+pub const CODE_GROUP_ROWS: usize = 16;
+pub const CODE_BLOCK_BYTES: usize = 1024;
+const CODE_BLOCK_ROW_BYTES: usize = 64;
+
+/// The paired row of weight row `row` of an expert with `n` rows (gate_up: gate rows 0..n/2, up
+/// rows n/2..n; a gate row and its up row are rows g and 8 + g of one group of 16).
+pub fn paired_row(op: MoeOp, n: usize, row: usize) -> usize {
+    match op {
+        MoeOp::Down => row,
+        MoeOp::GateUp => {
+            let half = n / 2;
+            let (h, j) = if row >= half { (1, row - half) } else { (0, row) };
+            (j >> 3) * 16 + h * 8 + (j & 7)
+        }
+    }
+}
+
+/// The byte offset in its expert's codes of byte `b` of paired row `rho` (`row_bytes` = K/2 per
+/// row): the row group of 16 paired rows at `16 * row_bytes` each, in it one 1 KB block per
+/// 128 k (row `rho % 16` at 64 bytes each), then the rest of the rows one after another.
+pub fn code_offset(rho: usize, b: usize, row_bytes: usize) -> usize {
+    let full = row_bytes & !(CODE_BLOCK_ROW_BYTES - 1);
+    let r16 = rho % CODE_GROUP_ROWS;
+    let in_group = if b < full {
+        (b / CODE_BLOCK_ROW_BYTES) * CODE_BLOCK_BYTES
+            + r16 * CODE_BLOCK_ROW_BYTES
+            + b % CODE_BLOCK_ROW_BYTES
+    } else {
+        full * CODE_GROUP_ROWS + r16 * (row_bytes - full) + (b - full)
+    };
+    (rho / CODE_GROUP_ROWS) * CODE_GROUP_ROWS * row_bytes + in_group
 }
 
 /// Where bit n of a ModelOpt word goes in the decode order: pair s at the raw bf16x2 positions
@@ -67,25 +150,52 @@ pub fn decode_order_word(w: u32) -> u32 {
     permute(w, &DECODE_ORDER)
 }
 
-/// Codes (little-endian words of 8) in `order`; `codes.len()` must be a multiple of 4.
-pub fn apply(order: WeightOrder, codes: &[u8]) -> Vec<u8> {
-    assert!(codes.len() % 4 == 0, "codes come in whole 32-bit words");
+/// One projection's stacked expert codes (`n` rows of `k / 2` bytes per expert, ModelOpt) in
+/// `order`; `codes.len()` must be a whole number of experts, `n % 16 == 0` and `k % 16 == 0`.
+pub fn apply(order: WeightOrder, op: MoeOp, n: usize, k: usize, codes: &[u8]) -> Vec<u8> {
+    let (row_bytes, expert) = (k / 2, n * k / 2);
+    assert!(
+        n % CODE_GROUP_ROWS == 0 && k % 16 == 0 && expert > 0 && codes.len() % expert == 0,
+        "whole experts of 16-row groups and 16-k blocks"
+    );
     match order {
         WeightOrder::ModelOpt => codes.to_vec(),
-        WeightOrder::Decode => codes
-            .chunks_exact(4)
-            .flat_map(|c| {
-                decode_order_word(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes()
-            })
-            .collect(),
+        WeightOrder::Grouped => {
+            let mut out = vec![0u8; codes.len()];
+            for (e, (src, dst)) in
+                codes.chunks_exact(expert).zip(out.chunks_exact_mut(expert)).enumerate()
+            {
+                let _ = e;
+                for row in 0..n {
+                    let rho = paired_row(op, n, row);
+                    for b in (0..row_bytes).step_by(4) {
+                        let at = row * row_bytes + b;
+                        let w =
+                            u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]]);
+                        let to = code_offset(rho, b, row_bytes);
+                        dst[to..to + 4].copy_from_slice(&decode_order_word(w).to_le_bytes());
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+/// The projection's constant in the templates (`OP_GATE_UP`, `OP_DOWN` of `moe/params.cuh`), as
+/// the order kernels take it.
+pub fn op_code(op: MoeOp) -> i32 {
+    match op {
+        MoeOp::GateUp => 0,
+        MoeOp::Down => 1,
     }
 }
 
 /// Threads per CTA of the order kernels (templates/moe/order.cuh).
 pub const ORDER_THREADS: u32 = 256;
 
-/// The kernel that puts codes into the decode order (`back` false) or back into the ModelOpt
-/// order (`back` true), in place, for the device's `arch`.
+/// The kernel that puts codes into the grouped layout (`back` false) or back into the ModelOpt
+/// layout (`back` true), from a copy of them, for the device's `arch`.
 pub fn order_source(arch: Arch, back: bool) -> KernelSource {
     let dst = if back { restore_order() } else { DECODE_ORDER };
     let name = if back { "fp4tune_moe_order_back" } else { "fp4tune_moe_order" };
@@ -99,11 +209,15 @@ pub fn order_source(arch: Arch, back: bool) -> KernelSource {
              static_assert(fp4tune::nvfp4::ORDER_ROTATION[0] == {r0} && fp4tune::nvfp4::ORDER_ROTATION[1] == {r1} && fp4tune::nvfp4::ORDER_ROTATION[2] == {r2} && fp4tune::nvfp4::ORDER_PAIR3_MASK == {mask}u && fp4tune::nvfp4::ORDER_PAIR3_MUL == {mul}u, \"Rust (moe::order) and templates/common/nvfp4.cuh disagree on the decode order\");\n\
              static_assert(fp4tune::moe::ORDER_THREADS == {ORDER_THREADS}, \"Rust (moe::order::ORDER_THREADS) and templates/moe/order.cuh disagree on threads\");\n\
              static_assert(sizeof(fp4tune::moe::OrderParams) == {size}, \"gpu::MoeOrderParams (Rust) and the C struct disagree\");\n\
+             static_assert(fp4tune::moe::CODE_GROUP_ROWS == {CODE_GROUP_ROWS} && fp4tune::moe::CODE_BLOCK_BYTES == {CODE_BLOCK_BYTES} && fp4tune::moe::CODE_BLOCK_ROW_BYTES == {CODE_BLOCK_ROW_BYTES}, \"Rust (moe::order) and templates/moe/layout.cuh disagree on the grouped layout\");\n\
+             static_assert(fp4tune::moe::OP_GATE_UP == {gate_up} && fp4tune::moe::OP_DOWN == {down}, \"Rust (moe::order::op_code) and templates/moe/params.cuh disagree on the projections\");\n\
              struct Perm {{ static constexpr uint8_t DST[32] = {{{table}}}; }};\n\
              extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::ORDER_THREADS) {name}(const fp4tune::moe::OrderParams p) {{\n\
-             \x20   fp4tune::moe::moe_order<Perm>(p);\n\
+             \x20   fp4tune::moe::moe_order<Perm, {back}>(p);\n\
              }}\n",
             size = std::mem::size_of::<crate::gpu::moe_params::MoeOrderParams>(),
+            gate_up = op_code(MoeOp::GateUp),
+            down = op_code(MoeOp::Down),
             r0 = ORDER_ROTATION[0],
             r1 = ORDER_ROTATION[1],
             r2 = ORDER_ROTATION[2],
@@ -169,9 +283,171 @@ mod tests {
         for w in words().take(1000).chain([0, !0, 0x8000_0001]) {
             assert_eq!(permute(decode_order_word(w), &back), w, "{w:#x}");
         }
-        let bytes: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37)).collect();
-        assert_eq!(apply(WeightOrder::ModelOpt, &bytes), bytes);
-        assert_ne!(apply(WeightOrder::Decode, &bytes), bytes);
+        let bytes: Vec<u8> = (0..256u16).map(|i| (i as u8).wrapping_mul(37)).collect();
+        assert_eq!(apply(WeightOrder::ModelOpt, MoeOp::Down, 16, 32, &bytes), bytes);
+        assert_ne!(apply(WeightOrder::Grouped, MoeOp::Down, 16, 32, &bytes), bytes);
+    }
+
+    /// Shapes (n, k) with whole blocks, a tail of 32 bytes (K = 192: 64-k stages only), tails of
+    /// 8 to 56 bytes (the K-tail form), rows in 1 to 4 groups.
+    const SHAPES: [(usize, usize); 8] =
+        [(16, 16), (32, 128), (48, 192), (64, 176), (32, 256), (16, 96), (64, 1024), (32, 400)];
+
+    /// Every 8-byte unit of every row lands on its own 8 bytes of the expert, in order inside the
+    /// unit (the order kernels move 8-byte units), and paired rows are a permutation of rows.
+    #[test]
+    fn the_grouped_layout_maps_each_expert_onto_itself() {
+        for (n, k) in SHAPES {
+            let rb = k / 2;
+            for op in [MoeOp::GateUp, MoeOp::Down] {
+                let mut rows: Vec<usize> = (0..n).map(|r| paired_row(op, n, r)).collect();
+                rows.sort_unstable();
+                assert!(rows.iter().enumerate().all(|(i, &r)| i == r), "{op:?} {n}x{k}");
+                let mut seen = vec![false; n * rb];
+                for row in 0..n {
+                    let rho = paired_row(op, n, row);
+                    for b in (0..rb).step_by(8) {
+                        let at = code_offset(rho, b, rb);
+                        assert_eq!(at % 8, 0, "{n}x{k} row {row} byte {b}");
+                        for j in 0..8 {
+                            assert_eq!(code_offset(rho, b + j, rb), at + j);
+                            assert!(!std::mem::replace(&mut seen[at + j], true), "{n}x{k} {at}");
+                        }
+                    }
+                }
+                assert!(seen.iter().all(|&s| s), "{op:?} {n}x{k}");
+            }
+        }
+    }
+
+    /// gate_up's paired rows: rows g and 8 + g of group T are gate row 8T + g and up row
+    /// I + 8T + g (the streamed and wgmma kernels' m16 tiles and the tiled kernel's pairs).
+    #[test]
+    fn gate_up_pairs_each_gate_row_with_its_up_row() {
+        let n = 96;
+        for j in 0..n / 2 {
+            let (gate, up) =
+                (paired_row(MoeOp::GateUp, n, j), paired_row(MoeOp::GateUp, n, n / 2 + j));
+            assert_eq!((gate / 16, gate % 16), (j / 8, j % 8));
+            assert_eq!(up, gate + 8);
+        }
+    }
+
+    /// The streamed kernels' lane reads (`moe/sm90.cuh` `TilePointers::point`, `chunk_codes`):
+    /// lane g * 4 + t of m16 tile rho0 (a multiple of 16), row half h, chunk c reads the 16 bytes
+    /// at group(rho0) + h * 512 + lane * 16 + c * 1024, and after `apply` they are the decode
+    /// order of bytes [64c + 16t, + 16) of the weight row the kernel multiplies there (gate_up:
+    /// gate row rho0 / 2 + g, or its up row; down: row rho0 + 8h + g).
+    #[test]
+    fn the_streamed_kernels_read_the_rows_they_multiply() {
+        for (n, k) in [(32, 256), (64, 512), (48, 1024)] {
+            let rb = k / 2;
+            let codes: Vec<u8> = (0..2 * n * rb).map(|i| (i * 131 % 251) as u8).collect();
+            for op in [MoeOp::GateUp, MoeOp::Down] {
+                let laid = apply(WeightOrder::Grouped, op, n, k, &codes);
+                for e in 0..2 {
+                    for rho0 in (0..n).step_by(16) {
+                        for h in 0..2 {
+                            for lane in 0..32 {
+                                let (g, t) = (lane / 4, lane % 4);
+                                let row = match op {
+                                    MoeOp::GateUp => rho0 / 2 + g + h * (n / 2),
+                                    MoeOp::Down => rho0 + 8 * h + g,
+                                };
+                                for c in 0..k / 128 {
+                                    let at = e * n * rb
+                                        + (rho0 / 16) * 16 * rb
+                                        + h * 512
+                                        + lane * 16
+                                        + c * CODE_BLOCK_BYTES;
+                                    let from = e * n * rb + row * rb + 64 * c + 16 * t;
+                                    for w in 0..4 {
+                                        let word = |v: &[u8], i: usize| {
+                                            u32::from_le_bytes(v[i..i + 4].try_into().unwrap())
+                                        };
+                                        assert_eq!(
+                                            word(&laid, at + 4 * w),
+                                            decode_order_word(word(&codes, from + 4 * w)),
+                                            "{op:?} {n}x{k} e{e} rho0 {rho0} h{h} lane {lane} c{c}"
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `moe/code_copy.cuh` `CodeCopyPlan`: the address copy (rho, b0) reads in the stage whose
+    /// first byte is `stage`, as `plan` and `issue` compute it.
+    fn copy_plan_address(rho: usize, b0: usize, stage: usize, row_bytes: usize) -> usize {
+        let blocks = |b: usize| ((b >> 6) << 10) + (b & 63);
+        let full = row_bytes & !63;
+        let r16 = rho % 16;
+        let src = (rho / 16) * 16 * row_bytes + r16 * 64 + blocks(b0);
+        let tail =
+            (full * 16 + r16 * (row_bytes - full) + b0) as i64 - (r16 * 64 + blocks(b0)) as i64;
+        if stage < full {
+            src + blocks(stage)
+        } else {
+            (src as i64 + (stage - full) as i64 + tail) as usize
+        }
+    }
+
+    /// The tiled and wgmma kernels' copies read, for every stage size they take (128 and 256 k
+    /// for a K that 128 divides, 64 k for any K of 16-k blocks, with 16-byte or, in the K-tail
+    /// form, 8-byte copies), the bytes `code_offset` puts there, stage by stage into the tail.
+    #[test]
+    fn the_tile_copies_read_the_layouts_bytes() {
+        for k in (16..=1024).step_by(16) {
+            let rb = k / 2;
+            let mut forms = vec![(64, if k % 64 == 0 { 16 } else { 8 })];
+            if k % 128 == 0 {
+                forms.extend([(128, 16), (256, 16)]);
+            }
+            for (bk, bytes) in forms {
+                if k % bk != 0 && bytes == 16 && bk > 64 {
+                    continue;
+                }
+                for rho in [0, 5, 15, 16, 31, 40] {
+                    for stage in (0..rb).step_by(bk / 2) {
+                        for b0 in (0..bk / 2).step_by(bytes) {
+                            if stage + b0 >= rb {
+                                continue; // zero-filled (K-tail form)
+                            }
+                            assert_eq!(
+                                copy_plan_address(rho, b0, stage, rb),
+                                code_offset(rho, stage + b0, rb),
+                                "K {k} stage {bk} copy {bytes} rho {rho} at {stage} + {b0}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tiled kernel's stage rows (`tiled::weight_row`: gate and up rows alternate) and the
+    /// wgmma kernel's A rows (16-row halves of gate and up rows) have paired rows: the wgmma's A
+    /// row r of the CTA at n0 is paired row n0 + r, so its copies of 16 rows read whole blocks.
+    #[test]
+    fn the_tiled_and_wgmma_rows_have_their_paired_rows() {
+        let n = 256;
+        for n0 in (0..n).step_by(64) {
+            for r in 0..64 {
+                // sm90_wgmma.cuh weight_row
+                let j = (n0 + (r & !15)) / 2 + (r & 7);
+                let row = j + ((r >> 3) & 1) * (n / 2);
+                assert_eq!(paired_row(MoeOp::GateUp, n, row), n0 + r);
+                let tiled =
+                    super::super::tiled::weight_row(MoeOp::GateUp, n as u32, n0 as u32, r as u32)
+                        .unwrap() as usize;
+                let rho = paired_row(MoeOp::GateUp, n, tiled);
+                assert_eq!(rho % 16, ((n0 + r) / 2) % 8 + 8 * (r & 1), "n0 {n0} r {r}");
+            }
+        }
     }
 
     /// The warp kernels' ordered decode (pairs (s, s + 4)) reads what the natural one does, and
@@ -219,8 +495,8 @@ mod tests {
     }
 
     #[test]
-    fn sm90_reads_the_decode_order_and_sm120_the_modelopt_one() {
-        assert_eq!(WeightOrder::of(Family::Sm90), WeightOrder::Decode);
+    fn sm90_reads_the_grouped_layout_and_sm120_the_modelopt_one() {
+        assert_eq!(WeightOrder::of(Family::Sm90), WeightOrder::Grouped);
         assert_eq!(WeightOrder::of(Family::Sm120), WeightOrder::ModelOpt);
     }
 }

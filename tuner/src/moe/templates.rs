@@ -100,7 +100,9 @@ pub fn finalize_source(arch: Arch, slot_group: u32) -> KernelSource {
 pub const SM90_TEMPLATES: &[&str] = &[
     "common/",
     "sm90/",
+    "moe/code_copy.cuh",
     "moe/epilogue.cuh",
+    "moe/layout.cuh",
     "moe/params.cuh",
     "moe/sm90.cuh",
     "moe/sm90_tiled.cuh",
@@ -109,7 +111,7 @@ pub const SM90_TEMPLATES: &[&str] = &[
 ];
 pub const SM120_TEMPLATES: &[&str] =
     &["common/", "sm120/", "moe/epilogue.cuh", "moe/params.cuh", "moe/sm120.cuh"];
-/// The layer's fixed kernels (routing, the weighted sum, the weight order): outside the grouped hashes, since no
+/// The layer's fixed kernels (routing, the weighted sum, the weight layout): outside the grouped hashes, since no
 /// table entry times them and no projection kernel includes them; a change of them needs the GPU
 /// suite and a new benchmark, not a re-tune.
 pub const FIXED_KERNEL_TEMPLATES: &[&str] = &["moe/align.cuh", "moe/finalize.cuh", "moe/order.cuh"];

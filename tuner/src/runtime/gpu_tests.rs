@@ -518,11 +518,14 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     }
     let e = disp.moe_route(&crate::moe::MoeShape::GLM5_EP8, AType::Bf16, 8).unwrap_err();
     assert!(e.to_string().contains("no grouped route"), "{e}");
-    // Weight codes: launches refuse codes that were not prepared (before anything is enqueued);
-    // preparing overlapping codes is refused, restoring takes exactly a prepared range.
+    // Weight codes: launches refuse codes that were not prepared for their projection and shape
+    // (before anything is enqueued); preparing overlapping codes is refused, restoring and
+    // forgetting take exactly a prepared projection.
     let ops = disp.moe().unwrap();
     let ws = ops.workspace(shape, 4).unwrap();
-    let codes = gpu.upload(&vec![0x5Au8; 1 << 20]).unwrap();
+    let mut rng = crate::moe::schedule::SplitMix64(0x5A5A);
+    let host: Vec<u8> = (0..1 << 20).map(|_| rng.below(256) as u8).collect();
+    let codes = gpu.upload(&host).unwrap();
     let stream = gpu.own_stream();
     let args = crate::runtime::moe::MoeArgs {
         x: 256,
@@ -546,19 +549,34 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     ] {
         assert!(e.to_string().contains("not prepared"), "{e}");
     }
+    // a small layer's gate_up codes (4 experts of 128 x 256: 64 KiB) at the start of `codes`
+    let small = crate::moe::MoeShape { hidden: 256, inter: 64, experts: 4, top_k: 8 };
+    let gate_up = crate::moe::MoeOp::GateUp;
+    let down = crate::moe::MoeOp::Down;
+    let bytes = crate::moe::order::CodeStack::of(&small, gate_up).bytes() as usize;
     // SAFETY: `codes` holds 1 MiB on this device, used by nothing else.
-    unsafe { ops.prepare_weights(codes.ptr(), 1 << 19, stream) }.unwrap();
-    // SAFETY: refused before any launch (overlap; not the prepared range).
-    let e = unsafe { ops.prepare_weights(codes.ptr() + 4096, 1 << 19, stream) }.unwrap_err();
+    unsafe { ops.prepare_weights(&small, gate_up, codes.ptr(), stream) }.unwrap();
+    let family = crate::runtime::family_for(gpu.info()).unwrap();
+    let order = crate::moe::order::WeightOrder::of(family);
+    let mut want = crate::moe::order::apply(order, gate_up, 128, 256, &host[..bytes]);
+    want.extend_from_slice(&host[bytes..]);
+    assert!(gpu.download(&codes).unwrap() == want, "prepared codes vs moe::order::apply");
+    // SAFETY: refused before any launch (overlap; not the prepared projection).
+    let e = unsafe { ops.prepare_weights(&small, down, codes.ptr() + 4096, stream) }.unwrap_err();
     assert!(e.to_string().contains("overlap"), "{e}");
     // SAFETY: as above.
-    let e = unsafe { ops.restore_weights(codes.ptr(), 1 << 18, stream) }.unwrap_err();
+    let e = unsafe { ops.restore_weights(&small, down, codes.ptr(), stream) }.unwrap_err();
     assert!(e.to_string().contains("not prepared"), "{e}");
-    // the prepared half is too small for the layer's w2 codes (256 x 6144 x 128 bytes)
-    // SAFETY: refused before any launch.
-    let e = unsafe { ops.down(&args, &ws, stream) }.unwrap_err();
-    assert!(e.to_string().contains("not prepared"), "{e}");
-    // a GEMM on prepared codes is refused (they are not in the ModelOpt order)
+    // the prepared codes are another shape's: the layer's w13 and w2 are not prepared
+    for e in [
+        // SAFETY: refused before any launch.
+        unsafe { ops.layer(&args, &ws, stream) }.unwrap_err(),
+        // SAFETY: as above.
+        unsafe { ops.down(&args, &ws, stream) }.unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("not prepared"), "{e}");
+    }
+    // a GEMM on prepared codes is refused (they are not in the ModelOpt layout)
     let gemm = GemmArgs {
         a: 256,
         a_sf: 0,
@@ -574,17 +592,17 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     // SAFETY: refused before any launch.
     let e = unsafe { disp.gemm(&gemm, stream) }.unwrap_err();
     assert!(e.to_string().contains("prepared for the grouped MoE kernels"), "{e}");
-    // SAFETY: the prepared range, as above.
-    unsafe { ops.restore_weights(codes.ptr(), 1 << 19, stream) }.unwrap();
-    assert!(gpu.download(&codes).unwrap().iter().all(|&b| b == 0x5A), "restored bytes");
-    // forgetting drops a range without touching the codes; only exact ranges are known
+    // SAFETY: the prepared codes, as above.
+    unsafe { ops.restore_weights(&small, gate_up, codes.ptr(), stream) }.unwrap();
+    assert!(gpu.download(&codes).unwrap() == host, "restored bytes");
+    // forgetting drops a prepared projection without touching the codes
     // SAFETY: `codes` as above.
-    unsafe { ops.prepare_weights(codes.ptr(), 1 << 20, stream) }.unwrap();
-    assert!(ops.forget_weights(codes.ptr(), 1 << 19).is_err());
-    ops.forget_weights(codes.ptr(), 1 << 20).unwrap();
-    assert!(gpu.download(&codes).unwrap().iter().any(|&b| b != 0x5A), "forget leaves the order");
+    unsafe { ops.prepare_weights(&small, gate_up, codes.ptr(), stream) }.unwrap();
+    assert!(ops.forget_weights(&small, down, codes.ptr()).is_err());
+    ops.forget_weights(&small, gate_up, codes.ptr()).unwrap();
+    assert!(gpu.download(&codes).unwrap() == want, "forget leaves the layout");
     // SAFETY: `codes` as above (forgotten, so preparing again is allowed).
-    unsafe { ops.prepare_weights(codes.ptr(), 1 << 20, stream) }.unwrap();
+    unsafe { ops.prepare_weights(&small, down, codes.ptr(), stream) }.unwrap();
     // Without grouped entries: no route, and the reason.
     let (gemm_only, _, _) = table_for(&gpu);
     let disp = Dispatcher::open_with(Some((&gemm_only, Path::new("t.ron"))), &options).unwrap();

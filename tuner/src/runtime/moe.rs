@@ -2,7 +2,7 @@
 //! per token count, and `moe_finalize`, launched on the caller's stream with no allocation and no
 //! synchronization. W4A16 reads bf16 X; W4A4 (`MoeArgs::w4a4`) reads X as NVFP4 (the caller's, or
 //! quantized into the workspace by the activation quantizer first), and its gate_up writes H as
-//! NVFP4 too, which down reads. A layer's weight codes are put once at load into the order the
+//! NVFP4 too, which down reads. A layer's weight codes are put once at load into the layout the
 //! family's grouped kernels read (`order_weights`, `MoeOps::prepare_weights`: `moe::order`).
 //!
 //! Scratch memory (the routed-row schedule, `H` in bf16 and NVFP4, the quantized X, the per-row
@@ -18,7 +18,7 @@ use crate::gpu::moe_params::{MoeAlignParams, MoeFinalizeParams, MoeGroupedParams
 use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
-use crate::moe::order::{order_source, WeightOrder, ORDER_THREADS};
+use crate::moe::order::{op_code, order_source, CodeStack, WeightOrder, ORDER_THREADS};
 use crate::moe::templates::{
     align_chunks, align_source, finalize_source, AlignForm, AlignKernel, ALIGN_THREADS,
     FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT, FINALIZE_THREADS,
@@ -69,7 +69,7 @@ impl GroupedKernel {
 pub struct MoeKernels {
     /// The device's kernel family: the grouped kernels a launcher runs must be of it.
     pub family: Family,
-    /// The kernels that put weight codes into the decode order and back (moe::order).
+    /// The kernels that put weight codes into the grouped layout and back (moe::order).
     order: Kernel,
     order_back: Kernel,
     /// The routing kernels: the one-CTA form, then the chunked form's count, scan and place.
@@ -133,6 +133,9 @@ impl MoeKernels {
         })
     }
 }
+
+/// The order kernels' scratch: a copy of up to this many bytes of codes (at least one expert).
+pub const ORDER_SCRATCH_BYTES: u64 = 64 << 20;
 
 /// `Ok` for weight codes the order kernels take: a non-null 16-byte aligned address and a
 /// positive multiple of 16 bytes that does not wrap the address space.
@@ -395,35 +398,65 @@ impl MoeLauncher<'_> {
         Ok(())
     }
 
-    /// A layer's weight codes (`bytes` at `codes`) into the order this family's grouped kernels
-    /// read (`back` false) or back into the ModelOpt order (`back` true), in place on `stream`;
-    /// nothing to do for a family that reads the ModelOpt order.
+    /// One projection's stacked expert codes (`stack` at `codes`) into the layout this family's
+    /// grouped kernels read (`back` false) or back into the ModelOpt layout (`back` true), in
+    /// place, on `stream`, through a scratch copy of up to `ORDER_SCRATCH_BYTES` (at least one
+    /// expert) that lives for the call: it returns once `stream` has finished the work. Nothing to
+    /// do for a family that reads the ModelOpt layout.
     ///
     /// # Safety
-    /// `codes` must be `bytes` bytes of this device, alive and not read or written by other work
-    /// until the work on `stream` completes; `stream` 0 or a live stream of the device's primary
-    /// context.
+    /// `codes` must be `stack.bytes()` bytes of this device, alive and not read or written by
+    /// other work until the call returns; `stream` 0 or a live stream of the device's primary
+    /// context, not capturing.
     pub unsafe fn order_weights(
         &self,
         codes: u64,
-        bytes: u64,
+        stack: CodeStack,
         back: bool,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        check_codes_range(codes, bytes)?;
+        stack.check().map_err(RuntimeError::InvalidArgument)?;
+        check_codes_range(codes, stack.bytes())?;
         if WeightOrder::of(self.kernels.family) == WeightOrder::ModelOpt {
             return Ok(());
         }
-        let count = bytes / 4;
-        let ctas =
-            count.div_ceil(u64::from(ORDER_THREADS)).min(u64::from(self.gpu.info().sm_count) * 16);
-        let dims =
-            LaunchDims { grid: (ctas as u32, 1, 1), block: (ORDER_THREADS, 1, 1), smem_bytes: 0 };
+        let expert = stack.expert_bytes();
+        let per_pass =
+            (ORDER_SCRATCH_BYTES / expert).clamp(1, u64::from(stack.experts).min(65_535));
+        let scratch = self.gpu.alloc_zeros::<u8>((per_pass * expert) as usize)?;
+        // the allocation's zero fill runs on the Gpu's own stream: done before `stream` copies
+        self.gpu.synchronize()?;
+        let units = u64::from(stack.n) * u64::from(stack.k) / 16; // 8-byte units per expert
+        let ctas = units.div_ceil(u64::from(ORDER_THREADS)).min(1024) as u32;
         let kernel = if back { &self.kernels.order_back } else { &self.kernels.order };
-        let p = MoeOrderParams { words: codes, count };
-        // SAFETY: the order kernels take one MoeOrderParams and touch words [0, count) of
-        // `codes`, `bytes` bytes per the contract above.
-        unsafe { self.gpu.launch_params_on_stream(kernel, dims, &p, stream) }?;
+        let mut first = 0u64;
+        while first < u64::from(stack.experts) {
+            let count = per_pass.min(u64::from(stack.experts) - first);
+            let at = codes + first * expert;
+            let dims = LaunchDims {
+                grid: (ctas, count as u32, 1),
+                block: (ORDER_THREADS, 1, 1),
+                smem_bytes: 0,
+            };
+            let p = MoeOrderParams {
+                src: scratch.ptr(),
+                dst: at,
+                n: stack.n as i32,
+                k: stack.k as i32,
+                op: op_code(stack.op),
+            };
+            // SAFETY: the scratch holds `count` experts; `at` is `count` experts of the caller's
+            // codes (the contract above); the order kernels take one MoeOrderParams and touch
+            // experts [0, grid y) of src and dst, one 8-byte unit per thread.
+            unsafe {
+                self.gpu.copy_on_stream(scratch.ptr(), at, count * expert, stream)?;
+                self.gpu.launch_params_on_stream(kernel, dims, &p, stream)?;
+            }
+            first += count;
+        }
+        // SAFETY: the stream per the contract above; the scratch is freed after its last use.
+        unsafe { self.gpu.synchronize_stream(stream) }?;
+        drop(scratch);
         Ok(())
     }
 

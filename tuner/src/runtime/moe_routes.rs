@@ -109,15 +109,23 @@ pub fn nearest_bucket(buckets: impl Iterator<Item = u32>, tokens: u32) -> usize 
 pub struct MoeRuntime {
     kernels: MoeKernels,
     layers: Vec<MoeRoutes>,
-    /// Address ranges `[begin, end)` of the weight codes put into the grouped kernels' order
-    /// (`MoeOps::prepare_weights`); grouped launches read only codes inside one of them, GEMM
+    /// The weight codes put into the grouped kernels' layout (`MoeOps::prepare_weights`);
+    /// grouped launches read only codes of their own projection inside one of them, GEMM
     /// launches none (`Dispatcher::gemm` asks `prepared_overlap`).
-    prepared: std::sync::RwLock<Vec<(u64, u64)>>,
+    prepared: std::sync::RwLock<Vec<Prepared>>,
 }
 
-/// The first of `ranges` that `[codes, end)` overlaps.
-fn first_overlap(ranges: &[(u64, u64)], codes: u64, end: u64) -> Option<(u64, u64)> {
-    ranges.iter().copied().find(|&(b, e)| codes < e && b < end)
+/// One prepared range: `stack` at `[begin, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Prepared {
+    begin: u64,
+    end: u64,
+    stack: CodeStack,
+}
+
+/// The first of `ranges` that `[codes, end)` overlaps, as `(begin, end)`.
+fn first_overlap(ranges: &[Prepared], codes: u64, end: u64) -> Option<(u64, u64)> {
+    ranges.iter().find(|r| codes < r.end && r.begin < end).map(|r| (r.begin, r.end))
 }
 
 impl MoeRuntime {
@@ -194,7 +202,7 @@ impl MoeRuntime {
     }
 
     /// The prepared ranges, to read (see `prepared_overlap` on poisoning).
-    fn prepared(&self) -> std::sync::RwLockReadGuard<'_, Vec<(u64, u64)>> {
+    fn prepared(&self) -> std::sync::RwLockReadGuard<'_, Vec<Prepared>> {
         self.prepared.read().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -261,7 +269,7 @@ impl MoeOps<'_> {
     }
 
     /// The prepared ranges, for a change (see `MoeRuntime::prepared_overlap` on poisoning).
-    fn prepared_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<(u64, u64)>> {
+    fn prepared_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Prepared>> {
         self.runtime.prepared.write().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -280,26 +288,31 @@ impl MoeOps<'_> {
         Ok(())
     }
 
-    /// Put a layer's weight codes (`w13` or `w2` of every local expert, or a buffer holding
-    /// several layers' codes, no scales: `bytes` at `codes`) into the order this device's grouped
-    /// kernels read (`moe::order`), in place on `stream`: once after loading, before the first
-    /// launch that reads them. Codes overlapping codes prepared before are refused (a second pass
-    /// would scramble them), and so is a stream that is capturing a graph; grouped launches
-    /// refuse weights outside the prepared ranges, GEMM launches weights inside them. Before the
-    /// memory is freed or overwritten: `restore_weights` (the ModelOpt bytes back) or
-    /// `forget_weights`.
+    /// Put one projection's weight codes (`w13` or `w2` of every local expert of `shape`, no
+    /// scales, at `codes`) into the layout this device's grouped kernels read (`moe::order`), in
+    /// place, on `stream`, once after loading, before the first launch that reads them; returns
+    /// once the codes are in place (the permutation goes through a scratch copy that lives for
+    /// the call). Codes overlapping codes prepared before are refused (a second pass would
+    /// scramble them), and so is a stream that is capturing a graph; grouped launches refuse
+    /// weights outside the ranges prepared for their projection and shape, GEMM launches weights
+    /// inside any. Before the memory is freed or overwritten: `restore_weights` (the ModelOpt
+    /// bytes back) or `forget_weights`.
     ///
     /// # Safety
-    /// `codes` must be `bytes` bytes of this device, not read or written by other work until the
-    /// work on `stream` completes; `stream` 0 or a live stream of the device's primary context.
+    /// `codes` must be the projection's codes on this device (`shape.experts` experts of its
+    /// rows x k / 2 bytes), not read or written by other work until the call returns; `stream`
+    /// 0 or a live stream of the device's primary context.
     pub unsafe fn prepare_weights(
         &self,
+        shape: &MoeShape,
+        op: MoeOp,
         codes: u64,
-        bytes: u64,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        check_codes_range(codes, bytes)?;
-        let end = codes + bytes;
+        let stack = CodeStack::of(shape, op);
+        stack.check().map_err(RuntimeError::InvalidArgument)?;
+        check_codes_range(codes, stack.bytes())?;
+        let end = codes + stack.bytes();
         let mut prepared = self.prepared_mut();
         if let Some((b, e)) = first_overlap(&prepared, codes, end) {
             return Err(RuntimeError::InvalidArgument(format!(
@@ -310,52 +323,61 @@ impl MoeOps<'_> {
         // SAFETY: the stream per this function's contract.
         unsafe { self.refuse_capture("preparing weight codes", stream) }?;
         // SAFETY: forwarded to the caller (see the function's contract).
-        unsafe { self.launcher().order_weights(codes, bytes, false, stream) }?;
-        prepared.push((codes, end));
+        unsafe { self.launcher().order_weights(codes, stack, false, stream) }?;
+        prepared.push(Prepared { begin: codes, end, stack });
         Ok(())
     }
 
-    /// The index of the prepared range `[codes, codes + bytes)` exactly.
+    /// The index of the range prepared for `stack` at `codes` exactly.
     fn take_prepared(
-        prepared: &[(u64, u64)],
+        prepared: &[Prepared],
+        stack: CodeStack,
         codes: u64,
-        bytes: u64,
     ) -> Result<usize, RuntimeError> {
-        prepared.iter().position(|&r| r == (codes, codes.wrapping_add(bytes))).ok_or_else(|| {
+        prepared.iter().position(|r| r.begin == codes && r.stack == stack).ok_or_else(|| {
             RuntimeError::InvalidArgument(format!(
-                "weight codes at {codes:#x} ({bytes} bytes) were not prepared by this dispatcher \
-                 (restore and forget take exactly the address and size that were prepared)"
+                "{} codes at {codes:#x} ({} experts of {} x {}) were not prepared by this \
+                 dispatcher (restore and forget take exactly the codes and shape that were \
+                 prepared)",
+                stack.op, stack.experts, stack.n, stack.k
             ))
         })
     }
 
-    /// Put codes prepared by `prepare_weights` (the same `codes` and `bytes`) back into the
-    /// ModelOpt order, in place on `stream`, and forget them.
+    /// Put codes prepared by `prepare_weights` (the same shape, projection and `codes`) back
+    /// into the ModelOpt layout, in place, on `stream`, and forget them; returns once done.
     ///
     /// # Safety
     /// As `prepare_weights`; no grouped launch reading them may be pending.
     pub unsafe fn restore_weights(
         &self,
+        shape: &MoeShape,
+        op: MoeOp,
         codes: u64,
-        bytes: u64,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
+        let stack = CodeStack::of(shape, op);
         let mut prepared = self.prepared_mut();
-        let at = Self::take_prepared(&prepared, codes, bytes)?;
+        let at = Self::take_prepared(&prepared, stack, codes)?;
         // SAFETY: the stream per this function's contract.
         unsafe { self.refuse_capture("restoring weight codes", stream) }?;
         // SAFETY: forwarded to the caller (see the function's contract).
-        unsafe { self.launcher().order_weights(codes, bytes, true, stream) }?;
+        unsafe { self.launcher().order_weights(codes, stack, true, stream) }?;
         prepared.remove(at);
         Ok(())
     }
 
-    /// Forget codes prepared by `prepare_weights` (the same `codes` and `bytes`) without touching
-    /// them: before their memory is freed or overwritten by other data (a later allocation at
-    /// the same address is not prepared).
-    pub fn forget_weights(&self, codes: u64, bytes: u64) -> Result<(), RuntimeError> {
+    /// Forget codes prepared by `prepare_weights` (the same shape, projection and `codes`)
+    /// without touching them: before their memory is freed or overwritten by other data (a
+    /// later allocation at the same address is not prepared).
+    pub fn forget_weights(
+        &self,
+        shape: &MoeShape,
+        op: MoeOp,
+        codes: u64,
+    ) -> Result<(), RuntimeError> {
         let mut prepared = self.prepared_mut();
-        let at = Self::take_prepared(&prepared, codes, bytes)?;
+        let at = Self::take_prepared(&prepared, CodeStack::of(shape, op), codes)?;
         prepared.remove(at);
         Ok(())
     }
@@ -371,16 +393,24 @@ impl MoeOps<'_> {
             MoeOp::GateUp => ("w13", args.w13),
             MoeOp::Down => ("w2", args.w2),
         };
-        let (n, k) = shape.nk(op);
-        let bytes = u64::from(shape.experts) * u64::from(n) * u64::from(k) / 2;
+        let stack = CodeStack::of(shape, op);
+        let bytes = stack.bytes();
         let end = codes.saturating_add(bytes);
-        if self.runtime.prepared().iter().any(|&(b, e)| b <= codes && end <= e) {
+        // inside a range of the same projection and rows, on an expert boundary of it
+        let fits = |r: &Prepared| {
+            (r.stack.op, r.stack.n, r.stack.k) == (op, stack.n, stack.k)
+                && r.begin <= codes
+                && end <= r.end
+                && (codes - r.begin) % stack.expert_bytes() == 0
+        };
+        if self.runtime.prepared().iter().any(fits) {
             return Ok(());
         }
         Err(RuntimeError::InvalidArgument(format!(
-            "{what} at {codes:#x} ({bytes} bytes of codes): not prepared for the grouped kernels; \
-             call MoeOps::prepare_weights (C: fp4tune_moe_prepare_weights) on the layer's codes \
-             once after loading"
+            "{what} at {codes:#x} ({bytes} bytes of codes): not prepared for the grouped kernels \
+             as {op} codes of {} x {}; call MoeOps::prepare_weights (C: \
+             fp4tune_moe_prepare_weights) on the layer's {what} once after loading",
+            stack.n, stack.k
         )))
     }
 
