@@ -31,10 +31,11 @@ __device__ __forceinline__ void load_walk(const moe::GroupedParams& p, unsigned*
     auto issue = [&](int slot) {
         if (CONTIG) {
             // the ring's own copies, the codes' row pointers moved onto the contiguous block (the
-            // ring adds the chunk's k0 / 2 to them); scales and activations as in the pick
+            // ring adds the chunk's block of the grouped layout, moe::chunk_codes, to them);
+            // scales and activations as in the pick
             const uint8_t* blk = p.w + walk.it.x * w_stride +
                                  ((static_cast<size_t>(blockIdx.x) * C::WARPS_K + wk) * walk.cpt + walk.ic) * 2048 -
-                                 (walk.ahead.k >> 1);
+                                 moe::chunk_codes(walk.ahead.k);
             const uint8_t* code[C::P_TILES][2];
 #pragma unroll
             for (int i = 0; i < C::P_TILES; ++i)

@@ -162,10 +162,7 @@ pub fn apply(order: WeightOrder, op: MoeOp, n: usize, k: usize, codes: &[u8]) ->
         WeightOrder::ModelOpt => codes.to_vec(),
         WeightOrder::Grouped => {
             let mut out = vec![0u8; codes.len()];
-            for (e, (src, dst)) in
-                codes.chunks_exact(expert).zip(out.chunks_exact_mut(expert)).enumerate()
-            {
-                let _ = e;
+            for (src, dst) in codes.chunks_exact(expert).zip(out.chunks_exact_mut(expert)) {
                 for row in 0..n {
                     let rho = paired_row(op, n, row);
                     for b in (0..row_bytes).step_by(4) {

@@ -47,7 +47,8 @@ impl GroupedKernel {
         Self::from_compiled(gpu, config, &compiled)
     }
 
-    /// Load `config`'s compiled kernel; one that spills registers is refused.
+    /// Load `config`'s compiled kernel; one that spills registers is refused (a candidate that
+    /// is not worth timing).
     pub fn from_compiled(
         gpu: &Gpu,
         config: GroupedConfig,
@@ -59,6 +60,16 @@ impl GroupedKernel {
                 reason: "the kernel spills registers to local memory".into(),
             });
         }
+        Self::from_compiled_with_spills(gpu, config, compiled)
+    }
+
+    /// Load `config`'s compiled kernel whether or not it spills (a table's choice: correct
+    /// either way).
+    pub fn from_compiled_with_spills(
+        gpu: &Gpu,
+        config: GroupedConfig,
+        compiled: &crate::compile::CompiledKernel,
+    ) -> Result<Self, RuntimeError> {
         Ok(Self { config, kernel: gpu.load(compiled, config.smem_bytes())? })
     }
 }

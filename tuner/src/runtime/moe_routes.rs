@@ -18,13 +18,16 @@ pub struct MoeRoutes {
 
 impl MoeRoutes {
     /// Load every (op, bucket, config) of one shape and activation type: the distinct
-    /// configurations compiled in parallel, each loaded once.
+    /// configurations compiled in parallel, each loaded once. A table's kernel that this
+    /// device's compiler makes spill registers still loads (it was verified and timed when the
+    /// table was tuned; the spill costs time, not correctness), with a warning in `warnings`.
     pub fn load(
         gpu: &Gpu,
         compiler: &Compiler,
         shape: MoeShape,
         a_type: AType,
         choices: &[(MoeOp, u32, GroupedConfig)],
+        warnings: &mut Vec<String>,
     ) -> Result<Self, RuntimeError> {
         if shape.hidden % 16 != 0 || shape.inter % 16 != 0 {
             return Err(RuntimeError::InvalidArgument(format!(
@@ -56,7 +59,14 @@ impl MoeRoutes {
                 config: src.kernel_name.clone(),
                 error,
             })?;
-            kernels.push(GroupedKernel::from_compiled(gpu, *c, &compiled)?);
+            if compiled.stats.as_ref().is_some_and(|s| s.spills()) {
+                warnings.push(format!(
+                    "grouped kernel {} spills registers to local memory with this compiler: it \
+                     runs, slower than its table time (re-tune with `fp4tune tune --moe-only`)",
+                    c.name()
+                ));
+            }
+            kernels.push(GroupedKernel::from_compiled_with_spills(gpu, *c, &compiled)?);
         }
         let index =
             |c: &GroupedConfig| configs.iter().position(|x| x == c).expect("collected above");
@@ -174,7 +184,7 @@ impl MoeRuntime {
                 .filter(|e| e.key.shape() == shape && e.key.a_type == a_type)
                 .map(|e| (e.key.op, e.key.tokens, e.config))
                 .collect();
-            layers.push(MoeRoutes::load(gpu, compiler, shape, a_type, &choices)?);
+            layers.push(MoeRoutes::load(gpu, compiler, shape, a_type, &choices, warnings)?);
         }
         Ok(Some(MoeRuntime {
             kernels: MoeKernels::load(gpu, compiler)?,
