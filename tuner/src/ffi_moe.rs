@@ -355,6 +355,22 @@ pub unsafe extern "C" fn fp4tune_moe_route(
 mod tests {
     use super::*;
 
+    /// The C projection constants (FP4TUNE_MOE_W13, FP4TUNE_MOE_W2 in include/fp4tune.h) name
+    /// gate_up and down; anything else is an invalid argument that names both.
+    #[test]
+    fn projections_are_w13_and_w2() {
+        assert_eq!(projection(0).unwrap(), crate::moe::MoeOp::GateUp);
+        assert_eq!(projection(1).unwrap(), crate::moe::MoeOp::Down);
+        let (status, message) = projection(2).unwrap_err();
+        assert_eq!(status, Status::InvalidArgument);
+        assert!(message.contains("FP4TUNE_MOE_W13 (0)") && message.contains("FP4TUNE_MOE_W2 (1)"));
+        let header = include_str!("../../include/fp4tune.h");
+        assert!(
+            header.contains("#define FP4TUNE_MOE_W13 0u")
+                && header.contains("#define FP4TUNE_MOE_W2 1u")
+        );
+    }
+
     #[test]
     fn moe_calls_refuse_null_handles_and_bad_sizes_and_scale_bytes_are_padded() {
         assert_eq!(fp4tune_scale_bytes(512, 6144), 512 * 384);

@@ -317,6 +317,29 @@ mod tests {
         }
     }
 
+    /// A stack the layout cannot take (rows or k not multiples of 16, nothing in it) is refused
+    /// with its shape in the message; the GLM-5 projections are taken, their sizes whole experts.
+    #[test]
+    fn code_stacks_say_what_the_layout_cannot_take() {
+        let down = CodeStack { op: MoeOp::Down, n: 6144, k: 256, experts: 256 };
+        assert!(down.check().is_ok());
+        assert_eq!((down.expert_bytes(), down.bytes()), (6144 * 128, 256 * 6144 * 128));
+        let gate_up = CodeStack::of(&super::super::MoeShape::GLM5_EP8, MoeOp::GateUp);
+        assert_eq!((gate_up.n, gate_up.k, gate_up.experts), (4096, 6144, 32));
+        for bad in [
+            CodeStack { n: 24, ..down },
+            CodeStack { k: 200, ..down },
+            CodeStack { experts: 0, ..down },
+            CodeStack { n: 0, ..down },
+        ] {
+            let e = bad.check().unwrap_err();
+            assert!(
+                e.contains("multiples of 16") && e.contains(&format!("{} x {}", bad.n, bad.k)),
+                "{e}"
+            );
+        }
+    }
+
     /// gate_up's paired rows: rows g and 8 + g of group T are gate row 8T + g and up row
     /// I + 8T + g (the streamed and wgmma kernels' m16 tiles and the tiled kernel's pairs).
     #[test]
