@@ -45,6 +45,13 @@ pub struct CompiledKernel {
     pub key: String,
 }
 
+impl CompiledKernel {
+    /// Whether ptxas reported spill stores or loads for the kernel.
+    pub fn spills(&self) -> bool {
+        self.stats.as_ref().is_some_and(|s| s.spills())
+    }
+}
+
 impl crate::gpu::KernelImage for CompiledKernel {
     fn kernel_name(&self) -> &str {
         &self.kernel_name

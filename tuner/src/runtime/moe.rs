@@ -54,7 +54,7 @@ impl GroupedKernel {
         config: GroupedConfig,
         compiled: &crate::compile::CompiledKernel,
     ) -> Result<Self, RuntimeError> {
-        if compiled.stats.as_ref().is_some_and(|s| s.spills()) {
+        if compiled.spills() {
             return Err(RuntimeError::Render {
                 config: config.name(),
                 reason: "the kernel spills registers to local memory".into(),
@@ -148,9 +148,12 @@ impl MoeKernels {
 /// The order kernels' scratch: a copy of up to this many bytes of codes (at least one expert).
 pub const ORDER_SCRATCH_BYTES: u64 = 64 << 20;
 
-/// `Ok` for weight codes the order kernels take: a non-null 16-byte aligned address and a
-/// positive multiple of 16 bytes that does not wrap the address space.
-pub fn check_codes_range(codes: u64, bytes: u64) -> Result<(), RuntimeError> {
+/// `Ok` for a projection's codes the order kernels take: a stack the grouped layout takes
+/// (`CodeStack::check`) at a non-null 16-byte aligned address, a positive multiple of 16 bytes
+/// that does not wrap the address space; returns the end of its range.
+pub fn check_codes(codes: u64, stack: CodeStack) -> Result<u64, RuntimeError> {
+    stack.check().map_err(RuntimeError::InvalidArgument)?;
+    let bytes = stack.bytes();
     if codes == 0
         || codes % 16 != 0
         || bytes == 0
@@ -162,7 +165,7 @@ pub fn check_codes_range(codes: u64, bytes: u64) -> Result<(), RuntimeError> {
              and a positive multiple of 16 bytes"
         )));
     }
-    Ok(())
+    Ok(codes + bytes)
 }
 
 /// CTAs of a finalize kernel (FINALIZE_THREADS threads, `registers` per thread, no shared
@@ -426,8 +429,7 @@ impl MoeLauncher<'_> {
         back: bool,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        stack.check().map_err(RuntimeError::InvalidArgument)?;
-        check_codes_range(codes, stack.bytes())?;
+        check_codes(codes, stack)?;
         if WeightOrder::of(self.kernels.family) == WeightOrder::ModelOpt {
             return Ok(());
         }

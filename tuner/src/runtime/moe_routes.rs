@@ -59,7 +59,7 @@ impl MoeRoutes {
                 config: src.kernel_name.clone(),
                 error,
             })?;
-            if compiled.stats.as_ref().is_some_and(|s| s.spills()) {
+            if compiled.spills() {
                 warnings.push(format!(
                     "grouped kernel {} spills registers to local memory with this compiler: it \
                      runs, slower than its table time (re-tune with `fp4tune tune --moe-only`)",
@@ -125,17 +125,22 @@ pub struct MoeRuntime {
     prepared: std::sync::RwLock<Vec<Prepared>>,
 }
 
-/// One prepared range: `stack` at `[begin, end)`.
+/// One prepared projection: `stack` at `begin`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Prepared {
     begin: u64,
-    end: u64,
     stack: CodeStack,
+}
+
+impl Prepared {
+    fn end(&self) -> u64 {
+        self.begin + self.stack.bytes()
+    }
 }
 
 /// The first of `ranges` that `[codes, end)` overlaps, as `(begin, end)`.
 fn first_overlap(ranges: &[Prepared], codes: u64, end: u64) -> Option<(u64, u64)> {
-    ranges.iter().find(|r| codes < r.end && r.begin < end).map(|r| (r.begin, r.end))
+    ranges.iter().find(|r| codes < r.end() && r.begin < end).map(|r| (r.begin, r.end()))
 }
 
 impl MoeRuntime {
@@ -320,9 +325,7 @@ impl MoeOps<'_> {
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
         let stack = CodeStack::of(shape, op);
-        stack.check().map_err(RuntimeError::InvalidArgument)?;
-        check_codes_range(codes, stack.bytes())?;
-        let end = codes + stack.bytes();
+        let end = check_codes(codes, stack)?;
         let mut prepared = self.prepared_mut();
         if let Some((b, e)) = first_overlap(&prepared, codes, end) {
             return Err(RuntimeError::InvalidArgument(format!(
@@ -334,7 +337,7 @@ impl MoeOps<'_> {
         unsafe { self.refuse_capture("preparing weight codes", stream) }?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe { self.launcher().order_weights(codes, stack, false, stream) }?;
-        prepared.push(Prepared { begin: codes, end, stack });
+        prepared.push(Prepared { begin: codes, stack });
         Ok(())
     }
 
@@ -410,8 +413,8 @@ impl MoeOps<'_> {
         let fits = |r: &Prepared| {
             (r.stack.op, r.stack.n, r.stack.k) == (op, stack.n, stack.k)
                 && r.begin <= codes
-                && end <= r.end
-                && (codes - r.begin) % stack.expert_bytes() == 0
+                && end <= r.end()
+                && (codes - r.begin).checked_rem(stack.expert_bytes()) == Some(0)
         };
         if self.runtime.prepared().iter().any(fits) {
             return Ok(());
