@@ -51,6 +51,16 @@ fn run_step(
         // and a spread of the wgmma kernels (W4A16), their 128-row tile included
         space.extend(spread(wgmma.clone(), per_op.div_ceil(3)));
         space.extend(wgmma.last().filter(|c| !space.contains(c)));
+        // and (sm120) a spread of the gate_up kernels that split K on this step: their partial
+        // slots, arrival counters and ordered sums
+        let split = search_space_for(family, a_type, op, &step.shape)
+            .into_iter()
+            .filter(|c| c.split_k > 1 && crate::moe::sm120::splits_on(c, &step.shape, &d.schedule));
+        for c in spread(split.collect(), per_op.div_ceil(3)) {
+            if !space.contains(&c) {
+                space.push(c);
+            }
+        }
         // and every measured seed with the activations in the warp ring (W4A16): their zero-filled
         // rows past a tile, their L1 copies and (flow) their ring across tiles on every routing
         let a_smem = crate::moe::seeds::measured_seeds(family, a_type, op)
@@ -97,6 +107,9 @@ fn run_step(
     let h_fp4 = l.h_codes..l.h_codes + rows * inter / 2;
     let y_rows = l.y_rows..l.y_rows + rows * hidden * 2;
     assert!(ws_a[y_rows.clone()] == ws_b[y_rows], "{step:?}: per-row outputs differ between runs");
+    // the split-K arrival counters (sm120) are back at zero after every launch
+    let counters = l.split_counters..l.split_counters + l.split_counter_words * 4;
+    assert!(ws_b[counters].iter().all(|&b| b == 0), "{step:?}: split-K counters left non-zero");
     if a_type == AType::Nvfp4 {
         assert!(ws_a[h_fp4.clone()] == ws_b[h_fp4], "{step:?}: H codes differ between runs");
         // X quantized by the CPU and handed over: the same output as the layer's own quantizer

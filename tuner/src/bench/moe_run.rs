@@ -76,7 +76,8 @@ pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
 /// spread of at most `max` streamed configurations of the space (0: all); every tiled one when
 /// the step has at least `TILED_MIN_ROWS_PER_EXPERT` routed rows per active expert (the wgmma
 /// ones from `WGMMA_MIN_ROWS_PER_EXPERT`), or at every size when no streamed configuration
-/// (that `keep` keeps) takes the shape, e.g. a K that is a multiple of 16 but not of 128; then the
+/// (that `keep` keeps) takes the shape, e.g. a K that is a multiple of 16 but not of 128 (sm120
+/// kernels split along K only where the step's tiles fit the workspace's partials); then the
 /// measured seeds (`moe::seeds`) and `extra`, each once, where legal for the shape; `keep`
 /// filters all of them. From `TILED_ONLY_ROWS_PER_EXPERT` rows per expert on, only the tiled
 /// configurations (of the space and of `extra`) are measured.
@@ -90,6 +91,13 @@ pub fn screen_candidates(
 ) -> Vec<GroupedConfig> {
     let mut space = crate::moe::space::search_space_for(family, a_type, op, shape);
     space.retain(&keep);
+    // an sm120 kernel split along K whose tiles overflow the workspace's partials runs as its
+    // split_k 1 form: not screened twice
+    space.retain(|c| {
+        c.split_k == 1
+            || c.family != crate::template::Family::Sm120
+            || crate::moe::sm120::splits_on(c, shape, step)
+    });
     let (tiled, streamed): (Vec<_>, Vec<_>) = space.into_iter().partition(|c| c.tiled);
     let rows_per_expert = step.rows() / step.active_experts().max(1);
     // A projection no streamed configuration takes (e.g. K a multiple of 64 or of 16 only): the tiled
@@ -333,6 +341,28 @@ mod tests {
         let w4a4 = (Family::Sm90, AType::Nvfp4, MoeOp::GateUp);
         let fp4 = screen_candidates(w4a4, &schedule(4096), &shape, 48, &[], |_| true);
         assert!(fp4.len() >= 48 && fp4.iter().all(|c| !c.tiled));
+    }
+
+    /// sm120 gate_up kernels split along K are screened where they split (decode steps whose
+    /// tiles fit the workspace's partials), not at larger steps where they would run as their
+    /// split_k 1 form.
+    #[test]
+    fn sm120_screens_split_kernels_where_they_split() {
+        let shape = MoeShape::GLM5_TP8;
+        let key = (Family::Sm120, AType::Nvfp4, MoeOp::GateUp);
+        let splits = |tokens| {
+            let step = schedule(tokens);
+            let screened = screen_candidates(key, &step, &shape, 0, &[], |_| true);
+            assert!(screened
+                .iter()
+                .all(|c| c.split_k == 1 || crate::moe::sm120::splits_on(c, &shape, &step)));
+            screened.iter().filter(|c| c.split_k > 1).count()
+        };
+        let space =
+            crate::moe::space::search_space_for(Family::Sm120, AType::Nvfp4, MoeOp::GateUp, &shape);
+        assert_eq!(splits(1), space.iter().filter(|c| c.split_k > 1).count());
+        assert!(splits(4) > 0 && splits(4) < splits(1));
+        assert_eq!(splits(64), 0);
     }
 
     /// A down projection whose K no streamed kernel takes (Qwen3-235B over 8 GPUs: K = 192)

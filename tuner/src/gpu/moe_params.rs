@@ -62,6 +62,24 @@ pub struct MoeGroupedParams {
 // SAFETY: as MoeAlignParams.
 unsafe impl DeviceRepr for MoeGroupedParams {}
 
+/// `fp4tune::moe::GroupedSm120Params` (templates/moe/sm120.cuh): the grouped parameters and the
+/// split-K workspace of the sm120 grouped kernels (120 bytes, padded to 128; the instantiation's
+/// static_assert checks both sides).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MoeGroupedSm120Params {
+    pub grouped: MoeGroupedParams,
+    /// fp32 partials `[split_tiles][n-tiles][split_k][block_n * block_m]`.
+    pub partials: u64,
+    /// Arrival counters `[split_tiles][n-tiles]`, zero between launches.
+    pub counters: u64,
+    /// Tiles the partials hold (`moe::sm120::split_tiles`); 0 without split-K.
+    pub split_tiles: i32,
+}
+
+// SAFETY: as MoeAlignParams.
+unsafe impl DeviceRepr for MoeGroupedSm120Params {}
+
 /// `fp4tune::moe::FinalizeParams`: 4 pointers, 3 ints (44 bytes, padded to 48).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -110,6 +128,12 @@ mod tests {
         assert_eq!(offset_of!(MoeGroupedParams, h_scale), 88);
         assert_eq!(offset_of!(MoeGroupedParams, n), 92);
         assert_eq!(offset_of!(MoeGroupedParams, top_k), 100);
+        assert_eq!(
+            (size_of::<MoeGroupedSm120Params>(), align_of::<MoeGroupedSm120Params>()),
+            (128, 8)
+        );
+        assert_eq!(offset_of!(MoeGroupedSm120Params, partials), 104);
+        assert_eq!(offset_of!(MoeGroupedSm120Params, split_tiles), 120);
         assert_eq!((size_of::<MoeFinalizeParams>(), align_of::<MoeFinalizeParams>()), (48, 8));
         assert_eq!(offset_of!(MoeFinalizeParams, tokens), 32);
         assert_eq!((size_of::<MoeOrderParams>(), align_of::<MoeOrderParams>()), (32, 8));

@@ -48,8 +48,8 @@ impl fmt::Display for MoeOp {
 
 /// A grouped kernel configuration. Family sm90: the vocabulary of `GemmConfig`'s global weight
 /// pipeline, with the weights in the register ring or in the warp ring (`warp_ring`); family
-/// sm120: the cp.async pipeline of the SM120 GEMM (`depth` is its stage count, `split_k` and
-/// `min_ctas` are 1). Both: how the CTAs walk the tile schedule, and the activation type (bf16:
+/// sm120: the cp.async pipeline of the SM120 GEMM (`depth` is its stage count, `split_k` CTAs
+/// along K summed through the workspace, `min_ctas` 1). Both: how the CTAs walk the tile schedule, and the activation type (bf16:
 /// W4A16; NVFP4: W4A4, where gate_up also writes H as NVFP4 for down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct GroupedConfig {
@@ -65,7 +65,7 @@ pub struct GroupedConfig {
     /// Register ring: chunks (128 k) in flight per warp. Warp ring: its stages (depth - 1 chunks
     /// in flight).
     pub depth: u32,
-    /// K slices over a (1, 1, split_k) cluster, 1..8.
+    /// K slices: sm90 over a (1, 1, split_k) cluster, 1..8; sm120 over grid z, 1, 2 or 4.
     pub split_k: u32,
     /// CTAs per SM the kernel is compiled for.
     pub min_ctas: u32,
@@ -172,6 +172,8 @@ pub(crate) struct UnitParts<'a> {
     pub launch: String,
     /// The kernel struct whose `<Cfg, OP>::run` the kernel calls.
     pub runner: &'a str,
+    /// The kernel's one parameter (a struct of `fp4tune::moe`).
+    pub params: &'a str,
 }
 
 impl GroupedConfig {
@@ -650,6 +652,7 @@ impl GroupedConfig {
             template_side: "moe/sm90.cuh",
             launch: format!("__launch_bounds__({}, {}){cluster}", self.threads(), self.min_ctas),
             runner: "Grouped",
+            params: "GroupedParams",
         })
     }
 
@@ -672,6 +675,7 @@ impl GroupedConfig {
             template_side: "moe/sm90_tiled.cuh",
             launch: format!("__launch_bounds__({}, {})", self.threads(), self.min_ctas),
             runner: "GroupedTiled",
+            params: "GroupedParams",
         })
     }
 
@@ -685,7 +689,7 @@ impl GroupedConfig {
              using Cfg = {cfg};\n\
              static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust ({rust}) and templates/{template} disagree on shared memory\");\n\
              static_assert(Cfg::THREADS == {threads}, \"Rust and templates/{template} disagree on threads\");\n\
-             extern \"C\" __global__ void {launch} {kernel}(const fp4tune::moe::GroupedParams p) {{\n\
+             extern \"C\" __global__ void {launch} {kernel}(const fp4tune::moe::{params} p) {{\n\
              \x20   fp4tune::moe::{runner}<Cfg, {op}>::run(p);\n\
              }}\n",
             name = self.name(),
@@ -698,6 +702,7 @@ impl GroupedConfig {
             launch = u.launch,
             kernel = self.kernel_name(),
             runner = u.runner,
+            params = u.params,
             op = self.op.template_op(),
         )
     }

@@ -9,7 +9,8 @@
 //! A configuration is a [`GroupedConfig`] of family sm120: `block_m` routed rows per tile (the
 //! MMA's 8-wide side, one warp along it), `block_n` weight rows per CTA over `warps_n` warps,
 //! `block_k` per cp.async stage over `warps_k` warps (summed in warp order), `depth` stages,
-//! `split_k` and `min_ctas` 1, and the walk.
+//! `split_k` CTAs along K (gate_up; their partials summed in order by the last to arrive, in the
+//! stream's workspace: [`split_tiles`]), `min_ctas` 1, and the walk.
 
 use super::config::{GroupedConfig, MoeOp, UnitParts};
 use super::epilogue::{down_position, gate_up_position};
@@ -27,9 +28,9 @@ use crate::template::{Family, GemmConfig};
 use rayon::prelude::*;
 
 /// The SM120 GEMM configuration whose pipeline and MMA step a grouped configuration runs:
-/// swap-AB (weights on the 16-row side), one warp along the routed rows, no split across CTAs.
+/// swap-AB (weights on the 16-row side), one warp along the routed rows, `split_k` CTAs along K.
 pub fn gemm_config(c: &GroupedConfig) -> GemmConfig {
-    gemm::config(c.block_m, c.block_n, c.block_k, 1, c.warps_n, c.warps_k, c.depth, 1, true)
+    gemm::config(c.block_m, c.block_n, c.block_k, 1, c.warps_n, c.warps_k, c.depth, c.split_k, true)
 }
 
 /// The layout (`sm120::Config`) of a grouped configuration; `None` when its sizes do not form one.
@@ -37,10 +38,82 @@ pub fn layout(c: &GroupedConfig) -> Option<Sm120Layout> {
     Sm120Layout::of(&gemm_config(c))
 }
 
-/// Static shared memory of the kernel: the source rows of the current tile (ptxas allocates it
-/// in 128-byte units).
+/// Static shared memory of the kernel: the source rows of the current tile and, split along K,
+/// the "last CTA" flag (ptxas allocates it in 128-byte units).
 pub fn static_smem_bytes(c: &GroupedConfig) -> u32 {
-    (4 * c.block_m).div_ceil(128) * 128
+    (4 * (c.block_m + u32::from(c.split_k > 1))).div_ceil(128) * 128
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split-K across CTAs: the partials and arrival counters in the stream's workspace.
+
+/// split_k values of the space (gate_up only).
+pub const SPLITS: [u32; 3] = [1, 2, 4];
+/// Routed-row slots (tiles x block_m) the workspace's partials hold at the largest split: a
+/// schedule of more tiles runs unsplit (the kernel checks its tile count against
+/// [`split_tiles`]), so decode steps split and the workspace stays small.
+pub const SPLIT_ROW_SLOTS: u32 = 128;
+
+/// Floats of the workspace's split-K partials for a layer: [`SPLIT_ROW_SLOTS`] rows of the
+/// largest split over gate_up's N padded to the widest weight tile (128).
+pub fn split_partial_floats(shape: &MoeShape) -> usize {
+    let (n, _) = shape.nk(MoeOp::GateUp);
+    SPLIT_ROW_SLOTS as usize * SPLITS[SPLITS.len() - 1] as usize * n.div_ceil(128) as usize * 128
+}
+
+/// Arrival counters (u32) of the workspace: one per (tile, n-tile) of every tile the partials
+/// can hold (a slot holds at least 2 x 32 x 8 floats, so 1 counter per 256 floats is enough).
+pub fn split_counter_words(shape: &MoeShape) -> usize {
+    split_partial_floats(shape).div_ceil(256)
+}
+
+/// Floats of one tile's partials: every n-tile's `split_k` slots of `block_n x block_m`.
+fn split_tile_floats(c: &GroupedConfig, shape: &MoeShape) -> usize {
+    let (n, _) = shape.nk(c.op);
+    n.div_ceil(c.block_n) as usize * (c.split_k * c.block_n * c.block_m) as usize
+}
+
+/// Tiles whose partials and counters fit in `floats` and `counters` for kernel `c` (the kernel's
+/// `split_tiles`; 0 for kernels without split-K).
+pub fn split_tiles(c: &GroupedConfig, shape: &MoeShape, floats: usize, counters: usize) -> u32 {
+    if c.split_k <= 1 {
+        return 0;
+    }
+    let (n, _) = shape.nk(c.op);
+    let by_floats = floats / split_tile_floats(c, shape);
+    let by_counters = counters / n.div_ceil(c.block_n) as usize;
+    by_floats.min(by_counters).min(i32::MAX as usize) as u32
+}
+
+/// Whether kernel `c` splits K on schedule `s` (its tile list fits the workspace's partials);
+/// otherwise it runs as its `split_k` 1 form.
+pub fn splits_on(c: &GroupedConfig, shape: &MoeShape, s: &RouteSchedule) -> bool {
+    let Some(list) = TILE_BLOCK_M.iter().position(|&b| b == c.block_m) else {
+        return false;
+    };
+    let room =
+        split_tiles(c, shape, split_partial_floats(shape), split_counter_words(shape)) as usize;
+    c.split_k > 1 && s.tiles[list].len() <= room
+}
+
+/// Index in a partial slot of accumulator register `(mp, mq, i)` of `lane` of the `wk == 0` warp
+/// at `warp_pq` (`GroupedSm120::slot_element`).
+pub fn split_element(l: &Sm120Layout, warp_pq: u32, mp: u32, mq: u32, i: u32, lane: u32) -> u32 {
+    (((warp_pq * l.mma_p + mp) * l.mma_q + mq) * 4 + i) * 32 + lane
+}
+
+/// Float index of slot `z` of tile `tile`, n-tile `bx` (grid x `gx`) in the partials (the kernel's
+/// `slots + z * SLOT_FLOATS`), and the counter index of that (tile, n-tile).
+pub fn split_slot(c: &GroupedConfig, gx: u32, tile: u32, bx: u32, z: u32) -> (usize, usize) {
+    let cell = tile as usize * gx as usize + bx as usize;
+    let slot = (c.block_n * c.block_m) as usize;
+    ((cell * c.split_k as usize + z as usize) * slot, cell)
+}
+
+/// The k-tiles `[begin, end)` of split `z` of `split` over `k_tiles` (the kernel's
+/// `z * k_tiles / SPLIT_K`).
+pub fn split_k_tiles(k_tiles: u32, split: u32, z: u32) -> (u32, u32) {
+    (z * k_tiles / split, (z + 1) * k_tiles / split)
 }
 
 /// The family's rules for one shape (beyond the common ones of [`GroupedConfig::check`]).
@@ -52,10 +125,14 @@ pub fn check(c: &GroupedConfig, shape: &MoeShape) -> Result<(), String> {
             c.a_type
         ));
     }
-    if c.split_k != 1 || c.min_ctas != 1 {
-        return Err("sm120 grouped kernels reduce K inside the CTA (split_k 1) and are compiled \
-                    for one CTA per SM (min_ctas 1)"
-            .into());
+    if c.min_ctas != 1 {
+        return Err("sm120 grouped kernels are compiled for one CTA per SM (min_ctas 1)".into());
+    }
+    if !SPLITS.contains(&c.split_k) {
+        return Err(format!("split_k {} is not one of {SPLITS:?}", c.split_k));
+    }
+    if c.split_k > 1 && c.op != MoeOp::GateUp {
+        return Err("split-K across CTAs is gate_up's (down's N gives it CTAs enough)".into());
     }
     gemm::check(&gemm_config(c)).map_err(|e| e.reason)?;
     let l = layout(c).ok_or("sizes overflow")?;
@@ -71,31 +148,45 @@ pub fn check(c: &GroupedConfig, shape: &MoeShape) -> Result<(), String> {
                     block_n / warps_n must be a multiple of 32"
             .into());
     }
-    c.check_k(k)
+    c.check_k(k)?;
+    let k_tiles = k.div_ceil(c.block_k);
+    if k_tiles < c.split_k {
+        return Err(format!(
+            "K = {k} gives {k_tiles} k-tiles of {}, fewer than split_k = {}",
+            c.block_k, c.split_k
+        ));
+    }
+    Ok(())
 }
 
 /// The instantiation unit: the template, the configuration, the shared memory and threads Rust
 /// computed (asserted by the template), and the `extern "C"` kernel.
 pub fn instantiation(c: &GroupedConfig) -> String {
-    c.unit(UnitParts {
+    let mut unit = c.unit(UnitParts {
         header: "moe/sm120.cuh",
         cfg: format!(
-            "fp4tune::sm120::Config<{}, {}, {}, 1, {}, {}, {}, 1, true>",
-            c.block_m, c.block_n, c.block_k, c.warps_n, c.warps_k, c.depth
+            "fp4tune::sm120::Config<{}, {}, {}, 1, {}, {}, {}, {}, true>",
+            c.block_m, c.block_n, c.block_k, c.warps_n, c.warps_k, c.depth, c.split_k
         ),
         rust_side: "moe/sm120.rs",
         template_side: "sm120/config.cuh",
         launch: format!("__launch_bounds__({})", c.threads()),
         runner: if c.k_tail { "GroupedSm120Tail" } else { "GroupedSm120" },
-    })
+        params: "GroupedSm120Params",
+    });
+    unit.push_str(&format!(
+        "static_assert(sizeof(fp4tune::moe::GroupedSm120Params) == {}, \"gpu::MoeGroupedSm120Params (Rust) and templates/moe/sm120.cuh disagree on the parameters\");\n",
+        std::mem::size_of::<crate::gpu::moe_params::MoeGroupedSm120Params>()
+    ));
+    unit
 }
 
 /// The sm120 grouped search space for one op and shape: routed rows per tile 8, 16, 32; weight
 /// tiles of 32 to 128 rows over 1 to 8 warps (gate_up: 32 rows per warp at least); K per stage
 /// 128 (6 stages) or 256 (4 stages) over 1 or 2 warps, or for a K that stages of 128 cannot
 /// split (a multiple of 64 only, e.g. K = 192) 64 (8 stages, one warp along K), in the K-tail form
-/// where 64 does not divide K either (a multiple of 16, e.g. K = 176); one CTA per tile or a
-/// persistent walk.
+/// where 64 does not divide K either (a multiple of 16, e.g. K = 176); gate_up's tiles of 8 and
+/// 16 rows also over 2 or 4 CTAs along K; one CTA per tile or a persistent walk.
 pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     let tiles: &[(u32, u32)] = match op {
         MoeOp::GateUp => &[(32, 1), (64, 1), (64, 2), (128, 2), (128, 4)],
@@ -106,10 +197,14 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     let k_tail = k % 64 != 0;
     let mut out = Vec::new();
     for block_m in [8, 16, 32] {
+        // split-K for the decode tiles of gate_up (long K, few CTAs at a handful of tokens)
+        let splits: &[u32] = if op == MoeOp::GateUp && block_m <= 16 { &SPLITS } else { &[1] };
         for &(block_n, warps_n) in tiles {
             for &(block_k, stages) in stages {
                 for warps_k in [1, 2] {
-                    for walk in [0, 2] {
+                    for (&split_k, walk) in
+                        splits.iter().flat_map(|s| [0, 2].into_iter().map(move |w| (s, w)))
+                    {
                         let c = GroupedConfig {
                             op,
                             block_m,
@@ -118,7 +213,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                             warps_n,
                             warps_k,
                             depth: stages,
-                            split_k: 1,
+                            split_k,
                             min_ctas: 1,
                             walk,
                             family: Family::Sm120,
@@ -220,13 +315,17 @@ pub struct Simulated {
 /// tile) and every tile of the schedule's list for `block_m`, every k-tile staged by the row maps
 /// (codes at `code_offset`, scale word s * TILE + r), every warp's ldmatrix / scale loads /
 /// selectors and MMAs as the SM120 GEMM's `compute_stage`, the k-warps summed in order, and the
-/// epilogue's element positions (`moe::epilogue`).
+/// epilogue's element positions (`moe::epilogue`). Split along K (`split_k` > 1 and at most
+/// `split_tiles` tiles): each split's k-tiles, its k-warp sums stored at the partial slot
+/// positions of the kernel ([`split_slot`], [`split_element`]; a position written twice panics),
+/// and the slots summed in order; more tiles run unsplit, as the kernel does.
 pub fn simulate(
     c: &GroupedConfig,
     s: &RouteSchedule,
     top_k: u32,
     ops: &GroupedOperands,
     math: &GroupedMath,
+    split_tiles: u32,
 ) -> Simulated {
     let l = layout(c).expect("simulate needs a legal configuration");
     let n = ops.experts[0].rows;
@@ -276,54 +375,123 @@ pub fn simulate(
             }
         }
     };
-    for bx in 0..n.div_ceil(c.block_n) {
+    let gx = n.div_ceil(c.block_n);
+    let tiles = &s.tiles[list];
+    let split = c.split_k > 1 && tiles.len() as u32 <= split_tiles;
+    let splits = if split { c.split_k } else { 1 };
+    let k_tiles = k / c.block_k;
+    let slot_floats = (c.block_n * c.block_m) as usize;
+    let mut partials =
+        vec![None::<f64>; split_tiles as usize * gx as usize * c.split_k as usize * slot_floats];
+    // (wk == 0 warp, MMA tile, lane, element) -> value, per wk == 0 warp position warp_pq
+    let wk0 = (l.warps_p * l.warps_q) as usize;
+    let tile_regs = (l.mma_p * l.mma_q) as usize;
+    for bx in 0..gx {
         let n0 = bx * c.block_n;
-        for tile in &s.tiles[list] {
+        for (ti, tile) in tiles.iter().enumerate() {
             let (w_codes, w_sf) = &images[tile.expert as usize];
             let p_row = |r: u32| (math.weight_row)(c.op, n, n0, r).map(|row| (row, row));
             let q_row = |r: u32| {
                 (math.source_row)(c.op, &s.sorted_ids, top_k, tile.first_row, tile.rows, r)
                     .map(|row| (row, (math.scale_row)(row, tile.first_row + r)))
             };
-            let mut acc = vec![[[0.0f64; 4]; LANES]; (warps * l.mma_p * l.mma_q) as usize];
-            for kt in 0..k / c.block_k {
-                let mut smem = vec![0u8; l.stage_bytes as usize];
-                stage(&mut smem, 0, l.p_sf_offset, l.tile_p, w_codes, w_sf, &p_row, kt);
-                stage(
-                    &mut smem,
-                    l.q_code_offset,
-                    l.q_sf_offset,
-                    l.tile_q,
-                    &a_codes,
-                    &a_sf,
-                    &q_row,
-                    kt,
-                );
+            let mut total = vec![[[0.0f64; 4]; LANES]; wk0 * tile_regs];
+            for z in 0..splits {
+                let (kb, ke) = if split { split_k_tiles(k_tiles, splits, z) } else { (0, k_tiles) };
+                let mut acc = vec![[[0.0f64; 4]; LANES]; (warps * l.mma_p * l.mma_q) as usize];
+                for kt in kb..ke {
+                    let mut smem = vec![0u8; l.stage_bytes as usize];
+                    stage(&mut smem, 0, l.p_sf_offset, l.tile_p, w_codes, w_sf, &p_row, kt);
+                    stage(
+                        &mut smem,
+                        l.q_code_offset,
+                        l.q_sf_offset,
+                        l.tile_q,
+                        &a_codes,
+                        &a_sf,
+                        &q_row,
+                        kt,
+                    );
+                    for warp in 0..warps {
+                        let (wp, wq, wk) = warp_position(&l, warp);
+                        let base = (warp * l.mma_p * l.mma_q) as usize;
+                        compute_stage(
+                            &l,
+                            &smem,
+                            wp * l.warp_p,
+                            wq * l.warp_q,
+                            wk,
+                            &mut acc[base..],
+                        );
+                    }
+                }
+                // k-warps summed into the wk = 0 warp in wk order (sm120::Epilogue::reduce_k_warps)
                 for warp in 0..warps {
                     let (wp, wq, wk) = warp_position(&l, warp);
-                    let base = (warp * l.mma_p * l.mma_q) as usize;
-                    compute_stage(&l, &smem, wp * l.warp_p, wq * l.warp_q, wk, &mut acc[base..]);
+                    if wk != 0 {
+                        continue;
+                    }
+                    let warp_pq = wp * l.warps_q + wq;
+                    for t in 0..tile_regs {
+                        let (mp, mq) = (t as u32 / l.mma_q, t as u32 % l.mma_q);
+                        for lane in 0..LANES {
+                            for e in 0..4 {
+                                let mut sum = acc[warp as usize * tile_regs + t][lane][e];
+                                for kk in 1..c.warps_k {
+                                    let wi = kk * l.warps_p * l.warps_q + warp_pq;
+                                    sum += acc[wi as usize * tile_regs + t][lane][e];
+                                }
+                                if split {
+                                    let (slot, _) = split_slot(c, gx, ti as u32, bx, z);
+                                    let at = slot
+                                        + split_element(&l, warp_pq, mp, mq, e as u32, lane as u32)
+                                            as usize;
+                                    assert!(
+                                        partials[at].is_none(),
+                                        "{c}: partial {at} written twice"
+                                    );
+                                    partials[at] = Some(sum);
+                                } else {
+                                    total[warp_pq as usize * tile_regs + t][lane][e] = sum;
+                                }
+                            }
+                        }
+                    }
                 }
             }
-            // k-warps summed into the wk = 0 warp in wk order, then the epilogue's positions
-            for warp in 0..warps {
-                let (wp, wq, wk) = warp_position(&l, warp);
-                if wk != 0 {
-                    continue;
+            if split {
+                // the tile's last CTA: slots 0 .. split_k - 1 summed in order
+                for warp_pq in 0..wk0 as u32 {
+                    for t in 0..tile_regs {
+                        let (mp, mq) = (t as u32 / l.mma_q, t as u32 % l.mma_q);
+                        let regs = &mut total[warp_pq as usize * tile_regs + t];
+                        for (lane, lane_regs) in regs.iter_mut().enumerate() {
+                            for (e, value) in lane_regs.iter_mut().enumerate() {
+                                let mut sum = 0.0;
+                                for z in 0..splits {
+                                    let (slot, _) = split_slot(c, gx, ti as u32, bx, z);
+                                    let at = slot
+                                        + split_element(&l, warp_pq, mp, mq, e as u32, lane as u32)
+                                            as usize;
+                                    sum += partials[at].expect("every split wrote its slot");
+                                }
+                                *value = sum;
+                            }
+                        }
+                    }
                 }
+            }
+            // the epilogue's positions
+            for warp_pq in 0..wk0 as u32 {
+                let (wp, wq) = (warp_pq / l.warps_q, warp_pq % l.warps_q);
                 let pw0 = n0 + wp * l.warp_p;
                 let qw0 = wq * l.warp_q;
-                let total = |t: u32, lane: usize, e: usize| -> f64 {
-                    let mut sum = acc[(warp * l.mma_p * l.mma_q + t) as usize][lane][e];
-                    for kk in 1..c.warps_k {
-                        let wi = kk * l.warps_p * l.warps_q + wp * l.warps_q + wq;
-                        sum += acc[(wi * l.mma_p * l.mma_q + t) as usize][lane][e];
-                    }
-                    sum
-                };
                 for i in 0..l.mma_p {
                     for q in 0..l.mma_q {
-                        let t = i * l.mma_q + q;
+                        let t = (i * l.mma_q + q) as usize;
+                        let total = |lane: usize, e: usize| {
+                            total[warp_pq as usize * tile_regs + t][lane][e]
+                        };
                         for lane in 0..LANES as u32 {
                             let mut put = |m: u32, col: u32, v: f64| {
                                 if m < tile.rows && col < n {
@@ -337,8 +505,8 @@ pub fn simulate(
                                     for e in 0..2 {
                                         let (m, col) = gate_up_position(pw0, qw0, i, q, e, lane);
                                         if col < n / 2 {
-                                            put(m, col, total(t, lane as usize, e as usize));
-                                            let up = total(t, lane as usize, e as usize + 2);
+                                            put(m, col, total(lane as usize, e as usize));
+                                            let up = total(lane as usize, e as usize + 2);
                                             put(m, n / 2 + col, up);
                                         }
                                     }
@@ -346,7 +514,7 @@ pub fn simulate(
                                 MoeOp::Down => {
                                     for e in 0..4 {
                                         let (m, col) = down_position(pw0, qw0, i, q, e, lane);
-                                        put(m, col, total(t, lane as usize, e as usize));
+                                        put(m, col, total(lane as usize, e as usize));
                                     }
                                 }
                             }

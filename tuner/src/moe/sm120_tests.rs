@@ -53,12 +53,22 @@ fn operands(c: &Case, op: MoeOp, rows: u32) -> GroupedOperands {
     GroupedOperands { experts, acts: random_matrix(&mut rng, act_rows, k) }
 }
 
-fn run(c: &Case, cfg: &GroupedConfig, math: &GroupedMath) -> (Simulated, Vec<f64>) {
+/// The simulation with room for `split_tiles` tiles of partials, and the reference.
+fn run_split(
+    c: &Case,
+    cfg: &GroupedConfig,
+    math: &GroupedMath,
+    split_tiles: u32,
+) -> (Simulated, Vec<f64>) {
     let ids = draw_routing(c.seed, c.tokens, c.shape.top_k, c.shape.experts, c.routing);
     let s = RouteSchedule::build(&ids, 0, c.shape.experts);
     let ops = operands(c, cfg.op, s.rows());
-    let sim = simulate(cfg, &s, c.shape.top_k, &ops, math);
+    let sim = simulate(cfg, &s, c.shape.top_k, &ops, math, split_tiles);
     (sim, reference(&s, c.shape.top_k, cfg.op, &ops))
+}
+
+fn run(c: &Case, cfg: &GroupedConfig, math: &GroupedMath) -> (Simulated, Vec<f64>) {
+    run_split(c, cfg, math, 1 << 12)
 }
 
 #[test]
@@ -114,6 +124,110 @@ fn the_grouped_index_math_reproduces_the_reference_on_the_fragment_model() {
     }
 }
 
+/// Split along K: every split's k-tiles (5 k-tiles over 2 and 4 CTAs: uneven shares), the
+/// partial slots of every warp and register, and the ordered sum reproduce the reference; with
+/// fewer partial tiles than the schedule's tiles the kernel runs unsplit and still does.
+#[test]
+fn split_k_partials_and_their_ordered_sum_reproduce_the_reference() {
+    let gu = MoeShape { hidden: 320, inter: 48, experts: 6, top_k: 3 };
+    let configs = [
+        GroupedConfig { split_k: 2, ..grouped(MoeOp::GateUp, 8, 32, 64, 1, 1) },
+        GroupedConfig { split_k: 4, ..grouped(MoeOp::GateUp, 8, 64, 64, 2, 1) },
+        GroupedConfig { split_k: 2, ..grouped(MoeOp::GateUp, 16, 64, 128, 1, 2) },
+        GroupedConfig { split_k: 4, walk: 2, ..grouped(MoeOp::GateUp, 16, 128, 64, 2, 1) },
+    ];
+    for (i, cfg) in configs.iter().enumerate() {
+        let case = Case {
+            shape: if cfg.block_k == 128 { MoeShape { hidden: 640, ..gu } } else { gu },
+            tokens: 3 + 2 * i as u32,
+            routing: if i % 2 == 0 { Routing::Uniform } else { Routing::Skewed },
+            seed: 20 + i as u64,
+        };
+        cfg.check(&case.shape).unwrap_or_else(|e| panic!("{e}"));
+        let ids = draw_routing(case.seed, case.tokens, gu.top_k, gu.experts, case.routing);
+        let s = RouteSchedule::build(&ids, 0, gu.experts);
+        let list = TILE_BLOCK_M.iter().position(|&b| b == cfg.block_m).unwrap();
+        let tiles = s.tiles[list].len() as u32;
+        assert!(tiles >= 2, "{cfg}: {tiles} tiles");
+        for split_tiles in [tiles, tiles + 3, tiles - 1, 0] {
+            let (sim, want) = run_split(&case, cfg, &GroupedMath::TEMPLATE, split_tiles);
+            assert!(sim.writes.iter().all(|&w| w == 1), "{cfg}: an output written twice or never");
+            assert_eq!(sim.values, want, "{cfg}, room for {split_tiles} of {tiles} tiles");
+        }
+    }
+}
+
+/// The kernel's partial slots (`slot_element`, `split_slot`) and counters, mirrored: for every
+/// split configuration of the GLM-5 spaces, the wk == 0 warps' registers fill a slot exactly
+/// once, the slots of `split_tiles` tiles are disjoint and inside the workspace's partials, the
+/// counters inside its counters, and a decode step's tiles fit (B = 1 at every split, B = 2 and
+/// 4 at the smaller ones).
+#[test]
+fn split_k_slots_cover_the_tile_once_and_fit_the_workspace() {
+    for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {
+        let floats = split_partial_floats(&shape);
+        let words = split_counter_words(&shape);
+        let space = search_space(MoeOp::GateUp, &shape);
+        let split: Vec<_> = space.iter().filter(|c| c.split_k > 1).collect();
+        assert!(split.len() >= 20, "{shape}: {} split configurations", split.len());
+        assert!(space.iter().all(|c| c.split_k == 1 || c.block_m <= 16));
+        assert!(search_space(MoeOp::Down, &shape).iter().all(|c| c.split_k == 1));
+        for c in split {
+            let l = layout(c).unwrap();
+            let slot = (c.block_n * c.block_m) as usize;
+            let mut seen = vec![false; slot];
+            for warp_pq in 0..l.warps_p * l.warps_q {
+                for mp in 0..l.mma_p {
+                    for mq in 0..l.mma_q {
+                        for i in 0..4 {
+                            for lane in 0..32 {
+                                let e = split_element(&l, warp_pq, mp, mq, i, lane) as usize;
+                                assert!(e < slot && !seen[e], "{c}: element {e}");
+                                seen[e] = true;
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&s| s), "{c}: a slot element no register writes");
+            let (n, _) = shape.nk(c.op);
+            let gx = n.div_ceil(c.block_n);
+            let cap = split_tiles(c, &shape, floats, words);
+            let mut slots = std::collections::HashSet::new();
+            for tile in 0..cap {
+                for bx in 0..gx {
+                    for z in 0..c.split_k {
+                        let (at, counter) = split_slot(c, gx, tile, bx, z);
+                        assert!(at + slot <= floats && counter < words, "{c}: tile {tile}");
+                        assert!(at % slot == 0 && slots.insert(at), "{c}: slot {at} twice");
+                    }
+                }
+            }
+            // room for 512 routed-row slots (128 at split 4) whatever the tile's width: a step of
+            // `tokens` has at most tokens x top_k tiles, so B = 1 always splits, B = 2 up to 32
+            // row slots per tile, B = 4 up to 16
+            assert_eq!(cap * c.split_k * c.block_m, SPLIT_ROW_SLOTS * 4, "{c}");
+            for (tokens, slots) in [(1, 64), (2, 32), (4, 16)] {
+                let ids = tokens * shape.top_k;
+                assert!(c.split_k * c.block_m > slots || ids <= cap, "{c}: {ids} ids, room {cap}");
+            }
+        }
+        // a kernel without split-K has no partials
+        let one = space.iter().find(|c| c.split_k == 1).unwrap();
+        assert_eq!(split_tiles(one, &shape, floats, words), 0);
+    }
+    // the k-tiles of the splits: contiguous, in order, every one once
+    for (k_tiles, split) in [(5, 2), (5, 4), (48, 4), (4, 4), (24, 2)] {
+        let mut next = 0;
+        for z in 0..split {
+            let (b, e) = split_k_tiles(k_tiles, split, z);
+            assert!(b == next && e > b, "{k_tiles} over {split}: split {z} is {b}..{e}");
+            next = e;
+        }
+        assert_eq!(next, k_tiles);
+    }
+}
+
 #[test]
 fn grouped_index_mistakes_are_caught() {
     let shape = MoeShape { hidden: 128, inter: 32, experts: 4, top_k: 2 };
@@ -156,10 +270,8 @@ fn the_sm120_space_is_legal_w4a4_and_fits_shared_memory() {
             assert!(space.len() >= 40, "{op} {shape}: {}", space.len());
             for c in &space {
                 c.check(&shape).unwrap();
-                assert_eq!(
-                    (c.family, c.a_type, c.split_k, c.min_ctas),
-                    (Family::Sm120, AType::Nvfp4, 1, 1)
-                );
+                assert_eq!((c.family, c.a_type, c.min_ctas), (Family::Sm120, AType::Nvfp4, 1));
+                assert!(SPLITS.contains(&c.split_k), "{c}");
                 assert!(c.smem_bytes() + static_smem_bytes(c) <= SMEM_LIMIT);
                 assert!(c.source().code.contains("GroupedSm120<Cfg"), "{c}");
                 assert_eq!(c.source().arch, crate::template::Arch::Sm120a);
@@ -169,8 +281,16 @@ fn the_sm120_space_is_legal_w4a4_and_fits_shared_memory() {
     let base = search_space(MoeOp::GateUp, &MoeShape::GLM5_TP8)[0];
     let e = GroupedConfig { a_type: AType::Bf16, ..base }.check(&MoeShape::GLM5_TP8).unwrap_err();
     assert!(e.reason.contains("W4A4 only"), "{e}");
-    let e = GroupedConfig { split_k: 2, ..base }.check(&MoeShape::GLM5_TP8).unwrap_err();
-    assert!(e.reason.contains("split_k 1"), "{e}");
+    let e = GroupedConfig { split_k: 3, ..base }.check(&MoeShape::GLM5_TP8).unwrap_err();
+    assert!(e.reason.contains("split_k 3 is not one of"), "{e}");
+    let down = search_space(MoeOp::Down, &MoeShape::GLM5_TP8)[0];
+    let e = GroupedConfig { split_k: 2, ..down }.check(&MoeShape::GLM5_TP8).unwrap_err();
+    assert!(e.reason.contains("gate_up's"), "{e}");
+    // K = 6144 in stages of 256: 24 k-tiles; a K of 128 in stages of 128 has one, fewer than 2
+    let small = MoeShape { hidden: 128, ..MoeShape::GLM5_TP8 };
+    let one_tile = GroupedConfig { split_k: 2, block_k: 128, depth: 6, warps_k: 1, ..base };
+    let e = one_tile.check(&small).unwrap_err();
+    assert!(e.reason.contains("fewer than split_k"), "{e}");
     let e =
         GroupedConfig { block_n: 16, warps_n: 1, ..base }.check(&MoeShape::GLM5_TP8).unwrap_err();
     assert!(e.reason.contains("multiple of 32"), "{e}");

@@ -114,6 +114,7 @@ pub(super) fn unit_parts(c: &GroupedConfig) -> UnitParts<'static> {
         template_side: "moe/sm90_wgmma.cuh",
         launch: format!("__launch_bounds__({}, {})", c.threads(), c.min_ctas),
         runner: "GroupedWgmma",
+        params: "GroupedParams",
     }
 }
 

@@ -14,7 +14,9 @@
 use super::error::RuntimeError;
 use crate::compile::Compiler;
 use crate::gpu::moe_params::MoeAlignChunkParams;
-use crate::gpu::moe_params::{MoeAlignParams, MoeFinalizeParams, MoeGroupedParams, MoeOrderParams};
+use crate::gpu::moe_params::{
+    MoeAlignParams, MoeFinalizeParams, MoeGroupedParams, MoeGroupedSm120Params, MoeOrderParams,
+};
 use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
@@ -370,10 +372,27 @@ impl MoeLauncher<'_> {
             block: (c.threads(), 1, 1),
             smem_bytes: c.smem_bytes(),
         };
-        // SAFETY: the grouped kernel takes one MoeGroupedParams; grid y <= its list's bound <=
-        // max_tiles of `tokens` <= the workspace's capacity; the workspace's H and X regions hold
-        // its max_tokens; the caller's buffers per the contract above.
-        unsafe { self.gpu.launch_params_on_stream(&kernel.kernel, dims, &p, stream) }?;
+        match family {
+            Family::Sm90 => {
+                // SAFETY: an sm90 grouped kernel takes one MoeGroupedParams; grid y <= its list's
+                // bound <= max_tiles of `tokens` <= the workspace's capacity; the workspace's H
+                // and X regions hold its max_tokens; the caller's buffers per the contract above.
+                unsafe { self.gpu.launch_params_on_stream(&kernel.kernel, dims, &p, stream) }?
+            }
+            Family::Sm120 => {
+                let (partials, counters, floats, words) = ws.split();
+                let p = MoeGroupedSm120Params {
+                    grouped: p,
+                    partials,
+                    counters,
+                    split_tiles: crate::moe::sm120::split_tiles(c, shape, floats, words) as i32,
+                };
+                // SAFETY: as above, with one MoeGroupedSm120Params; the kernel's partials and
+                // counters of at most split_tiles tiles lie inside the workspace's split-K
+                // regions (moe::sm120::split_tiles), whose counters are zero between launches.
+                unsafe { self.gpu.launch_params_on_stream(&kernel.kernel, dims, &p, stream) }?
+            }
+        }
         Ok(())
     }
 

@@ -25,11 +25,17 @@ pub struct WorkspaceLayout {
     /// W4A4: H as NVFP4 (codes `[rows, inter/2]`, swizzled scales over the sorted rows).
     pub h_codes: usize,
     pub h_sf: usize,
+    /// Family sm120: the split-K partials (f32) and arrival counters (u32, zero between
+    /// launches) of gate_up kernels split along K (`moe::sm120::split_tiles`); empty on sm90.
+    pub split_partials: usize,
+    pub split_partial_floats: usize,
+    pub split_counters: usize,
+    pub split_counter_words: usize,
     pub bytes: usize,
 }
 
 impl WorkspaceLayout {
-    pub fn new(shape: &MoeShape, max_tokens: u32) -> Self {
+    pub fn new(shape: &MoeShape, max_tokens: u32, family: Family) -> Self {
         let align = |x: usize| x.div_ceil(256) * 256;
         let rows = max_tokens as usize * shape.top_k as usize;
         let max_tiles = max_tiles(max_tokens, shape.top_k, shape.experts);
@@ -54,6 +60,15 @@ impl WorkspaceLayout {
         let x_sf = region(crate::format::swizzled_len(tokens, hidden / 16));
         let h_codes = region(rows * inter / 2);
         let h_sf = region(crate::format::swizzled_len(rows, inter / 16));
+        let (split_partial_floats, split_counter_words) = match family {
+            Family::Sm120 => (
+                crate::moe::sm120::split_partial_floats(shape),
+                crate::moe::sm120::split_counter_words(shape),
+            ),
+            Family::Sm90 => (0, 0),
+        };
+        let split_partials = region(split_partial_floats * 4);
+        let split_counters = region(split_counter_words * 4);
         WorkspaceLayout {
             max_tokens,
             max_tiles,
@@ -69,6 +84,10 @@ impl WorkspaceLayout {
             x_sf,
             h_codes,
             h_sf,
+            split_partials,
+            split_partial_floats,
+            split_counters,
+            split_counter_words,
             bytes: at,
         }
     }
@@ -89,7 +108,8 @@ impl MoeWorkspace {
                 "a MoE workspace needs max_tokens >= 1".into(),
             ));
         }
-        let layout = WorkspaceLayout::new(&shape, max_tokens);
+        let layout =
+            WorkspaceLayout::new(&shape, max_tokens, crate::runtime::family_for(gpu.info())?);
         let buf = gpu.alloc_zeros::<u8>(layout.bytes)?;
         // The zeroing runs on the dispatcher's own stream: finish it before the caller's stream
         // can launch into the workspace.
@@ -144,6 +164,17 @@ impl MoeWorkspace {
     /// Device address of the chunked routing form's row counts.
     pub fn chunk_base(&self) -> u64 {
         self.at(self.layout.chunk_base)
+    }
+
+    /// Device addresses of the split-K partials and counters, and their sizes (floats, words).
+    pub fn split(&self) -> (u64, u64, usize, usize) {
+        let l = &self.layout;
+        (
+            self.at(l.split_partials),
+            self.at(l.split_counters),
+            l.split_partial_floats,
+            l.split_counter_words,
+        )
     }
 
     /// Device address of tile list `list` and of its count.
@@ -278,7 +309,7 @@ mod tests {
     #[test]
     fn workspace_regions_are_aligned_disjoint_and_sized_for_max_tokens() {
         let shape = MoeShape::GLM5_TP8;
-        let l = WorkspaceLayout::new(&shape, 256);
+        let l = WorkspaceLayout::new(&shape, 256, Family::Sm90);
         let regions = [
             (l.offsets, 257 * 4),
             (l.sorted_ids, 2048 * 4),
@@ -299,9 +330,19 @@ mod tests {
         assert!(regions.iter().all(|(o, _)| o % 256 == 0));
         assert!(l.h_sf + 2048 * 16 <= l.bytes);
         // scale regions are padded to 128 rows: 3 tokens still take 128 rows of X scales
-        let small = WorkspaceLayout::new(&shape, 3);
+        let small = WorkspaceLayout::new(&shape, 3, Family::Sm90);
         assert!(small.x_sf + 128 * 384 <= small.h_codes);
         assert_eq!(l.max_tiles, 256 + 256);
+        // sm90 splits K in clusters: no split-K scratch, the other regions where they were
+        assert_eq!((l.split_partial_floats, l.split_counter_words), (0, 0));
+        let sm120 = WorkspaceLayout::new(&shape, 256, Family::Sm120);
+        assert_eq!(sm120.h_sf, l.h_sf);
+        assert!(sm120.h_sf + 2048 * 16 <= sm120.split_partials);
+        assert_eq!(sm120.split_partial_floats, 128 * 4 * 512);
+        assert!(sm120.split_partials + 128 * 4 * 512 * 4 <= sm120.split_counters);
+        assert_eq!(sm120.split_counter_words, 128 * 4 * 512 / 256);
+        assert!(sm120.split_counters + sm120.split_counter_words * 4 <= sm120.bytes);
+        assert!(sm120.split_partials % 256 == 0 && sm120.split_counters % 256 == 0);
     }
 
     #[test]
