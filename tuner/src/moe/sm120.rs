@@ -636,18 +636,22 @@ pub struct GroupedVariant {
     /// `OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X` instructions, and any OMMA.
     pub omma_sf: usize,
     pub omma: usize,
+    /// `ATOMG` instructions: the split-K arrival counter (one in a kernel split along K, none
+    /// otherwise).
+    pub atomics: usize,
     pub local_memory: bool,
     /// MMAs of one k-tile (MMA tiles per warp x k-steps per warp): the main loop's body.
     pub expected_mma_per_k_tile: u32,
 }
 
 impl GroupedVariant {
-    /// Native block-scaled MMA in the expected count, no spills, no local memory, static shared
-    /// memory within what `check` budgets.
+    /// Native block-scaled MMA in the expected count, the split-K arrival counter exactly where
+    /// K is split, no spills, no local memory, static shared memory within what `check` budgets.
     pub fn is_clean(&self) -> bool {
         self.omma_sf > 0
             && self.omma == self.omma_sf
             && self.omma_sf as u32 == self.expected_mma_per_k_tile
+            && (self.atomics > 0) == (self.config.split_k > 1)
             && self.spill_bytes == 0
             && !self.local_memory
             && self.static_smem <= static_smem_bytes(&self.config)
@@ -677,6 +681,7 @@ pub fn inspect_variants(
                 threads: c.threads(),
                 omma_sf: sass::count_opcode(&text, OMMA_SF_NVFP4),
                 omma: sass::count_opcode(&text, "OMMA"),
+                atomics: sass::count_opcode(&text, "ATOMG"),
                 local_memory: sass::uses_local_memory(&text),
                 expected_mma_per_k_tile: l.mma_p * l.mma_q * l.k_steps_per_warp,
             })
@@ -696,18 +701,20 @@ pub fn variant_report(results: &[Result<GroupedVariant, String>], toolchain: &st
          and GLM-4.5-Air over 8 GPUs, K = 192 and K = 176, the latter in the K-tail form `kt`) \
          compiled for sm_120a ({toolchain}); SASS read \
          with cuobjdump. `OMMA.SF` counts `{OMMA_SF_NVFP4}` instructions; `expected` is MMA tiles \
-         per warp x 64-wide k-steps per warp of one k-tile (the main loop's body). `smem B` is the \
-         dynamic shared memory (the cp.async stages), `static B` the static shared memory ptxas \
-         reports (the tile's source rows).\n\n"
+         per warp x 64-wide k-steps per warp of one k-tile (the main loop's body); `ATOMG` counts \
+         the split-K arrival counter's atomics (kernels split along K, `s2` and `s4`, have one; \
+         the others none). `smem B` is the dynamic shared memory (the cp.async stages), `static \
+         B` the static shared memory ptxas reports (the tile's source rows and, split along K, \
+         the last-CTA flag).\n\n"
     ));
     out.push_str(&counts_line(results.len(), clean, ok.iter().map(|v| v.registers)));
     out.push_str(
-        "\n| variant | kernel | threads | smem B | static B | regs | spill B | OMMA.SF | expected | local mem |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "\n| variant | kernel | threads | smem B | static B | regs | spill B | OMMA.SF | expected | ATOMG | local mem |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for v in &ok {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             v.config.name(),
             v.config.kernel_name(),
             v.threads,
@@ -717,6 +724,7 @@ pub fn variant_report(results: &[Result<GroupedVariant, String>], toolchain: &st
             v.spill_bytes,
             v.omma_sf,
             v.expected_mma_per_k_tile,
+            v.atomics,
             if v.local_memory { "yes" } else { "no" }
         ));
     }

@@ -313,6 +313,7 @@ fn report_flags_spills_and_wrong_mma_counts() {
         threads: c.threads(),
         omma_sf: (l.mma_p * l.mma_q * l.k_steps_per_warp) as usize,
         omma: (l.mma_p * l.mma_q * l.k_steps_per_warp) as usize,
+        atomics: 0,
         local_memory: false,
         expected_mma_per_k_tile: l.mma_p * l.mma_q * l.k_steps_per_warp,
     };
@@ -322,6 +323,26 @@ fn report_flags_spills_and_wrong_mma_counts() {
     assert!(!GroupedVariant { omma: good.omma + 1, ..good.clone() }.is_clean());
     assert!(!GroupedVariant { local_memory: true, ..good.clone() }.is_clean());
     assert!(!GroupedVariant { static_smem: 4096, ..good.clone() }.is_clean());
+    // the split-K counter: only and always where K is split
+    assert!(!GroupedVariant { atomics: 1, ..good.clone() }.is_clean());
+    let split = search_space(MoeOp::GateUp, &MoeShape::GLM5_TP8)
+        .into_iter()
+        .find(|c| c.split_k > 1)
+        .unwrap();
+    let ls = layout(&split).unwrap();
+    let mma = (ls.mma_p * ls.mma_q * ls.k_steps_per_warp) as usize;
+    let split_good = GroupedVariant {
+        config: split,
+        smem_bytes: split.smem_bytes(),
+        threads: split.threads(),
+        omma_sf: mma,
+        omma: mma,
+        expected_mma_per_k_tile: mma as u32,
+        atomics: 1,
+        ..good.clone()
+    };
+    assert!(split_good.is_clean());
+    assert!(!GroupedVariant { atomics: 0, ..split_good }.is_clean());
     let report = variant_report(&[Ok(good.clone()), Err("x: broken".into())], "NVRTC 13.0");
     assert!(report.contains("2 variants: 1 compiled, 1 clean"), "{report}");
     assert!(report.contains(&format!("| {} | {} |", c.name(), c.kernel_name())), "{report}");

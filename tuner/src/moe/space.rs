@@ -12,6 +12,28 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     search_space_for(Family::Sm90, AType::Bf16, op, shape)
 }
 
+/// A family's representative grouped configurations of one activation type and op on `shape`
+/// (what `fp4tune selftest` checks without a table): the first measured seed legal for the
+/// shape, else the space's first configuration; sm120 gate_up also its first configuration
+/// split along K. Empty where the family has no grouped kernels of `a_type`.
+pub fn representative(
+    family: Family,
+    a_type: AType,
+    op: MoeOp,
+    shape: &MoeShape,
+) -> Vec<GroupedConfig> {
+    let space = search_space_for(family, a_type, op, shape);
+    let first = super::seeds::measured_seeds(family, a_type, op)
+        .into_iter()
+        .find(|c| c.check(shape).is_ok())
+        .or_else(|| space.iter().find(|c| c.split_k == 1).copied());
+    let mut out: Vec<GroupedConfig> = first.into_iter().collect();
+    if family == Family::Sm120 {
+        out.extend(space.iter().find(|c| c.split_k > 1).copied());
+    }
+    out
+}
+
 /// The grouped search space of one family and activation type for one op and shape: every legal
 /// combination of the value lists below (the space is data; `check` prunes it). Family sm120 has
 /// W4A4 only (`super::sm120::search_space`); other combinations are empty.

@@ -14,8 +14,9 @@ use crate::bench::gemm::{verify, Candidate, DeviceProblem, HostProblem};
 use crate::bench::TimingPolicy;
 use crate::compile::Compiler;
 use crate::gpu::{Gpu, GpuError};
+use crate::moe::{MoeOp, MoeShape};
 use crate::problem::{AType, GemmProblem};
-use crate::table::{Method, MoeEntry, Table};
+use crate::table::{Method, MoeEntry, MoeKey, Table};
 use crate::template::{representative_configs, Family, GemmConfig};
 use std::collections::BTreeMap;
 
@@ -23,6 +24,51 @@ use std::collections::BTreeMap;
 /// step of the GLM-5 TP8 gate_up shape, and a ragged M on the TP8 down shape's transpose (the EP
 /// down shape).
 pub const DEFAULT_PROBLEMS: [(u32, u32, u32); 2] = [(1, 512, 6144), (33, 6144, 2048)];
+
+/// The origin the representative grouped kernels' lines name.
+pub const REPRESENTATIVE_GROUPED: &str = "representative grouped kernels";
+
+/// The token counts the representative grouped kernels are checked at without a table, on the
+/// GLM-5 TP8 layer: decode steps of 1 and 8 tokens (gate_up and down).
+pub const DEFAULT_MOE_TOKENS: [u32; 2] = [1, 8];
+
+/// The family's representative grouped kernels (`moe::space::representative`) as grouped entries
+/// on the GLM-5 TP8 layer at [`DEFAULT_MOE_TOKENS`], each step routed with the tuner's seed for its
+/// token count. They carry no recorded time: a self-test only verifies them.
+pub fn representative_moe_entries(family: Family) -> Vec<MoeEntry> {
+    let shape = MoeShape::GLM5_TP8;
+    let mut out = Vec::new();
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        for tokens in DEFAULT_MOE_TOKENS {
+            for op in MoeOp::ALL {
+                let (n, k) = shape.nk(op);
+                let key = MoeKey {
+                    op,
+                    family,
+                    a_type,
+                    n,
+                    k,
+                    experts: shape.experts,
+                    top_k: shape.top_k,
+                    tokens,
+                };
+                for config in crate::moe::space::representative(family, a_type, op, &shape) {
+                    out.push(MoeEntry {
+                        key,
+                        config,
+                        median_us: 0.0,
+                        interval_us: (0.0, 0.0),
+                        skewed_us: 0.0,
+                        routing_seed: crate::tune::moe::routing_seed(tokens),
+                        roofline_fraction: 0.0,
+                        experts_total: None,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
 
 /// One check to run on the GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,8 +88,9 @@ pub struct Plan {
     pub skipped: Vec<CheckResult>,
 }
 
-/// The checks of `table` (named `origin`) on a GPU of `family`, or of the family's
-/// representative kernels on [`DEFAULT_PROBLEMS`] without a table.
+/// The checks of `table` (named `origin`) on a GPU of `family`, or without a table of the
+/// family's representative kernels on [`DEFAULT_PROBLEMS`] and its representative grouped
+/// kernels ([`representative_moe_entries`]).
 pub fn plan(family: Family, table: Option<(&Table, &str)>) -> Plan {
     let mut checks = Vec::new();
     let mut skipped = Vec::new();
@@ -61,6 +108,10 @@ pub fn plan(family: Family, table: Option<(&Table, &str)>) -> Plan {
                     }
                 }
             }
+        }
+        let entries = representative_moe_entries(family);
+        if !entries.is_empty() {
+            checks.push(KernelCheck::Grouped { origin: REPRESENTATIVE_GROUPED.into(), entries });
         }
         return Plan { checks, skipped };
     };
@@ -227,10 +278,52 @@ mod tests {
         for family in [Family::Sm90, Family::Sm120] {
             let p = plan(family, None);
             assert!(!p.checks.is_empty(), "{family}");
-            for c in &p.checks {
+            let (grouped, gemm): (Vec<_>, Vec<_>) =
+                p.checks.iter().partition(|c| matches!(c, KernelCheck::Grouped { .. }));
+            for c in &gemm {
                 let KernelCheck::Gemm { config, problem, .. } = c else { panic!("{c:?}") };
                 assert_eq!(config.family, family);
                 assert!(config.check_problem(problem).is_ok(), "{config} on {problem}");
+            }
+            // the grouped layer: every entry legal on its layer and measurable, both ops at
+            // every default token count and activation type the family runs; on sm120 a gate_up
+            // kernel split along K that splits on its decode step
+            let [KernelCheck::Grouped { origin, entries }] = grouped.as_slice() else {
+                panic!("{family}: {grouped:?}")
+            };
+            assert_eq!(origin, REPRESENTATIVE_GROUPED);
+            let a_types: &[AType] =
+                if family == Family::Sm90 { &[AType::Bf16, AType::Nvfp4] } else { &[AType::Nvfp4] };
+            for &a in a_types {
+                for tokens in DEFAULT_MOE_TOKENS {
+                    for op in MoeOp::ALL {
+                        assert!(entries
+                            .iter()
+                            .any(|e| (e.key.a_type, e.key.tokens, e.key.op) == (a, tokens, op)));
+                    }
+                }
+            }
+            for e in entries {
+                assert_eq!(
+                    (e.key.family, e.config.family, e.config.a_type),
+                    (family, family, e.key.a_type)
+                );
+                assert!(a_types.contains(&e.key.a_type), "{family}: {}", e.key);
+                e.config.check(&e.key.shape()).unwrap_or_else(|x| panic!("{x}"));
+                crate::check::grouped::measurable(&e.key).unwrap();
+            }
+            if family == Family::Sm120 {
+                let split = entries.iter().find(|e| e.config.split_k > 1).expect("a split kernel");
+                let step = crate::check::grouped::step_of(split);
+                let ids = crate::moe::schedule::draw_routing(
+                    step.seed,
+                    step.tokens,
+                    step.shape.top_k,
+                    step.experts_total,
+                    step.routing,
+                );
+                let s = crate::moe::RouteSchedule::build(&ids, 0, step.shape.experts);
+                assert!(crate::moe::sm120::splits_on(&split.config, &step.shape, &s));
             }
             // Every representative kernel is checked on at least one problem.
             for a in [AType::Bf16, AType::Nvfp4] {
