@@ -30,8 +30,10 @@
 // SPLIT_K CTAs to arrive (one arrival counter per (tile, n-tile), reset by it) sums slots 0 ..
 // SPLIT_K - 1 in order and runs the epilogue: deterministic, no waiting, no cluster. The partials
 // hold split_tiles tiles (the launcher's share of the stream's workspace); a schedule of more tiles
-// runs unsplit (CTA z = 0 takes the whole K, the others exit), so any routing stays correct and
-// the workspace stays sized for decode. Mirrored by moe::sm120::split_* in Rust.
+// runs unsplit (each CTA takes whole tiles, the z planes one after the other), so any routing stays
+// correct and the workspace stays sized for decode. Bit for bit the same run to run; whether a
+// step splits (and so the order of its sums) depends on the step's tile count. Mirrored by
+// moe::sm120::split_* in Rust.
 //
 // Launch contract (moe::GroupedConfig, family sm120): one GroupedSm120Params, grid (ceil(N /
 // BLOCK_N), grid_y, SPLIT_K), THREADS threads, SMEM_BYTES of dynamic shared memory (plus BLOCK_M
@@ -139,16 +141,20 @@ struct GroupedSm120 {
         const uint32_t smem0 = sm120::smem_addr(smem);
         const int n = p.n;
         // Split across the grid's z only while the partials hold every tile of the schedule (the
-        // same answer in every CTA); otherwise z = 0 takes the whole K and the others leave.
+        // same answer in every CTA). Otherwise every CTA takes whole tiles: the grid's z planes
+        // walk the tile list one after the other (tile y + z * gridDim.y, stepping by all of
+        // them), so a persistent walk keeps all its CTAs and a one-tile-per-CTA grid's z > 0 CTAs
+        // find no tile.
         const int z = static_cast<int>(blockIdx.z);
         const bool split = SPLIT && count <= sp.split_tiles;
-        if (SPLIT && !split && z > 0) return;
         const int kt_begin = split ? z * k_tiles / Cfg::SPLIT_K : 0;
         const int kt_end = split ? (z + 1) * k_tiles / Cfg::SPLIT_K : k_tiles;
         const int kt_count = kt_end - kt_begin;
+        const int cy_first = static_cast<int>(blockIdx.y) + (split ? 0 : z * static_cast<int>(gridDim.y));
+        const int cy_step = static_cast<int>(gridDim.y) * (split ? 1 : static_cast<int>(gridDim.z));
 
 #pragma unroll 1
-        for (int cy = static_cast<int>(blockIdx.y); cy < count; cy += static_cast<int>(gridDim.y)) {
+        for (int cy = cy_first; cy < count; cy += cy_step) {
             const int4 tl = tiles[cy];  // (expert, first sorted row, rows, 0)
             const uint8_t* w = p.w + tl.x * w_stride;
             const uint8_t* w_sf = p.w_sf + tl.x * sf_stride;
@@ -224,14 +230,7 @@ struct GroupedSm120 {
                     }
                     sm120::fence_gpu();
                     __syncthreads();
-                    if (tid == 0) {
-                        uint32_t* counter = sp.counters + cell;
-                        const uint32_t arrived = sm120::atomic_add_u32(counter, 1u);
-                        const int last = arrived == static_cast<uint32_t>(Cfg::SPLIT_K - 1) ? 1 : 0;
-                        // every split has arrived: nobody else touches the counter, leave it zeroed
-                        if (last) sm120::st_u32_relaxed(counter, 0u);
-                        q_rows[Cfg::BLOCK_M] = last;
-                    }
+                    if (tid == 0) q_rows[Cfg::BLOCK_M] = sm120::split_arrive(sp.counters + cell, Cfg::SPLIT_K) ? 1 : 0;
                     __syncthreads();
                     if (q_rows[Cfg::BLOCK_M] == 0) continue;  // the tile's last CTA finishes it
                     sm120::fence_gpu();

@@ -10,6 +10,21 @@
 namespace fp4tune {
 namespace sm120 {
 
+// The split-K arrival of one CTA (thread 0 only, after a barrier behind every thread's partial
+// stores and fence): a release fence, the arrival on `counter`, and for the last of `splits`
+// CTAs an acquire fence and the counter's reset (nobody else touches it in this launch). Whether
+// this CTA is the last.
+__device__ __forceinline__ bool split_arrive(uint32_t* counter, uint32_t splits) {
+    fence_gpu();
+    const uint32_t arrived = atomic_add_u32(counter, 1u);
+    const bool last = arrived == splits - 1;
+    if (last) {
+        fence_gpu();
+        st_u32_relaxed(counter, 0u);
+    }
+    return last;
+}
+
 template <class Cfg>
 struct Epilogue {
     using Acc = float[Cfg::MMA_P][Cfg::MMA_Q][4];
@@ -106,14 +121,8 @@ struct Epilogue {
             fence_gpu();
             __syncthreads();
             uint32_t* flag = reinterpret_cast<uint32_t*>(smem + Cfg::FLAG_OFFSET);
-            if (threadIdx.x == 0) {
-                uint32_t* counter = p.counters + blockIdx.y * gridDim.x + blockIdx.x;
-                const uint32_t arrived = atomic_add_u32(counter, 1u);
-                const uint32_t last = arrived == static_cast<uint32_t>(Cfg::SPLIT_K - 1) ? 1u : 0u;
-                // Every split has arrived: nobody else touches the counter, leave it zeroed.
-                if (last) st_u32_relaxed(counter, 0u);
-                *flag = last;
-            }
+            if (threadIdx.x == 0)
+                *flag = split_arrive(p.counters + blockIdx.y * gridDim.x + blockIdx.x, Cfg::SPLIT_K) ? 1u : 0u;
             __syncthreads();
             if (*flag == 0u || !active) return;
             fence_gpu();

@@ -74,7 +74,7 @@ __device__ __forceinline__ uint32_t atomic_add_u32(uint32_t* p, uint32_t v) {
 }
 
 __device__ __forceinline__ void st_u32_relaxed(uint32_t* p, uint32_t v) {
-    asm volatile("st.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 }  // namespace sm120

@@ -90,14 +90,14 @@ pub fn screen_candidates(
     keep: impl Fn(&GroupedConfig) -> bool,
 ) -> Vec<GroupedConfig> {
     let mut space = crate::moe::space::search_space_for(family, a_type, op, shape);
-    space.retain(&keep);
     // an sm120 kernel split along K whose tiles overflow the workspace's partials runs as its
-    // split_k 1 form: not screened twice
-    space.retain(|c| {
+    // split_k 1 form: not screened twice (nor recorded for a step where it does not split)
+    let splits_here = |c: &GroupedConfig| {
         c.split_k == 1
             || c.family != crate::template::Family::Sm120
             || crate::moe::sm120::splits_on(c, shape, step)
-    });
+    };
+    space.retain(|c| keep(c) && splits_here(c));
     let (tiled, streamed): (Vec<_>, Vec<_>) = space.into_iter().partition(|c| c.tiled);
     let rows_per_expert = step.rows() / step.active_experts().max(1);
     // A projection no streamed configuration takes (e.g. K a multiple of 64 or of 16 only): the tiled
@@ -116,6 +116,7 @@ pub fn screen_candidates(
     for c in seeds.iter().chain(extra) {
         let fits = (c.op, c.family, c.a_type) == (op, family, a_type)
             && keep(c)
+            && splits_here(c)
             && (c.tiled || !tiled_only);
         if fits && c.check(shape).is_ok() && !space.contains(c) {
             space.push(*c);
@@ -350,16 +351,18 @@ mod tests {
     fn sm120_screens_split_kernels_where_they_split() {
         let shape = MoeShape::GLM5_TP8;
         let key = (Family::Sm120, AType::Nvfp4, MoeOp::GateUp);
+        let space =
+            crate::moe::space::search_space_for(Family::Sm120, AType::Nvfp4, MoeOp::GateUp, &shape);
+        // the previous bucket's pick, split along K, is not carried where it would not split
+        let carried = *space.iter().find(|c| c.split_k == 4).unwrap();
         let splits = |tokens| {
             let step = schedule(tokens);
-            let screened = screen_candidates(key, &step, &shape, 0, &[], |_| true);
+            let screened = screen_candidates(key, &step, &shape, 0, &[carried], |_| true);
             assert!(screened
                 .iter()
                 .all(|c| c.split_k == 1 || crate::moe::sm120::splits_on(c, &shape, &step)));
             screened.iter().filter(|c| c.split_k > 1).count()
         };
-        let space =
-            crate::moe::space::search_space_for(Family::Sm120, AType::Nvfp4, MoeOp::GateUp, &shape);
         assert_eq!(splits(1), space.iter().filter(|c| c.split_k > 1).count());
         assert!(splits(4) > 0 && splits(4) < splits(1));
         assert_eq!(splits(64), 0);

@@ -64,7 +64,7 @@ unsafe impl DeviceRepr for MoeGroupedParams {}
 
 /// `fp4tune::moe::GroupedSm120Params` (templates/moe/sm120.cuh): the grouped parameters and the
 /// split-K workspace of the sm120 grouped kernels (120 bytes, padded to 128; the instantiation's
-/// static_assert checks both sides).
+/// static_assert checks the grouped block's size, where `partials` starts, and the whole size).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct MoeGroupedSm120Params {

@@ -174,9 +174,13 @@ pub fn instantiation(c: &GroupedConfig) -> String {
         runner: if c.k_tail { "GroupedSm120Tail" } else { "GroupedSm120" },
         params: "GroupedSm120Params",
     });
+    // NVRTC has no offsetof: the grouped block's size places `partials` (the two pointers and
+    // the int follow it in order), the whole size the rest
+    type Params = crate::gpu::moe_params::MoeGroupedSm120Params;
     unit.push_str(&format!(
-        "static_assert(sizeof(fp4tune::moe::GroupedSm120Params) == {}, \"gpu::MoeGroupedSm120Params (Rust) and templates/moe/sm120.cuh disagree on the parameters\");\n",
-        std::mem::size_of::<crate::gpu::moe_params::MoeGroupedSm120Params>()
+        "static_assert(sizeof(fp4tune::moe::GroupedParams) == {} && sizeof(fp4tune::moe::GroupedSm120Params) == {}, \"gpu::MoeGroupedSm120Params (Rust) and templates/moe/sm120.cuh disagree on the parameters\");\n",
+        std::mem::offset_of!(Params, partials),
+        std::mem::size_of::<Params>(),
     ));
     unit
 }
@@ -185,8 +189,10 @@ pub fn instantiation(c: &GroupedConfig) -> String {
 /// tiles of 32 to 128 rows over 1 to 8 warps (gate_up: 32 rows per warp at least); K per stage
 /// 128 (6 stages) or 256 (4 stages) over 1 or 2 warps, or for a K that stages of 128 cannot
 /// split (a multiple of 64 only, e.g. K = 192) 64 (8 stages, one warp along K), in the K-tail form
-/// where 64 does not divide K either (a multiple of 16, e.g. K = 176); gate_up's tiles of 8 and
-/// 16 rows also over 2 or 4 CTAs along K; one CTA per tile or a persistent walk.
+/// where 64 does not divide K either (a multiple of 16, e.g. K = 176), never more stages than a
+/// CTA has k-tiles (at least 2: a short K such as TP8 down's 256 keeps its shared memory small,
+/// so more CTAs fit on an SM); gate_up's tiles of 8 and 16 rows also over 2 or 4 CTAs along K;
+/// one CTA per tile or a persistent walk.
 pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
     let tiles: &[(u32, u32)] = match op {
         MoeOp::GateUp => &[(32, 1), (64, 1), (64, 2), (128, 2), (128, 4)],
@@ -212,7 +218,7 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                             block_k,
                             warps_n,
                             warps_k,
-                            depth: stages,
+                            depth: stages.min((k.div_ceil(block_k) / split_k).max(2)),
                             split_k,
                             min_ctas: 1,
                             walk,
@@ -303,12 +309,14 @@ pub struct GroupedOperands {
 }
 
 /// The pre-activation outputs of every routed row: `[rows, N]` in weight-row order (gate_up:
-/// gate of column j at j, up at I + j), and how often each was written.
+/// gate of column j at j, up at I + j), how often each was written, and how many split-K
+/// partials were stored (0 when the projection ran unsplit).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Simulated {
     pub n: u32,
     pub values: Vec<f64>,
     pub writes: Vec<u32>,
+    pub partial_writes: usize,
 }
 
 /// Run one grouped projection through the kernel's index math and the MMA model: every CTA (n
@@ -340,6 +348,7 @@ pub fn simulate(
         n,
         values: vec![0.0; (rows * n) as usize],
         writes: vec![0; (rows * n) as usize],
+        partial_writes: 0,
     };
     let list = TILE_BLOCK_M.iter().position(|&b| b == c.block_m).expect("a tile list");
     let warps = c.warps_n * c.warps_k;
@@ -451,6 +460,7 @@ pub fn simulate(
                                         "{c}: partial {at} written twice"
                                     );
                                     partials[at] = Some(sum);
+                                    out.partial_writes += 1;
                                 } else {
                                     total[warp_pq as usize * tile_regs + t][lane][e] = sum;
                                 }

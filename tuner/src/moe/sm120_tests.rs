@@ -121,6 +121,7 @@ fn the_grouped_index_math_reproduces_the_reference_on_the_fragment_model() {
         let (sim, want) = run(case, cfg, &GroupedMath::TEMPLATE);
         assert!(sim.writes.iter().all(|&w| w == 1), "{cfg}: an output written twice or never");
         assert_eq!(sim.values, want, "{cfg} on {}", case.shape);
+        assert_eq!(sim.partial_writes, 0, "{cfg}: split_k 1 stores no partials");
     }
 }
 
@@ -149,10 +150,16 @@ fn split_k_partials_and_their_ordered_sum_reproduce_the_reference() {
         let list = TILE_BLOCK_M.iter().position(|&b| b == cfg.block_m).unwrap();
         let tiles = s.tiles[list].len() as u32;
         assert!(tiles >= 2, "{cfg}: {tiles} tiles");
+        let gx = case.shape.nk(cfg.op).0.div_ceil(cfg.block_n);
         for split_tiles in [tiles, tiles + 3, tiles - 1, 0] {
             let (sim, want) = run_split(&case, cfg, &GroupedMath::TEMPLATE, split_tiles);
             assert!(sim.writes.iter().all(|&w| w == 1), "{cfg}: an output written twice or never");
             assert_eq!(sim.values, want, "{cfg}, room for {split_tiles} of {tiles} tiles");
+            // split exactly when the partials hold every tile: then every slot of every (tile,
+            // n-tile, split) is stored once
+            let slots = (tiles * gx * cfg.split_k * cfg.block_n * cfg.block_m) as usize;
+            let want_writes = if tiles <= split_tiles { slots } else { 0 };
+            assert_eq!(sim.partial_writes, want_writes, "{cfg}, room for {split_tiles}");
         }
     }
 }
@@ -272,12 +279,20 @@ fn the_sm120_space_is_legal_w4a4_and_fits_shared_memory() {
                 c.check(&shape).unwrap();
                 assert_eq!((c.family, c.a_type, c.min_ctas), (Family::Sm120, AType::Nvfp4, 1));
                 assert!(SPLITS.contains(&c.split_k), "{c}");
+                // no stage a CTA's k-tiles cannot fill
+                let (_, k) = shape.nk(op);
+                assert!(c.depth <= (k.div_ceil(c.block_k) / c.split_k).max(2), "{c}");
                 assert!(c.smem_bytes() + static_smem_bytes(c) <= SMEM_LIMIT);
                 assert!(c.source().code.contains("GroupedSm120<Cfg"), "{c}");
                 assert_eq!(c.source().arch, crate::template::Arch::Sm120a);
             }
         }
     }
+    // TP8 down (K = 256: one or two k-tiles) runs two stages; gate_up (K = 6144) the full rings
+    assert!(search_space(MoeOp::Down, &MoeShape::GLM5_TP8).iter().all(|c| c.depth == 2));
+    assert!(search_space(MoeOp::GateUp, &MoeShape::GLM5_TP8)
+        .iter()
+        .any(|c| c.depth == 6 && c.split_k == 4));
     let base = search_space(MoeOp::GateUp, &MoeShape::GLM5_TP8)[0];
     let e = GroupedConfig { a_type: AType::Bf16, ..base }.check(&MoeShape::GLM5_TP8).unwrap_err();
     assert!(e.reason.contains("W4A4 only"), "{e}");
