@@ -15,6 +15,7 @@
 use super::config::{GroupedConfig, MoeOp, UnitParts};
 use super::epilogue::{down_position, gate_up_position};
 use super::schedule::{RouteSchedule, TILE_BLOCK_M};
+use super::tiled::{tail_copy_bytes, TailCopies};
 use super::MoeShape;
 use crate::compile::{sass, Compiler};
 use crate::problem::AType;
@@ -251,6 +252,10 @@ pub fn distinct_kernels(shapes: &[MoeShape]) -> Vec<GroupedConfig> {
 // ---------------------------------------------------------------------------------------------
 // The kernel's index math on the CPU.
 
+/// `sm120::load_rows`' K-tail copies: codes in 8-byte halves of 16 k, scales in words of 64 k.
+const CODE_HALVES: TailCopies = TailCopies { bytes: 8, units: 2, unit_k: 16 };
+const SCALE_WORDS: TailCopies = TailCopies { bytes: 4, units: 1, unit_k: 64 };
+
 /// `sm120_weight_row`: the weight row of P-tile row `r` of the CTA whose first weight row is
 /// `n0` (`None`: past the weight, zero-filled). gate_up interleaves gate and up rows by MMA row half.
 pub fn weight_row(op: MoeOp, n: u32, n0: u32, r: u32) -> Option<u32> {
@@ -321,7 +326,8 @@ pub struct Simulated {
 
 /// Run one grouped projection through the kernel's index math and the MMA model: every CTA (n
 /// tile) and every tile of the schedule's list for `block_m`, every k-tile staged by the row maps
-/// (codes at `code_offset`, scale word s * TILE + r), every warp's ldmatrix / scale loads /
+/// (codes at `code_offset`, scale word s * TILE + r; in the K-tail form, ceil(K / 64) k-tiles
+/// whose copies read only their bytes below K), every warp's ldmatrix / scale loads /
 /// selectors and MMAs as the SM120 GEMM's `compute_stage`, the k-warps summed in order, and the
 /// epilogue's element positions (`moe::epilogue`). Split along K (`split_k` > 1 and at most
 /// `split_tiles` tiles): each split's k-tiles, its k-warp sums stored at the partial slot
@@ -360,27 +366,35 @@ pub fn simulate(
                  sf: &[u8],
                  row_of: &dyn Fn(u32) -> Option<(u32, u32)>,
                  kt: u32| {
+        // k left in this k-tile before K: the K-tail form's copies read only their bytes below
+        // K and zero-fill the rest (`sm120::load_rows`; a K that k-tiles divide reads them all)
+        let k_left = i64::from(k) - i64::from(kt * c.block_k);
         for i in 0..tile * l.row_chunks {
             let (r, ch) = (i / l.row_chunks, i % l.row_chunks);
             let at = (code_dst + code_offset(&l, r, ch)) as usize;
-            match row_of(r) {
-                Some((row, _)) => {
-                    let src = (row * (k / 2) + kt * l.row_bytes + ch * 16) as usize;
-                    smem[at..at + 16].copy_from_slice(&codes[src..src + 16]);
+            smem[at..at + 16].fill(0);
+            if let Some((row, _)) = row_of(r) {
+                for half in 0..2 {
+                    let bytes = tail_copy_bytes(k_left, 32 * ch + 16 * half, CODE_HALVES) as usize;
+                    let src = (row * (k / 2) + kt * l.row_bytes + ch * 16 + 8 * half) as usize;
+                    let at = at + 8 * half as usize;
+                    if bytes > 0 {
+                        smem[at..at + bytes].copy_from_slice(&codes[src..src + bytes]);
+                    }
                 }
-                None => smem[at..at + 16].fill(0),
             }
         }
         for i in 0..l.k_steps * tile {
             let (st, r) = (i / tile, i % tile);
             let at = (sf_dst + 4 * i) as usize;
-            match row_of(r) {
-                Some((_, sf_row)) => {
-                    let kb = kt * (c.block_k / 16) + 4 * st;
-                    let src = fragments::swizzled_sf_offset(sf_row, kb, ksf_pad) as usize;
-                    smem[at..at + 4].copy_from_slice(&sf[src..src + 4]);
+            smem[at..at + 4].fill(0);
+            if let Some((_, sf_row)) = row_of(r) {
+                let kb = kt * (c.block_k / 16) + 4 * st;
+                let src = fragments::swizzled_sf_offset(sf_row, kb, ksf_pad) as usize;
+                let bytes = tail_copy_bytes(k_left, 64 * st, SCALE_WORDS) as usize;
+                if bytes > 0 {
+                    smem[at..at + bytes].copy_from_slice(&sf[src..src + bytes]);
                 }
-                None => smem[at..at + 4].fill(0),
             }
         }
     };
@@ -388,7 +402,7 @@ pub fn simulate(
     let tiles = &s.tiles[list];
     let split = c.split_k > 1 && tiles.len() as u32 <= split_tiles;
     let splits = if split { c.split_k } else { 1 };
-    let k_tiles = k / c.block_k;
+    let k_tiles = k.div_ceil(c.block_k);
     let slot_floats = (c.block_n * c.block_m) as usize;
     let mut partials =
         vec![None::<f64>; split_tiles as usize * gx as usize * c.split_k as usize * slot_floats];
