@@ -15,7 +15,7 @@ use crate::gpu::DeviceInfo;
 use crate::moe::{GroupedConfig, MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::table::{Method, Table};
-use crate::template::GemmConfig;
+use crate::template::{Family, GemmConfig};
 use std::fmt;
 
 /// How a launch's configuration was chosen (cheap to copy; the hot path returns it).
@@ -94,6 +94,10 @@ pub struct MoeRoute {
     pub bucket: u32,
     pub config: GroupedConfig,
     pub kind: MoeRouteKind,
+    /// Family sm120, a kernel split along K: the most tiles (of `config.block_m` routed rows) a
+    /// step may have for its CTAs to split K, the room of a stream's workspace
+    /// (`moe::sm120::split_tiles`); a step with more runs unsplit. 0 otherwise.
+    pub split_room: u32,
     /// The table's grouped entries were tuned with other grouped kernel templates: the kernel is
     /// built from this build's templates and the entry's recorded time may not hold.
     pub stale_templates: bool,
@@ -105,6 +109,7 @@ impl MoeRoute {
     pub fn pick(
         op: MoeOp,
         a_type: AType,
+        shape: &MoeShape,
         buckets: &[(u32, GroupedConfig)],
         tokens: u32,
         stale_templates: bool,
@@ -122,7 +127,13 @@ impl MoeRoute {
             let upper = buckets.partition_point(|(b, _)| *b < tokens);
             MoeRouteKind::Between { lower: buckets[upper - 1].0, upper: buckets[upper].0 }
         };
-        MoeRoute { op, a_type, tokens, bucket, config, kind, stale_templates }
+        let split_room = if config.family == Family::Sm120 && config.split_k > 1 {
+            use crate::moe::sm120::{split_counter_words, split_partial_floats, split_tiles};
+            split_tiles(&config, shape, split_partial_floats(shape), split_counter_words(shape))
+        } else {
+            0
+        };
+        MoeRoute { op, a_type, tokens, bucket, config, kind, split_room, stale_templates }
     }
 
     fn op_label(&self) -> &'static str {
@@ -155,6 +166,13 @@ impl fmt::Display for MoeRoute {
                 "nearest bucket B={}: {} is above the largest tuned B",
                 self.bucket, self.tokens
             )?,
+        }
+        if self.split_room > 0 {
+            write!(
+                f,
+                "; K over {} CTAs when the step has at most {} tiles of {} routed rows",
+                self.config.split_k, self.split_room, self.config.block_m
+            )?;
         }
         if self.stale_templates {
             f.write_str("; tuned with other grouped templates, built from this build's")?;
@@ -253,7 +271,7 @@ impl MoeRouteTable {
                 ))
             })?;
         let pick = |op, list: &[(u32, GroupedConfig)]| {
-            MoeRoute::pick(op, a_type, list, tokens, self.stale_templates)
+            MoeRoute::pick(op, a_type, shape, list, tokens, self.stale_templates)
         };
         Ok(MoeLayerRoute {
             shape: *shape,
@@ -382,6 +400,34 @@ mod tests {
         let text = at(4096).to_string();
         assert!(text.contains("nearest bucket B=256: 4096 is above the largest tuned B"), "{text}");
         assert!(!text.contains("other grouped templates"), "{text}");
+    }
+
+    /// An sm120 gate_up split along K says up to how many tiles its CTAs split (the workspace's
+    /// room for it); a kernel without split-K says nothing of it.
+    #[test]
+    fn an_sm120_split_kernel_says_when_it_splits() {
+        let mut t = table();
+        let space =
+            crate::moe::space::search_space_for(Family::Sm120, AType::Nvfp4, MoeOp::GateUp, &TP8);
+        let split = *space.iter().find(|c| c.split_k == 4 && c.block_m == 8).unwrap();
+        let down =
+            crate::moe::space::search_space_for(Family::Sm120, AType::Nvfp4, MoeOp::Down, &TP8)[0];
+        for e in &mut t.moe {
+            e.key.family = Family::Sm120;
+            e.key.a_type = AType::Nvfp4;
+            e.config = if e.key.op == MoeOp::GateUp { split } else { down };
+        }
+        t.moe_template_hash = Some(crate::moe::templates::family_template_hash(Family::Sm120));
+        let routes = MoeRouteTable::new(&t);
+        let r = routes.route(&TP8, AType::Nvfp4, 1).unwrap();
+        // 128 routed-row slots at split 4: 16 tiles of 8 rows
+        assert_eq!((r.gate_up.split_room, r.down.split_room), (16, 0));
+        let text = r.to_string();
+        assert!(
+            text.contains("; K over 4 CTAs when the step has at most 16 tiles of 8 routed rows)"),
+            "{text}"
+        );
+        assert_eq!(text.matches("K over").count(), 1, "{text}");
     }
 
     #[test]
