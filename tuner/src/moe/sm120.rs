@@ -86,15 +86,18 @@ pub fn split_tiles(c: &GroupedConfig, shape: &MoeShape, floats: usize, counters:
     by_floats.min(by_counters).min(i32::MAX as usize) as u32
 }
 
+/// [`split_tiles`] of a stream's workspace for `shape` (its split-K regions' sizes).
+pub fn split_room(c: &GroupedConfig, shape: &MoeShape) -> u32 {
+    split_tiles(c, shape, split_partial_floats(shape), split_counter_words(shape))
+}
+
 /// Whether kernel `c` splits K on schedule `s` (its tile list fits the workspace's partials);
 /// otherwise it runs as its `split_k` 1 form.
 pub fn splits_on(c: &GroupedConfig, shape: &MoeShape, s: &RouteSchedule) -> bool {
     let Some(list) = TILE_BLOCK_M.iter().position(|&b| b == c.block_m) else {
         return false;
     };
-    let room =
-        split_tiles(c, shape, split_partial_floats(shape), split_counter_words(shape)) as usize;
-    c.split_k > 1 && s.tiles[list].len() <= room
+    c.split_k > 1 && s.tiles[list].len() <= split_room(c, shape) as usize
 }
 
 /// Index in a partial slot of accumulator register `(mp, mq, i)` of `lane` of the `wk == 0` warp

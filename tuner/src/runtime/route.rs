@@ -127,11 +127,9 @@ impl MoeRoute {
             let upper = buckets.partition_point(|(b, _)| *b < tokens);
             MoeRouteKind::Between { lower: buckets[upper - 1].0, upper: buckets[upper].0 }
         };
-        let split_room = if config.family == Family::Sm120 && config.split_k > 1 {
-            use crate::moe::sm120::{split_counter_words, split_partial_floats, split_tiles};
-            split_tiles(&config, shape, split_partial_floats(shape), split_counter_words(shape))
-        } else {
-            0
+        let split_room = match config.family {
+            Family::Sm120 => crate::moe::sm120::split_room(&config, shape),
+            Family::Sm90 => 0,
         };
         MoeRoute { op, a_type, tokens, bucket, config, kind, split_room, stale_templates }
     }
