@@ -1,11 +1,12 @@
 //! GPU tests of the grouped MoE layer (need a CUDA GPU and NVRTC; `--features gpu`): the GPU
 //! schedule against the CPU one, every sampled grouped variant against the CPU reference, and the
 //! whole layer run twice (bit-identical) with finalize checked exactly, over routings that cover
-//! decode and prefill sizes, both GLM-5 layouts, top_k 8 and 1, skew, and a layer whose experts
-//! get nothing (expert parallelism with ids of other GPUs); for W4A16 and for W4A4 (NVFP4 X and
-//! H: the X the layer quantizes and the NVFP4 H of gate_up checked byte for byte against the CPU
-//! quantizer, each chosen kernel run twice bit-identical, the layer with X quantized on the GPU
-//! equal to the layer with X quantized on the CPU).
+//! decode and prefill sizes, both GLM-5 layouts, top_k 8 and 1, skew, a shared expert joined as
+//! one more expert in every token's last slot, and a layer whose experts get nothing (expert
+//! parallelism with ids of other GPUs); for W4A16 and for W4A4 (NVFP4 X and H: the X the layer
+//! quantizes and the NVFP4 H of gate_up checked byte for byte against the CPU quantizer, each
+//! chosen kernel run twice bit-identical, the layer with X quantized on the GPU equal to the layer
+//! with X quantized on the CPU).
 
 use super::*;
 use crate::moe::space::search_space_for;
@@ -240,6 +241,7 @@ fn grouped_moe_matches_the_cpu_reference_over_routings_and_sizes() {
     let tp8 = MoeShape::GLM5_TP8;
     let ep8 = MoeShape::GLM5_EP8;
     let bf16 = AType::Bf16;
+    let shared = MoeShape { experts: 257, top_k: 9, ..tp8 };
     let mut checked = 0;
     for (s, per_op) in [
         (step(tp8, 0, 1, Routing::Uniform, 1), 12),
@@ -252,6 +254,8 @@ fn grouped_moe_matches_the_cpu_reference_over_routings_and_sizes() {
         (step(MoeShape { top_k: 1, ..tp8 }, 0, 33, Routing::Uniform, 8), 4),
         (step(ep8, 32, 64, Routing::Uniform, 9), 6),
         (step(ep8, 224, 3, Routing::Skewed, 10), 4),
+        // the shared expert joined as expert 256 of 257, in every token's ninth slot
+        (whole_layer(shared, 8, Routing::SharedLast, 12), 4),
     ] {
         checked += run_step(&gpu, &compiler, &launcher, s, bf16, per_op);
     }
@@ -293,6 +297,7 @@ fn grouped_moe_w4a4_matches_the_cpu_reference_over_routings_and_sizes() {
         (step(ep8, 32, 64, Routing::Uniform, 33), 6),
         (step(ep8, 0, 256, Routing::Skewed, 34), 4),
         (step(ep8, 224, 3, Routing::Skewed, 35), 4),
+        (whole_layer(MoeShape { experts: 257, top_k: 9, ..tp8 }, 1, Routing::SharedLast, 39), 4),
     ] {
         checked += run_step(&gpu, &compiler, &launcher, s, w4a4, per_op);
     }

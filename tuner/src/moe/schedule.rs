@@ -117,6 +117,10 @@ pub enum Routing {
     Uniform,
     /// Every token routes to experts 0, 1, 2 (as many of them as top_k allows), the rest uniform.
     Skewed,
+    /// A shared expert joined as the last expert: every token's last slot is expert
+    /// `experts_total - 1`, its other slots uniform over the experts below it (an engine that
+    /// fuses the shared expert hands over E + 1 experts and top_k + 1 slots).
+    SharedLast,
 }
 
 /// SplitMix64: the generator of routings, simple enough to mirror in any peer script.
@@ -139,7 +143,8 @@ impl SplitMix64 {
 }
 
 /// `topk_ids [tokens, top_k]` over `experts_total` global experts, drawn from `seed`: each token
-/// draws until it has top_k distinct experts (skewed: experts 0..3 first).
+/// draws until it has top_k distinct experts (skewed: experts 0..3 first; shared-last: the last
+/// expert in the last slot, the others drawn from the experts below it).
 pub fn draw_routing(
     seed: u64,
     tokens: u32,
@@ -154,12 +159,21 @@ pub fn draw_routing(
         if routing == Routing::Skewed {
             picked.extend((0..3.min(top_k).min(experts_total)).collect::<Vec<_>>());
         }
-        while (picked.len() as u32) < top_k.min(experts_total) {
-            let e = rng.below(experts_total);
+        // the shared expert takes the last slot; the routed slots draw from the experts below it
+        let (routed, shared) = match routing {
+            Routing::SharedLast if top_k > 0 && experts_total > 0 => {
+                (experts_total - 1, Some(experts_total - 1))
+            }
+            _ => (experts_total, None),
+        };
+        let slots = top_k.min(experts_total) - u32::from(shared.is_some());
+        while (picked.len() as u32) < slots {
+            let e = rng.below(routed);
             if !picked.contains(&e) {
                 picked.push(e);
             }
         }
+        picked.extend(shared);
         ids.extend(picked.iter().map(|&e| e as i32));
     }
     ids
@@ -216,6 +230,8 @@ mod tests {
             (64, 1, 256, 0, 256, Routing::Uniform),
             (64, 8, 256, 96, 32, Routing::Uniform),
             (300, 8, 256, 224, 32, Routing::Skewed),
+            (8, 9, 257, 0, 257, Routing::SharedLast),
+            (300, 9, 257, 0, 257, Routing::SharedLast),
         ] {
             let ids = draw_routing(tokens as u64 * 7 + 1, tokens, top_k, total, routing);
             assert_eq!(ids.len() as u32, tokens * top_k);
@@ -374,6 +390,7 @@ mod tests {
             (200, 8, 512, 0, 512, Routing::Uniform),
             (700, 4, 512, 100, 33, Routing::Uniform),
             (300, 2, 64, 5, 1, Routing::Uniform),
+            (130, 9, 257, 0, 257, Routing::SharedLast),
         ] {
             let ids = draw_routing(tokens as u64 + 5, tokens, top_k, total, routing);
             let want = RouteSchedule::build(&ids, begin, experts);
@@ -423,6 +440,18 @@ mod tests {
         }
         let s = draw_routing(1, 10, 8, 256, Routing::Skewed);
         assert!(s.chunks(8).all(|t| t[..3] == [0, 1, 2]));
+        // a shared expert joined as expert 256 of 257: in every token's last slot, nowhere else
+        let s = draw_routing(3, 50, 9, 257, Routing::SharedLast);
+        for t in s.chunks(9) {
+            assert_eq!(t[8], 256);
+            let mut v = t[..8].to_vec();
+            v.sort();
+            v.dedup();
+            assert_eq!(v.len(), 8);
+            assert!(v.iter().all(|&e| (0..256).contains(&e)));
+        }
+        // a shared expert alone (top_k 1) and the uniform draw unchanged by the routed range
+        assert_eq!(draw_routing(3, 4, 1, 257, Routing::SharedLast), [256; 4]);
         // the first draws of the generator are fixed (peer scripts mirror it)
         let mut g = SplitMix64(0);
         assert_eq!(g.next_u64(), 0xE220_A839_7B1D_CDAF);
