@@ -21,10 +21,16 @@
 // from offsets[e] + the rows of expert e in chunks before c, which is moe_align's cursor at round
 // c: both forms write the same schedule, bit for bit.
 //
+// A W4A4 layer given bf16 X also quantizes X before gate_up: moe_align_quantize does both in one
+// launch (the two are independent; a decode step's two short kernels then overlap their
+// latencies instead of running one after the other).
+//
 // Launch contract (runtime::moe): moe_align grid (1); moe_align_count and moe_align_place grid
 // (ceil(tokens * top_k / ALIGN_THREADS)), moe_align_scan grid (1), in that order on one stream;
-// ALIGN_THREADS threads, no dynamic shared memory; experts <= ALIGN_MAX_EXPERTS.
+// moe_align_quantize grid (quant_ctas + 1); ALIGN_THREADS threads, no dynamic shared memory;
+// experts <= ALIGN_MAX_EXPERTS.
 #pragma once
+#include "common/quantize.cuh"
 #include "moe/params.cuh"
 
 namespace fp4tune {
@@ -286,6 +292,26 @@ __device__ __forceinline__ void moe_align_place(const AlignChunkParams& q) {
         p.inverse[i] = pos;
     } else if (i < R) {
         p.inverse[i] = -1;
+    }
+}
+
+// ---- moe_align and the quantization of X in one launch
+
+// The one-CTA routing parameters, X's quantizer parameters and the quantizer's CTAs: CTAs
+// 0 .. quant_ctas - 1 quantize X exactly as the quantizer kernel does (its thread index over the
+// padded scale matrix, here with ALIGN_THREADS threads per CTA: the same elements, the same
+// bytes), CTA quant_ctas runs moe_align. Mirrored by gpu::MoeAlignQuantizeParams.
+struct AlignQuantizeParams {
+    AlignParams align;
+    QuantizeParams quant;
+    int quant_ctas;
+};
+
+__device__ __forceinline__ void moe_align_quantize(const AlignQuantizeParams& p) {
+    if (static_cast<int>(blockIdx.x) == p.quant_ctas) {
+        moe_align(p.align);
+    } else {
+        quantize_bf16_nvfp4<ALIGN_THREADS>(p.quant);
     }
 }
 

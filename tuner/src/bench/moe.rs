@@ -22,7 +22,9 @@ use crate::moe::schedule::{draw_routing, RouteSchedule, Routing, SplitMix64, TIL
 use crate::moe::templates::AlignForm;
 use crate::moe::{GroupedConfig, MoeOp, MoeShape};
 use crate::problem::AType;
-use crate::runtime::moe::{GroupedKernel, MoeArgs, MoeKernels, MoeLauncher, MoeWorkspace};
+use crate::runtime::moe::{
+    GroupedKernel, MoeArgs, MoeKernels, MoeLauncher, MoeWorkspace, WorkspaceLayout,
+};
 use crate::runtime::RuntimeError;
 use half::bf16;
 use rayon::prelude::*;
@@ -291,8 +293,9 @@ impl StepData {
     }
 
     /// The GPU schedule equals the CPU one (offsets, sorted ids, inverse, every tile list), for
-    /// both routing forms; the form the layer takes runs last, so its schedule stays in the
-    /// workspace.
+    /// both routing forms and (W4A4 steps where the layer takes it) for the routing launched
+    /// with the quantization of X, whose X must equal the CPU quantizer's byte for byte; the form
+    /// the layer takes runs last, so its schedule stays in the workspace.
     pub fn check_schedule(
         &self,
         gpu: &Gpu,
@@ -303,8 +306,14 @@ impl StepData {
             AlignForm::OneCta => AlignForm::Chunked,
             AlignForm::Chunked => AlignForm::OneCta,
         };
+        let fused = self
+            .args_for(AType::Nvfp4, 0, 0, true)
+            .filter(|a| launcher.fused_quantize_ctas(a, &self.ws).is_some());
+        if let Some(args) = fused {
+            self.check_schedule_as(gpu, launcher, RoutingLaunch::WithQuantize(args))?;
+        }
         for form in [other, layer] {
-            self.check_schedule_as(gpu, launcher, form)?;
+            self.check_schedule_as(gpu, launcher, RoutingLaunch::Form(form))?;
         }
         Ok(())
     }
@@ -313,15 +322,31 @@ impl StepData {
         &self,
         gpu: &Gpu,
         launcher: &MoeLauncher<'_>,
-        form: AlignForm,
+        launch: RoutingLaunch,
     ) -> Result<(), MoeBenchError> {
         let l = &self.ws.layout;
-        // poison: no schedule entry a form leaves unwritten can pass for the CPU's value
+        // poison: no schedule entry (nor X byte) a launch leaves unwritten can pass for the CPU's
         gpu.fill_range(self.ws.buffer(), l.offsets..l.h, 0x5a)?;
-        // SAFETY: the ids and the workspace are this device's, sized for `tokens`.
-        unsafe { launcher.align_as(form, &self.args(0, 0), &self.ws, gpu.own_stream()) }?;
+        let stream = gpu.own_stream();
+        let form = match launch {
+            RoutingLaunch::Form(form) => {
+                // SAFETY: the ids and the workspace are this device's, sized for `tokens`.
+                unsafe { launcher.align_as(form, &self.args(0, 0), &self.ws, stream) }?;
+                format!("{form:?} form")
+            }
+            RoutingLaunch::WithQuantize(args) => {
+                gpu.fill_range(self.ws.buffer(), l.x_codes..l.x_sf, 0x5a)?;
+                gpu.fill_range(self.ws.buffer(), l.x_sf..l.h_codes, 0x5a)?;
+                // SAFETY: the ids, bf16 X and the workspace are this device's, sized for `tokens`.
+                unsafe { launcher.align_quantize_x(&args, &self.ws, stream) }?;
+                "routing with the quantization of X".to_string()
+            }
+        };
         gpu.synchronize()?;
         let host = self.ws_host(gpu)?;
+        if let (RoutingLaunch::WithQuantize(_), Some(q)) = (launch, &self.w4a4) {
+            check_quantized_x(&host, l, q)?;
+        }
         let ints = |off: usize, n: usize| -> Vec<i32> {
             host[off..off + 4 * n]
                 .chunks(4)
@@ -331,7 +356,7 @@ impl StepData {
         let s = &self.schedule;
         let e = self.step.shape.experts as usize;
         let r = (self.step.tokens * self.step.shape.top_k) as usize;
-        let mismatch = |what: &str| Err(MoeBenchError::Schedule(format!("{form:?} form: {what}")));
+        let mismatch = |what: &str| Err(MoeBenchError::Schedule(format!("{form}: {what}")));
         if ints(l.offsets, e + 1) != s.offsets {
             return mismatch("offsets");
         }
@@ -712,6 +737,32 @@ pub fn best(measured: &[Measured]) -> Option<&Measured> {
 /// the given kernels, and the align (both forms) and finalize kernels alone; checks finalize's output exactly
 /// against the CPU mirror and, for W4A4, the X the layer quantized byte for byte against the CPU
 /// quantizer (codes, and every scale byte padding included).
+/// What writes the schedule in `StepData::check_schedule_as`: a routing form alone, or the
+/// one-CTA routing with the quantization of X (these arguments: W4A4, bf16 X).
+#[derive(Clone, Copy)]
+enum RoutingLaunch {
+    Form(AlignForm),
+    WithQuantize(MoeArgs),
+}
+
+/// The workspace's X (`host`, downloaded) is the CPU quantizer's, codes and every scale byte
+/// (padding included).
+fn check_quantized_x(
+    host: &[u8],
+    l: &WorkspaceLayout,
+    q: &W4a4Inputs,
+) -> Result<(), MoeBenchError> {
+    let codes = &host[l.x_codes..][..q.x_q.codes.len()];
+    let sf = &host[l.x_sf..][..q.x_q.sf.len()];
+    if let Some(diff) = q.x_q.first_difference(codes, sf) {
+        return Err(MoeBenchError::QuantizedX(diff));
+    }
+    if let Some(i) = (0..sf.len()).find(|&i| sf[i] != q.x_q.sf[i]) {
+        return Err(MoeBenchError::QuantizedX(format!("scale padding byte {i}: {:#04x}", sf[i])));
+    }
+    Ok(())
+}
+
 pub fn measure_layer(
     gpu: &Gpu,
     policy: &TimingPolicy,
@@ -734,18 +785,7 @@ pub fn measure_layer(
     let host = d.ws_host(gpu)?;
     let shape = d.step.shape;
     if let (AType::Nvfp4, Some(q)) = (a_type, &d.w4a4) {
-        let l = &d.ws.layout;
-        let codes = &host[l.x_codes..][..q.x_q.codes.len()];
-        let sf = &host[l.x_sf..][..q.x_q.sf.len()];
-        if let Some(diff) = q.x_q.first_difference(codes, sf) {
-            return Err(MoeBenchError::QuantizedX(diff));
-        }
-        if let Some(i) = (0..sf.len()).find(|&i| sf[i] != q.x_q.sf[i]) {
-            return Err(MoeBenchError::QuantizedX(format!(
-                "scale padding byte {i}: {:#04x}",
-                sf[i]
-            )));
-        }
+        check_quantized_x(&host, &d.ws.layout, q)?;
     }
     let rows: Vec<bf16> = (0..d.schedule.rows() as usize * shape.hidden as usize)
         .map(|i| StepData::bf16_at(&host, d.ws.layout.y_rows, i))
@@ -781,12 +821,28 @@ pub fn measure_layer(
         // SAFETY: as in measure_op.
         unsafe { launcher.finalize(&args, &d.ws, stream) }
     };
-    let launches: Vec<LaunchFn<'_>> = vec![
+    let mut launches: Vec<LaunchFn<'_>> = vec![
         Box::new(move |i| layer(i).map_err(to_gpu)),
         Box::new(move |_| align(AlignForm::OneCta).map_err(to_gpu)),
         Box::new(move |_| align(AlignForm::Chunked).map_err(to_gpu)),
         Box::new(move |i| finalize(i).map_err(to_gpu)),
     ];
+    // W4A4 with bf16 X: the quantization of X alone, and with the routing in one launch where
+    // the layer takes that
+    let quantizes = args.quantizes_x();
+    let fused = launcher.fused_quantize_ctas(&args, &d.ws).is_some();
+    if quantizes {
+        launches.push(Box::new(move |_| {
+            // SAFETY: as in measure_op; X is the step's bf16 X.
+            unsafe { launcher.quantize_x(&args, &d.ws, stream) }.map_err(to_gpu)
+        }));
+    }
+    if fused {
+        launches.push(Box::new(move |_| {
+            // SAFETY: as in measure_op; ids and X are the step's.
+            unsafe { launcher.align_quantize_x(&args, &d.ws, stream) }.map_err(to_gpu)
+        }));
+    }
     let mut t = measure(gpu, policy, copies, launches)
         .into_iter()
         .map(|r| r.map(|s| Summary::of(&s.us).expect("samples")).map_err(MoeBenchError::Gpu));
@@ -795,6 +851,8 @@ pub fn measure_layer(
         align_one_cta: t.next().unwrap()?,
         align_chunked: t.next().unwrap()?,
         finalize: t.next().unwrap()?,
+        quantize_x: if quantizes { Some(t.next().unwrap()?) } else { None },
+        align_quantize_x: if fused { Some(t.next().unwrap()?) } else { None },
     })
 }
 
@@ -806,6 +864,10 @@ pub struct LayerTimes {
     pub align_one_cta: Summary,
     pub align_chunked: Summary,
     pub finalize: Summary,
+    /// W4A4 with bf16 X: the quantization of X alone, and the one-CTA routing with it in one
+    /// launch where the layer takes that (`MoeLauncher::fused_quantize_ctas`).
+    pub quantize_x: Option<Summary>,
+    pub align_quantize_x: Option<Summary>,
 }
 
 #[path = "moe_run.rs"]

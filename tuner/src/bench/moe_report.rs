@@ -5,9 +5,19 @@
 use super::moe::{MoeRow, OpLog, Outcome};
 use crate::moe::templates::{ALIGN_CHUNKED_MIN_IDS, ALIGN_THREADS};
 
-/// The `impl` names of the fixed kernels' rows: moe_align in its one-CTA and chunked forms, and
-/// moe_finalize (timed alone beside each layer; not peers).
-pub const FIXED_KERNEL_ROWS: [&str; 3] = ["moe_align", "moe_align_chunked", "moe_finalize"];
+/// The `impl` names of the fixed kernels' rows: moe_align in its one-CTA and chunked forms,
+/// moe_finalize, and (W4A4 with bf16 X) the quantization of X alone and launched with the
+/// one-CTA routing (timed alone beside each layer; not peers).
+pub const FIXED_KERNEL_ROWS: [&str; 5] =
+    ["moe_align", "moe_align_chunked", "moe_finalize", "moe_quantize_x", "moe_align_quantize_x"];
+/// Column titles of those rows in the report.
+const FIXED_KERNEL_COLUMNS: [&str; 5] = [
+    "moe_align one CTA us",
+    "moe_align chunked us",
+    "moe_finalize us",
+    "quantize X us",
+    "moe_align + quantize X in one launch us",
+];
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -222,27 +232,44 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
     let fixed: Vec<&MoeRow> =
         rows.iter().filter(|r| FIXED_KERNEL_ROWS.contains(&r.implementation.as_str())).collect();
     if !fixed.is_empty() {
+        // the columns of the kernels this run timed (the quantization of X: W4A4 runs)
+        let columns: Vec<usize> = (0..FIXED_KERNEL_ROWS.len())
+            .filter(|&c| fixed.iter().any(|r| r.implementation == FIXED_KERNEL_ROWS[c]))
+            .collect();
+        let quantizes = columns.len() > 3;
+        let titles: String =
+            columns.iter().map(|&c| format!(" {} |", FIXED_KERNEL_COLUMNS[c])).collect();
         let _ = writeln!(
             md,
             "\n## Routing and finalize kernels alone\n\nmoe_align in both forms (one CTA in rounds of \
              {threads} ids; chunked: three launches of one CTA per {threads} ids); the layer takes the \
-             chunked form from {min} routed ids (tokens x top_k).\n\n\
-             | set | B | moe_align one CTA us | moe_align chunked us | moe_finalize us |\n|---|---|---|---|---|",
+             chunked form from {min} routed ids (tokens x top_k){fused}.\n\n\
+             | set | B |{titles}\n|---|---|{rules}",
             threads = ALIGN_THREADS,
             min = ALIGN_CHUNKED_MIN_IDS,
+            fused = if quantizes {
+                "; with bf16 X to quantize it launches the one-CTA form and the quantization of X \
+                 as one kernel where that kernel's CTAs fit in one wave"
+            } else {
+                ""
+            },
+            rules = "---|".repeat(columns.len()),
         );
         let mut keys: Vec<(String, u32)> =
             fixed.iter().map(|r| (r.set.clone(), r.tokens)).collect();
         keys.dedup();
         for (set, b) in keys {
-            let t = |name: &str| {
-                fixed
+            let mut line = format!("| {set} | {b} |");
+            for &c in &columns {
+                let cell = fixed
                     .iter()
-                    .find(|r| r.set == set && r.tokens == b && r.implementation == name)
-                    .map_or("-".to_string(), |r| format!("{:.2}", r.median_us))
-            };
-            let [one, chunked, finalize] = FIXED_KERNEL_ROWS.map(t);
-            let _ = writeln!(md, "| {set} | {b} | {one} | {chunked} | {finalize} |");
+                    .find(|r| {
+                        r.set == set && r.tokens == b && r.implementation == FIXED_KERNEL_ROWS[c]
+                    })
+                    .map_or("-".to_string(), |r| format!("{:.2}", r.median_us));
+                let _ = write!(line, " {cell} |");
+            }
+            let _ = writeln!(md, "{line}");
         }
     }
     md
@@ -376,5 +403,29 @@ mod tests {
             &[row("torch_grouped_mm_bf16", 1, 37.8)],
         );
         assert!(md.contains("| 1 | 8 | 8.25 (8.17-8.33) | 2.50 | 1.38 | 37.8 (4.58x) |"), "{md}");
+    }
+    #[test]
+    fn fixed_kernels_get_a_column_each_and_the_quantization_of_x_only_when_timed() {
+        let w4a16 = [row("moe_align", 1, 3.0), row("moe_align_chunked", 1, 5.0)];
+        let md = markdown("t", "p", &w4a16, &[]);
+        assert!(md.contains("| set | B | moe_align one CTA us | moe_align chunked us |\n"), "{md}");
+        assert!(md.contains("| tp8 | 1 | 3.00 | 5.00 |"), "{md}");
+        assert!(!md.contains("quantize"), "{md}");
+        let mut w4a4 = w4a16.to_vec();
+        w4a4.extend([
+            row("moe_finalize", 1, 2.0),
+            row("moe_quantize_x", 1, 2.5),
+            row("moe_align_quantize_x", 1, 3.25),
+            row("moe_quantize_x", 2, 2.75),
+        ]);
+        let md = markdown("t", "p", &w4a4, &[]);
+        assert!(
+            md.contains(" quantize X us | moe_align + quantize X in one launch us |\n"),
+            "{md}"
+        );
+        assert!(md.contains("as one kernel where"), "{md}");
+        assert!(md.contains("| tp8 | 1 | 3.00 | 5.00 | 2.00 | 2.50 | 3.25 |"), "{md}");
+        // a size without the one launch (prefill) shows a dash there
+        assert!(md.contains("| tp8 | 2 | - | - | - | 2.75 | - |"), "{md}");
     }
 }

@@ -37,6 +37,21 @@ pub struct MoeAlignChunkParams {
 // SAFETY: as MoeAlignParams.
 unsafe impl DeviceRepr for MoeAlignChunkParams {}
 
+/// `fp4tune::moe::AlignQuantizeParams` (templates/moe/align.cuh): the one-CTA routing
+/// parameters, the quantizer's parameters for X and how many CTAs quantize (CTA `quant_ctas`
+/// routes); 116 bytes, padded to 120 (the instantiation's static_assert checks the size and
+/// where `quant` starts).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MoeAlignQuantizeParams {
+    pub align: MoeAlignParams,
+    pub quant: super::params::QuantizeParams,
+    pub quant_ctas: i32,
+}
+
+// SAFETY: as MoeAlignParams.
+unsafe impl DeviceRepr for MoeAlignQuantizeParams {}
+
 /// `fp4tune::moe::GroupedParams`: 11 pointers, 1 float, 3 ints (104 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -123,6 +138,12 @@ mod tests {
         assert_eq!(offset_of!(MoeAlignParams, max_tiles), 64);
         assert_eq!((size_of::<MoeAlignChunkParams>(), align_of::<MoeAlignChunkParams>()), (80, 8));
         assert_eq!(offset_of!(MoeAlignChunkParams, base), 72);
+        assert_eq!(
+            (size_of::<MoeAlignQuantizeParams>(), align_of::<MoeAlignQuantizeParams>()),
+            (120, 8)
+        );
+        assert_eq!(offset_of!(MoeAlignQuantizeParams, quant), 72);
+        assert_eq!(offset_of!(MoeAlignQuantizeParams, quant_ctas), 112);
         assert_eq!((size_of::<MoeGroupedParams>(), align_of::<MoeGroupedParams>()), (104, 8));
         assert_eq!(offset_of!(MoeGroupedParams, h_codes), 72);
         assert_eq!(offset_of!(MoeGroupedParams, h_scale), 88);

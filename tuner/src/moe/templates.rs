@@ -4,19 +4,26 @@
 
 use crate::template::{Arch, Family, KernelSource};
 
-/// The routing kernels (templates/moe/align.cuh): the one-CTA form, and the three launches of
-/// the chunked form that long routings take (`AlignForm`).
+/// The routing kernels (templates/moe/align.cuh): the one-CTA form, the three launches of the
+/// chunked form that long routings take (`AlignForm`), and the one-CTA form launched beside the
+/// quantization of X (a W4A4 layer given bf16 X: one launch for both).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AlignKernel {
     OneCta,
     Count,
     Scan,
     Place,
+    OneCtaQuantize,
 }
 
 impl AlignKernel {
-    pub const ALL: [AlignKernel; 4] =
-        [AlignKernel::OneCta, AlignKernel::Count, AlignKernel::Scan, AlignKernel::Place];
+    pub const ALL: [AlignKernel; 5] = [
+        AlignKernel::OneCta,
+        AlignKernel::Count,
+        AlignKernel::Scan,
+        AlignKernel::Place,
+        AlignKernel::OneCtaQuantize,
+    ];
 
     /// (kernel name, device function, parameter type) of the instantiation.
     fn entry(self) -> (&'static str, &'static str, &'static str) {
@@ -28,6 +35,9 @@ impl AlignKernel {
             AlignKernel::Scan => ("fp4tune_moe_align_scan", "moe_align_scan", "AlignChunkParams"),
             AlignKernel::Place => {
                 ("fp4tune_moe_align_place", "moe_align_place", "AlignChunkParams")
+            }
+            AlignKernel::OneCtaQuantize => {
+                ("fp4tune_moe_align_quantize", "moe_align_quantize", "AlignQuantizeParams")
             }
         }
     }
@@ -66,6 +76,7 @@ pub fn align_source(arch: Arch, kernel: AlignKernel) -> KernelSource {
          static_assert(fp4tune::moe::TILE_LISTS == {lists}, \"Rust (moe::TILE_BLOCK_M) and templates/moe/params.cuh disagree on the tile lists\");\n\
          static_assert(fp4tune::moe::ALIGN_THREADS == {threads}, \"Rust (moe::templates::ALIGN_THREADS) and templates/moe/align.cuh disagree on the routing kernels' threads\");\n\
          static_assert(sizeof(fp4tune::moe::AlignParams) == {base} && sizeof(fp4tune::moe::AlignChunkParams) == {size}, \"gpu::MoeAlignParams / MoeAlignChunkParams (Rust) and the C structs disagree (the chunked form's base pointer follows the AlignParams)\");\n\
+         static_assert(sizeof(fp4tune::QuantizeParams) == {quant} && sizeof(fp4tune::moe::AlignQuantizeParams) == {fused}, \"gpu::MoeAlignQuantizeParams (Rust) and the C struct disagree (the AlignParams, the quantizer's parameters, the count of quantizing CTAs)\");\n\
          extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::ALIGN_THREADS) {name}(const fp4tune::moe::{params} p) {{\n\
          \x20   fp4tune::moe::{function}(p);\n\
          }}\n",
@@ -73,6 +84,8 @@ pub fn align_source(arch: Arch, kernel: AlignKernel) -> KernelSource {
         threads = ALIGN_THREADS,
         size = std::mem::size_of::<crate::gpu::moe_params::MoeAlignChunkParams>(),
         base = std::mem::offset_of!(crate::gpu::moe_params::MoeAlignChunkParams, base),
+        quant = std::mem::size_of::<crate::gpu::params::QuantizeParams>(),
+        fused = std::mem::size_of::<crate::gpu::moe_params::MoeAlignQuantizeParams>(),
     );
     KernelSource::from_unit(name.to_string(), arch, &unit).expect("moe/align.cuh is embedded")
 }

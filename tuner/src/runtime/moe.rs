@@ -13,9 +13,9 @@
 
 use super::error::RuntimeError;
 use crate::compile::Compiler;
-use crate::gpu::moe_params::MoeAlignChunkParams;
 use crate::gpu::moe_params::{
-    MoeAlignParams, MoeFinalizeParams, MoeGroupedParams, MoeGroupedSm120Params, MoeOrderParams,
+    MoeAlignChunkParams, MoeAlignParams, MoeAlignQuantizeParams, MoeFinalizeParams,
+    MoeGroupedParams, MoeGroupedSm120Params, MoeOrderParams,
 };
 use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
@@ -91,6 +91,8 @@ pub struct MoeKernels {
     align_scan: Kernel,
     align_place: Kernel,
     quantize: Kernel,
+    /// The one-CTA routing kernel and the quantization of X in one launch (W4A4 given bf16 X).
+    align_quantize: Kernel,
     /// The finalize kernel that reads a token's slots in groups (`FINALIZE_GROUPED_SLOTS`), and
     /// the one that reads one slot at a time.
     finalize_grouped: Kernel,
@@ -108,7 +110,7 @@ impl MoeKernels {
             config: quantize::QUANTIZE_KERNEL.into(),
             reason: e.to_string(),
         })?;
-        // The nine fixed kernels compile (or come from the cache) on all cores at once.
+        // The ten fixed kernels compile (or come from the cache) on all cores at once.
         let sources = [
             align_source(arch, AlignKernel::OneCta),
             align_source(arch, AlignKernel::Count),
@@ -119,6 +121,7 @@ impl MoeKernels {
             finalize_source(arch, FINALIZE_SINGLE_SLOT),
             order_source(arch, false),
             order_source(arch, true),
+            align_source(arch, AlignKernel::OneCtaQuantize),
         ];
         let mut compiled = Vec::with_capacity(sources.len());
         for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
@@ -141,6 +144,7 @@ impl MoeKernels {
             finalize_single: load(6)?,
             order: load(7)?,
             order_back: load(8)?,
+            align_quantize: load(9)?,
             finalize_grouped_wave: finalize_ctas_per_sm(registers, gpu.sm_limits()?)
                 * gpu.info().sm_count,
         })
@@ -185,6 +189,43 @@ pub use args::{MoeArgs, MoeWorkspace, WorkspaceLayout};
 mod routes;
 pub use routes::{nearest_bucket, MoeOps, MoeRoutes, MoeRuntime};
 
+/// The routing kernels' parameters for `args` over `ws` (tile lists from list 0).
+fn align_params(args: &MoeArgs, ws: &MoeWorkspace) -> MoeAlignParams {
+    let (tiles, count) = ws.tiles(0);
+    MoeAlignParams {
+        topk_ids: args.topk_ids,
+        offsets: ws.offsets(),
+        sorted_ids: ws.sorted_ids(),
+        inverse: ws.inverse(),
+        tiles,
+        tile_count: count,
+        tokens: args.tokens as i32,
+        top_k: ws.shape.top_k as i32,
+        expert_begin: args.expert_begin,
+        experts: ws.shape.experts as i32,
+        max_tiles: ws.layout.max_tiles as i32,
+    }
+}
+
+/// The quantizer's parameters and launch shape for X of `args` into `ws`'s X regions.
+fn quantize_x_params(
+    args: &MoeArgs,
+    ws: &MoeWorkspace,
+) -> Result<(QuantizeParams, LaunchDims), RuntimeError> {
+    let (codes, sf) = ws.x_fp4();
+    let p = QuantizeParams {
+        x: args.x,
+        codes,
+        sf,
+        m: args.tokens as i32,
+        k: ws.shape.hidden as i32,
+        input_scale: args.x_scale,
+    };
+    let dims = quantize::launch_dims(args.tokens as usize, ws.shape.hidden as usize)
+        .map_err(|e| RuntimeError::InvalidArgument(format!("quantizing X of the layer: {e}")))?;
+    Ok((p, dims))
+}
+
 /// Launches of the layer's kernels on a raw stream (the caller's or the Gpu's own).
 #[derive(Debug, Clone, Copy)]
 pub struct MoeLauncher<'a> {
@@ -222,20 +263,7 @@ impl MoeLauncher<'_> {
         ws: &MoeWorkspace,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        let (tiles, count) = ws.tiles(0);
-        let p = MoeAlignParams {
-            topk_ids: args.topk_ids,
-            offsets: ws.offsets(),
-            sorted_ids: ws.sorted_ids(),
-            inverse: ws.inverse(),
-            tiles,
-            tile_count: count,
-            tokens: args.tokens as i32,
-            top_k: ws.shape.top_k as i32,
-            expert_begin: args.expert_begin,
-            experts: ws.shape.experts as i32,
-            max_tiles: ws.layout.max_tiles as i32,
-        };
+        let p = align_params(args, ws);
         let dims =
             |ctas| LaunchDims { grid: (ctas, 1, 1), block: (ALIGN_THREADS, 1, 1), smem_bytes: 0 };
         // The workspace regions are sized for max_tokens >= tokens (MoeArgs::validate), max_tiles
@@ -277,22 +305,65 @@ impl MoeLauncher<'_> {
         ws: &MoeWorkspace,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        let (tokens, hidden) = (args.tokens as usize, ws.shape.hidden as usize);
-        let (codes, sf) = ws.x_fp4();
-        let p = QuantizeParams {
-            x: args.x,
-            codes,
-            sf,
-            m: args.tokens as i32,
-            k: ws.shape.hidden as i32,
-            input_scale: args.x_scale,
-        };
-        let dims = quantize::launch_dims(tokens, hidden).map_err(|e| {
-            RuntimeError::InvalidArgument(format!("quantizing X of the layer: {e}"))
-        })?;
+        let (p, dims) = quantize_x_params(args, ws)?;
         // SAFETY: the quantizer takes one QuantizeParams; x holds tokens * hidden bf16 (contract
         // above), the workspace's X regions hold max_tokens >= tokens rows (MoeArgs::validate).
         unsafe { self.gpu.launch_params_on_stream(&self.kernels.quantize, dims, &p, stream) }?;
+        Ok(())
+    }
+
+    /// The quantizer's CTAs when `align` and `quantize_x` of `args` run as one launch
+    /// (`align_quantize_x`): W4A4 with bf16 X, a routing of the one-CTA form, and every CTA of the
+    /// launch in one wave at one CTA per SM (its 1024 threads and the routing's shared memory
+    /// allow no more); `None` otherwise (prefill: two launches).
+    pub fn fused_quantize_ctas(&self, args: &MoeArgs, ws: &MoeWorkspace) -> Option<u32> {
+        if !args.quantizes_x()
+            || AlignForm::for_ids(args.tokens * ws.shape.top_k) != AlignForm::OneCta
+        {
+            return None;
+        }
+        let (_, q) = quantize_x_params(args, ws).ok()?;
+        // the quantizer's threads (one per padded scale byte) in CTAs of ALIGN_THREADS
+        let threads = q.grid.0 as u64 * q.block.0 as u64;
+        let ctas = threads.div_ceil(ALIGN_THREADS as u64);
+        (ctas < self.gpu.info().sm_count as u64).then_some(ctas as u32)
+    }
+
+    /// `align` in its one-CTA form and `quantize_x` in one launch: the quantizer's CTAs, with
+    /// `ALIGN_THREADS` threads each, and one more CTA that routes. Writes what the two write.
+    /// Refused where `fused_quantize_ctas` says no.
+    ///
+    /// # Safety
+    /// As `quantize_x`.
+    pub unsafe fn align_quantize_x(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        let quant_ctas = self.fused_quantize_ctas(args, ws).ok_or_else(|| {
+            RuntimeError::InvalidArgument(format!(
+                "routing and quantizing X of {} tokens in one launch: needs W4A4 with bf16 X, \
+                 the one-CTA routing and at most one wave of CTAs",
+                args.tokens
+            ))
+        })?;
+        let (quant, _) = quantize_x_params(args, ws)?;
+        let p = MoeAlignQuantizeParams {
+            align: align_params(args, ws),
+            quant,
+            quant_ctas: quant_ctas as i32,
+        };
+        let dims = LaunchDims {
+            grid: (quant_ctas + 1, 1, 1),
+            block: (ALIGN_THREADS, 1, 1),
+            smem_bytes: 0,
+        };
+        // SAFETY: the kernel takes one MoeAlignQuantizeParams; ids, X and workspace as for
+        // `align` and `quantize_x` (contract above).
+        unsafe {
+            self.gpu.launch_params_on_stream(&self.kernels.align_quantize, dims, &p, stream)
+        }?;
         Ok(())
     }
 
@@ -493,7 +564,8 @@ impl MoeLauncher<'_> {
     }
 
     /// The whole layer: align, (W4A4 with bf16 X) the quantization of X, gate_up, down,
-    /// finalize, in order on `stream`.
+    /// finalize, in order on `stream`; align and the quantization of X in one launch where
+    /// `fused_quantize_ctas` allows it.
     ///
     /// # Safety
     /// As `grouped` and `finalize`.
@@ -508,9 +580,13 @@ impl MoeLauncher<'_> {
         args.validate(ws)?;
         // SAFETY: forwarded (see the function's contract).
         unsafe {
-            self.align(args, ws, stream)?;
-            if args.quantizes_x() {
-                self.quantize_x(args, ws, stream)?;
+            if self.fused_quantize_ctas(args, ws).is_some() {
+                self.align_quantize_x(args, ws, stream)?;
+            } else {
+                self.align(args, ws, stream)?;
+                if args.quantizes_x() {
+                    self.quantize_x(args, ws, stream)?;
+                }
             }
             self.grouped(gate_up, args, ws, stream)?;
             self.grouped(down, args, ws, stream)?;
