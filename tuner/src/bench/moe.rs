@@ -15,7 +15,7 @@ use super::moe_weights::{copies_for, LayerWeights};
 use super::policy::TimingPolicy;
 use super::stats::Summary;
 use super::timer::{measure, LaunchFn};
-use crate::compile::Compiler;
+use crate::compile::{Compiler, PtxasStats};
 use crate::gpu::{DeviceBuf, Gpu, GpuError};
 use crate::moe::reference::{self, Activations, ExpertWeights, Nvfp4Rows};
 use crate::moe::schedule::{draw_routing, RouteSchedule, Routing, SplitMix64, TILE_BLOCK_M};
@@ -86,6 +86,9 @@ pub enum Outcome {
 pub struct Measured {
     pub config: GroupedConfig,
     pub outcome: Outcome,
+    /// What ptxas reported for its kernel on this machine (registers, spills), where it compiled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptxas: Option<PtxasStats>,
 }
 
 impl Measured {
@@ -579,7 +582,7 @@ pub fn measure_op_samples(
 ) -> Result<Vec<(Measured, Vec<f64>)>, MoeBenchError> {
     let Some(a_type) = configs.first().map(|c| c.a_type) else { return Ok(Vec::new()) };
     let failed = |c: &GroupedConfig, why: String| {
-        (Measured { config: *c, outcome: Outcome::Failed(why) }, Vec::new())
+        (Measured { config: *c, outcome: Outcome::Failed(why), ptxas: None }, Vec::new())
     };
     let Some(args) = d.args_for(a_type, 0, 0, false) else {
         return Ok(configs
@@ -639,6 +642,11 @@ pub fn measure_op_samples(
                 continue;
             }
             Ok(k) => k,
+        };
+        // every record of this candidate from here on carries its ptxas statistics
+        let failed = |c: &GroupedConfig, why: String| {
+            let (m, samples) = failed(c, why);
+            (Measured { ptxas: k.stats, ..m }, samples)
         };
         // A kernel that spills or does not load is a failed candidate, not an error of the run.
         let kernel = match GroupedKernel::from_compiled(gpu, *c, &k) {

@@ -63,7 +63,8 @@ fn one_field(text: &str) -> String {
 pub const FAILED_ROW: &str = "failed: ";
 
 /// The header of `bench-moe-<a_type>-screen.csv`: every candidate a grouped screen measured.
-pub const SCREEN_CSV_HEADER: &str = "set,op,a_type,B,impl,median_us,lo_us,hi_us,outcome";
+pub const SCREEN_CSV_HEADER: &str =
+    "set,op,a_type,B,impl,median_us,lo_us,hi_us,outcome,registers,spill_stores,spill_loads";
 
 /// Every candidate of the screens (`logs`) with its time, or its failure (commas and line breaks
 /// of the message replaced, so a row stays one CSV record).
@@ -73,11 +74,15 @@ pub fn screen_csv(a_type: &str, logs: &[OpLog]) -> String {
     for (set, tokens, op, measured) in logs {
         for m in measured {
             let lead = format!("{set},{},{a_type},{tokens},{}", op.as_str(), m.config.name());
+            // ptxas on this machine (empty where the kernel did not compile)
+            let ptxas = m.ptxas.map_or(",,".to_string(), |p| {
+                format!("{},{},{}", p.registers, p.spill_stores, p.spill_loads)
+            });
             let _ = match &m.outcome {
                 Outcome::Timed(s) => {
-                    writeln!(out, "{lead},{:.3},{:.3},{:.3},ok", s.median, s.lo, s.hi)
+                    writeln!(out, "{lead},{:.3},{:.3},{:.3},ok,{ptxas}", s.median, s.lo, s.hi)
                 }
-                Outcome::Failed(why) => writeln!(out, "{lead},,,,{}", one_field(why)),
+                Outcome::Failed(why) => writeln!(out, "{lead},,,,{},{ptxas}", one_field(why)),
             };
         }
     }
@@ -290,8 +295,16 @@ mod tests {
             64,
             MoeOp::Down,
             vec![
-                Measured { config: space[0], outcome: Outcome::Timed(s) },
-                Measured { config: space[1], outcome: Outcome::Failed("a, b\nc".into()) },
+                Measured {
+                    config: space[0],
+                    outcome: Outcome::Timed(s),
+                    ptxas: Some(crate::compile::PtxasStats { registers: 96, ..Default::default() }),
+                },
+                Measured {
+                    config: space[1],
+                    outcome: Outcome::Failed("a, b\nc".into()),
+                    ptxas: None,
+                },
             ],
         )];
         let text = screen_csv("w4a16", &logs);
@@ -302,9 +315,9 @@ mod tests {
         assert!(lines.iter().all(|l| l.split(',').count() == n), "{text}");
         assert_eq!(
             lines[1],
-            format!("tp8,moe_down,w4a16,64,{},4.500,4.250,4.750,ok", space[0].name())
+            format!("tp8,moe_down,w4a16,64,{},4.500,4.250,4.750,ok,96,0,0", space[0].name())
         );
-        assert!(lines[2].ends_with(",,,,a; b;c"), "{}", lines[2]);
+        assert!(lines[2].ends_with(",,,,a; b;c,,,"), "{}", lines[2]);
     }
 
     fn row(implementation: &str, tokens: u32, median: f64) -> MoeRow {

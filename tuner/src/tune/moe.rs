@@ -293,8 +293,18 @@ mod tests {
             Measured {
                 config: configs[0],
                 outcome: Outcome::Failed("refused at load: spills".into()),
+                ptxas: Some(crate::compile::PtxasStats {
+                    registers: 128,
+                    spill_stores: 8,
+                    spill_loads: 20,
+                    ..Default::default()
+                }),
             },
-            Measured { config: configs[1], outcome: Outcome::Failed("did not verify".into()) },
+            Measured {
+                config: configs[1],
+                outcome: Outcome::Failed("did not verify".into()),
+                ptxas: None,
+            },
         ];
         let text =
             log_lines(&[(key, measured.clone())], "NVIDIA H200", (9, 0), 1_764_800_000).unwrap();
@@ -315,7 +325,13 @@ mod tests {
             assert_eq!(back, key);
             let cand: Measured = serde_json::from_value(v["candidate"].clone()).unwrap();
             assert_eq!(&cand, m);
+            assert_eq!(v["candidate"].get("ptxas").is_some(), m.ptxas.is_some());
         }
+        // a line of a log written before candidates carried their ptxas statistics still reads
+        let mut old: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        old["candidate"].as_object_mut().unwrap().remove("ptxas");
+        let cand: Measured = serde_json::from_value(old["candidate"].clone()).unwrap();
+        assert_eq!(cand, Measured { ptxas: None, ..measured[0].clone() });
         assert_eq!(log_lines(&[], "x", (9, 0), 0).unwrap(), "");
     }
 }
