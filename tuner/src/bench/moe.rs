@@ -741,10 +741,6 @@ pub fn best(measured: &[Measured]) -> Option<&Measured> {
         .min_by(|a, b| a.median().unwrap().total_cmp(&b.median().unwrap()))
 }
 
-/// Time the whole layer (align + gate_up + down + finalize; W4A4 also the quantization of X) with
-/// the given kernels, and the align (both forms) and finalize kernels alone; checks finalize's output exactly
-/// against the CPU mirror and, for W4A4, the X the layer quantized byte for byte against the CPU
-/// quantizer (codes, and every scale byte padding included).
 /// What writes the schedule in `StepData::check_schedule_as`: a routing form alone, or the
 /// one-CTA routing with the quantization of X (these arguments: W4A4, bf16 X).
 #[derive(Clone, Copy)]

@@ -21,6 +21,12 @@ pub(super) fn check_quantized_x(
     Ok(())
 }
 
+/// Time the whole layer (align + gate_up + down + finalize; W4A4 with bf16 X also the
+/// quantization of X) with the given kernels, and the align (both forms) and finalize kernels
+/// alone (W4A4 with bf16 X: also the quantization of X alone and launched with the routing);
+/// checks finalize's output exactly against the CPU mirror and, for W4A4, the X the layer
+/// quantized byte for byte against the CPU quantizer (codes, and every scale byte padding
+/// included).
 pub fn measure_layer(
     gpu: &Gpu,
     policy: &TimingPolicy,

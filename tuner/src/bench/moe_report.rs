@@ -241,7 +241,8 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
         let columns: Vec<usize> = (0..FIXED_KERNEL_ROWS.len())
             .filter(|&c| fixed.iter().any(|r| r.implementation == FIXED_KERNEL_ROWS[c]))
             .collect();
-        let quantizes = columns.len() > 3;
+        // the sentence on the one launch where a size of this run took it
+        let quantizes = columns.contains(&4);
         let titles: String =
             columns.iter().map(|&c| format!(" {} |", FIXED_KERNEL_COLUMNS[c])).collect();
         let _ = writeln!(
@@ -440,5 +441,8 @@ mod tests {
         assert!(md.contains("| tp8 | 1 | 3.00 | 5.00 | 2.00 | 2.50 | 3.25 |"), "{md}");
         // a size without the one launch (prefill) shows a dash there
         assert!(md.contains("| tp8 | 2 | - | - | - | 2.75 | - |"), "{md}");
+        // a run of prefill sizes only: the quantizer's column, not the one launch's sentence
+        let md = markdown("t", "p", &[row("moe_quantize_x", 2, 2.75)], &[]);
+        assert!(md.contains("| quantize X us |") && !md.contains("as one kernel"), "{md}");
     }
 }

@@ -314,8 +314,9 @@ impl MoeLauncher<'_> {
 
     /// The quantizer's CTAs when `align` and `quantize_x` of `args` run as one launch
     /// (`align_quantize_x`): W4A4 with bf16 X, a routing of the one-CTA form, and every CTA of the
-    /// launch in one wave at one CTA per SM (its 1024 threads and the routing's shared memory
-    /// allow no more); `None` otherwise (prefill: two launches).
+    /// launch in one wave at one CTA per SM (1024 threads at 46-48 registers each take more than
+    /// half of an SM's 64 Ki registers, so no CTA waits for another); `None` otherwise (prefill:
+    /// two launches).
     pub fn fused_quantize_ctas(&self, args: &MoeArgs, ws: &MoeWorkspace) -> Option<u32> {
         if !args.quantizes_x()
             || AlignForm::for_ids(args.tokens * ws.shape.top_k) != AlignForm::OneCta
