@@ -338,8 +338,8 @@ impl StepData {
                 format!("{form:?} form")
             }
             RoutingLaunch::WithQuantize(args) => {
-                gpu.fill_range(self.ws.buffer(), l.x_codes..l.x_sf, 0x5a)?;
-                gpu.fill_range(self.ws.buffer(), l.x_sf..l.h_codes, 0x5a)?;
+                // X's codes and scales, which the layout keeps together before H's codes
+                gpu.fill_range(self.ws.buffer(), l.x_codes..l.h_codes, 0x5a)?;
                 // SAFETY: the ids, bf16 X and the workspace are this device's, sized for `tokens`.
                 unsafe { launcher.align_quantize_x(&args, &self.ws, stream) }?;
                 "routing with the quantization of X".to_string()

@@ -312,22 +312,40 @@ impl MoeLauncher<'_> {
         Ok(())
     }
 
-    /// The quantizer's CTAs when `align` and `quantize_x` of `args` run as one launch
-    /// (`align_quantize_x`): W4A4 with bf16 X, a routing of the one-CTA form, and every CTA of the
-    /// launch in one wave at one CTA per SM (1024 threads at 46-48 registers each take more than
-    /// half of an SM's 64 Ki registers, so no CTA waits for another); `None` otherwise (prefill:
-    /// two launches).
-    pub fn fused_quantize_ctas(&self, args: &MoeArgs, ws: &MoeWorkspace) -> Option<u32> {
+    /// The one launch of `align` and `quantize_x` for `args` (`align_quantize_x`): W4A4 with bf16
+    /// X, a routing of the one-CTA form, and every CTA of the launch in one wave at one CTA per SM
+    /// (1024 threads at 46-48 registers each take more than half of an SM's 64 Ki registers, so
+    /// no CTA waits for another); `None` otherwise (prefill: two launches).
+    fn fused_launch(
+        &self,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+    ) -> Option<(MoeAlignQuantizeParams, LaunchDims)> {
         if !args.quantizes_x()
             || AlignForm::for_ids(args.tokens * ws.shape.top_k) != AlignForm::OneCta
         {
             return None;
         }
-        let (_, q) = quantize_x_params(args, ws).ok()?;
+        let (quant, _) = quantize_x_params(args, ws).ok()?;
         // the quantizer's threads (one per padded scale byte) in CTAs of ALIGN_THREADS
-        let threads = q.grid.0 as u64 * q.block.0 as u64;
-        let ctas = threads.div_ceil(ALIGN_THREADS as u64);
-        (ctas < self.gpu.info().sm_count as u64).then_some(ctas as u32)
+        let threads = quantize::sf_bytes(args.tokens as usize, ws.shape.hidden as usize) as u64;
+        let quant_ctas = threads.div_ceil(ALIGN_THREADS as u64);
+        if quant_ctas >= self.gpu.info().sm_count as u64 {
+            return None;
+        }
+        let p = MoeAlignQuantizeParams {
+            align: align_params(args, ws),
+            quant,
+            quant_ctas: quant_ctas as i32,
+        };
+        let grid = (quant_ctas as u32 + 1, 1, 1);
+        Some((p, LaunchDims { grid, block: (ALIGN_THREADS, 1, 1), smem_bytes: 0 }))
+    }
+
+    /// The quantizer's CTAs when `align` and `quantize_x` of `args` run as one launch
+    /// (`fused_launch` says when), else `None`.
+    pub fn fused_quantize_ctas(&self, args: &MoeArgs, ws: &MoeWorkspace) -> Option<u32> {
+        self.fused_launch(args, ws).map(|(p, _)| p.quant_ctas as u32)
     }
 
     /// `align` in its one-CTA form and `quantize_x` in one launch: the quantizer's CTAs, with
@@ -342,24 +360,26 @@ impl MoeLauncher<'_> {
         ws: &MoeWorkspace,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        let quant_ctas = self.fused_quantize_ctas(args, ws).ok_or_else(|| {
+        let launch = self.fused_launch(args, ws).ok_or_else(|| {
             RuntimeError::InvalidArgument(format!(
                 "routing and quantizing X of {} tokens in one launch: needs W4A4 with bf16 X, \
                  the one-CTA routing and at most one wave of CTAs",
                 args.tokens
             ))
         })?;
-        let (quant, _) = quantize_x_params(args, ws)?;
-        let p = MoeAlignQuantizeParams {
-            align: align_params(args, ws),
-            quant,
-            quant_ctas: quant_ctas as i32,
-        };
-        let dims = LaunchDims {
-            grid: (quant_ctas + 1, 1, 1),
-            block: (ALIGN_THREADS, 1, 1),
-            smem_bytes: 0,
-        };
+        // SAFETY: forwarded (see the function's contract).
+        unsafe { self.launch_fused(launch, stream) }
+    }
+
+    /// Launch what `fused_launch` prepared.
+    ///
+    /// # Safety
+    /// As `quantize_x`, for the arguments `fused_launch` was given.
+    unsafe fn launch_fused(
+        &self,
+        (p, dims): (MoeAlignQuantizeParams, LaunchDims),
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
         // SAFETY: the kernel takes one MoeAlignQuantizeParams; ids, X and workspace as for
         // `align` and `quantize_x` (contract above).
         unsafe {
@@ -566,7 +586,7 @@ impl MoeLauncher<'_> {
 
     /// The whole layer: align, (W4A4 with bf16 X) the quantization of X, gate_up, down,
     /// finalize, in order on `stream`; align and the quantization of X in one launch where
-    /// `fused_quantize_ctas` allows it.
+    /// `fused_launch` allows it.
     ///
     /// # Safety
     /// As `grouped` and `finalize`.
@@ -581,8 +601,8 @@ impl MoeLauncher<'_> {
         args.validate(ws)?;
         // SAFETY: forwarded (see the function's contract).
         unsafe {
-            if self.fused_quantize_ctas(args, ws).is_some() {
-                self.align_quantize_x(args, ws, stream)?;
+            if let Some(launch) = self.fused_launch(args, ws) {
+                self.launch_fused(launch, stream)?;
             } else {
                 self.align(args, ws, stream)?;
                 if args.quantizes_x() {
