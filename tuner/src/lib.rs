@@ -6,6 +6,7 @@ pub mod compile;
 pub mod error;
 pub mod ffi;
 pub mod format;
+pub mod fsio;
 pub mod gpu;
 pub mod moe;
 pub mod plot;

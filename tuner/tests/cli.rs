@@ -525,6 +525,7 @@ fn failed_commands_keep_what_they_were_given() {
     let logged =
         fp4tune::tune::log::read(&results.join("h200/nvidia-h200-w4a16.jsonl.gz")).unwrap();
     let mut bad = logged.into_iter().find(|r| r.context.is_some()).unwrap();
+    let with_context = serde_json::to_string(&bad).unwrap() + "\n";
     bad.key.n = 4_294_967_288;
     std::fs::write(d.join("bad.jsonl"), serde_json::to_string(&bad).unwrap() + "\n").unwrap();
     std::fs::write(d.join("keep.jsonl"), "PRECIOUS\n").unwrap();
@@ -555,4 +556,57 @@ fn failed_commands_keep_what_they_were_given() {
     assert!(err.contains("would replace the baseline ck/check.json"), "{err}");
     assert_eq!(std::fs::read(ck.join("check.json")).unwrap(), base);
     assert!(!ck.join("check.md").exists());
+    // A check that cannot run (no GPU here; on a GPU machine, the dispatch table of another
+    // GPU) keeps the earlier report of its folder.
+    let out = Command::new(fp4tune())
+        .args(["check", "--table", table.to_str().unwrap(), "--out", "ck"])
+        .env("FP4TUNE_CACHE", d.join("cubin"))
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let (stdout, err) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.code() == Some(2) {
+        assert!(stdout.contains("kept the earlier report in ck"), "{stdout}{err}");
+        assert_eq!(std::fs::read(ck.join("check.json")).unwrap(), base);
+        assert!(!ck.join("check.md").exists());
+    } else {
+        eprintln!("SKIPPED (this machine can check the H200 table): the kept report");
+    }
+
+    // merge: a table that cannot be written leaves the old log; outputs that name one file, or
+    // a log being merged, are refused before anything is written.
+    std::fs::create_dir(d.join("folder.ron")).unwrap();
+    std::fs::write(d.join("ctx.jsonl"), &with_context).unwrap();
+    let (ok, err) =
+        run(&fp4tune(), &["merge", "ctx.jsonl", "--out", "keep.jsonl", "--table", "folder.ron"], d);
+    assert_clean_error(ok, &err, &["folder.ron is not a regular file"]);
+    assert_eq!(std::fs::read_to_string(d.join("keep.jsonl")).unwrap(), "PRECIOUS\n");
+    let (ok, err) =
+        run(&fp4tune(), &["merge", "good.jsonl", "--out", "same.x", "--table", "./same.x"], d);
+    assert_clean_error(ok, &err, &["are the same file"]);
+    assert!(!d.join("same.x").exists());
+    let good = std::fs::read(d.join("good.jsonl")).unwrap();
+    for flag in ["--out", "--table"] {
+        let mut args = vec!["merge", "good.jsonl", "--out", "m2.jsonl"];
+        if flag == "--out" {
+            args[3] = "sub/../good.jsonl";
+            std::fs::create_dir_all(d.join("sub")).unwrap();
+        } else {
+            args.extend(["--table", "good.jsonl"]);
+        }
+        let (ok, err) = run(&fp4tune(), &args, d);
+        assert_clean_error(ok, &err, &[flag, "is the log good.jsonl being merged"]);
+        assert_eq!(std::fs::read(d.join("good.jsonl")).unwrap(), good);
+    }
+
+    // bench --moe --render of a CSV without rows keeps the report it would replace.
+    std::fs::create_dir(d.join("bench")).unwrap();
+    let md = std::fs::read(results.join("h200/bench-moe.md")).unwrap();
+    std::fs::write(d.join("bench/bench-moe.md"), &md).unwrap();
+    std::fs::write(d.join("header.csv"), "op,N,K,experts,top_k,B,impl,median_us\n").unwrap();
+    let (ok, err) =
+        run(&fp4tune(), &["bench", "--moe", "--render", "header.csv", "--out", "bench"], d);
+    assert_clean_error(ok, &err, &["header.csv", "no fp4tune rows"]);
+    assert_eq!(std::fs::read(d.join("bench/bench-moe.md")).unwrap(), md);
 }

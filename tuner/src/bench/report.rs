@@ -32,6 +32,9 @@ pub struct Provenance {
     pub command: String,
     pub device: DeviceInfo,
     pub nvrtc_version: (i32, i32),
+    /// The NVRTC build (`compile::Compiler::nvrtc_build`), e.g. `13.0.88 (CL-36424714)`.
+    #[serde(default)]
+    pub nvrtc_build: String,
     pub timing_policy: String,
     pub bandwidth_gbps: f64,
     pub launch_floor_us: f64,
@@ -78,7 +81,7 @@ pub fn markdown(title: &str, prov: &Provenance, rows: &[Row], peers: &[&str]) ->
     let _ = writeln!(md, "# {title}\n");
     let _ = writeln!(
         md,
-        "Measured on **{}** (SM {}.{}, {} SMs, L2 {} MiB, driver {}.{}, NVRTC {}.{}), {}.\n",
+        "Measured on **{}** (SM {}.{}, {} SMs, L2 {} MiB, driver {}.{}, NVRTC {}), {}.\n",
         d.name,
         d.compute_capability.0,
         d.compute_capability.1,
@@ -86,8 +89,11 @@ pub fn markdown(title: &str, prov: &Provenance, rows: &[Row], peers: &[&str]) ->
         d.l2_bytes >> 20,
         d.driver_version.0,
         d.driver_version.1,
-        prov.nvrtc_version.0,
-        prov.nvrtc_version.1,
+        if prov.nvrtc_build.is_empty() {
+            format!("{}.{}", prov.nvrtc_version.0, prov.nvrtc_version.1)
+        } else {
+            prov.nvrtc_build.clone()
+        },
         prov.date
     );
     let _ = writeln!(md, "Command:\n\n```\n{}\n```\n", prov.command);
@@ -294,6 +300,7 @@ mod tests {
                 mem_bus_bits: 0,
             },
             nvrtc_version: (13, 0),
+            nvrtc_build: "13.0.88 (CL-36424714)".into(),
             timing_policy: "p".into(),
             bandwidth_gbps: 4000.0,
             launch_floor_us: 0.7,

@@ -332,12 +332,17 @@ impl CheckReport {
 
     /// Write the report as JSON, atomically.
     pub fn write_json(&self, path: &Path) -> Result<(), CheckFileError> {
-        let text = serde_json::to_string_pretty(self).map_err(|e| CheckFileError::Io {
+        let text = self.to_json_string().map_err(|e| CheckFileError::Io {
             path: path.to_path_buf(),
             error: std::io::Error::other(e),
         })?;
-        crate::compile::cache::write_atomic(path, text.as_bytes())
+        crate::fsio::write_atomic(path, text.as_bytes())
             .map_err(|error| CheckFileError::Io { path: path.to_path_buf(), error })
+    }
+
+    /// The saved form of the report (what [`CheckReport::read_json`] reads).
+    pub fn to_json_string(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string_pretty(self)
     }
 
     /// Read a saved check result (for `--baseline`); refuses other schema versions.

@@ -204,10 +204,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let mut p = partial.borrow_mut();
             p.0.extend(rows);
             p.1.extend(screen_rows);
-            let _ = std::fs::write(stem.with_extension("csv"), report::csv(&p.0));
-            let _ = std::fs::write(
-                a.out.join(format!("bench-{}-screen.csv", a_type)),
-                report::csv(&p.1),
+            let _ = fp4tune::fsio::write_atomic(
+                &stem.with_extension("csv"),
+                report::csv(&p.0).as_bytes(),
+            );
+            let _ = fp4tune::fsio::write_atomic(
+                &a.out.join(format!("bench-{}-screen.csv", a_type)),
+                report::csv(&p.1).as_bytes(),
             );
         }
     })?;
@@ -216,6 +219,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         device: info,
         nvrtc_version: compiler.nvrtc_version(),
+        nvrtc_build: compiler.nvrtc_build().to_string(),
         timing_policy: spec.policy.describe(),
         bandwidth_gbps: out.bandwidth_gbps,
         launch_floor_us: out.launch_floor_us,
@@ -231,12 +235,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         &peers,
     );
     md.push_str(&report::failures_markdown(&out.failures));
-    std::fs::write(stem.with_extension("csv"), report::csv(&out.rows))?;
-    std::fs::write(
-        a.out.join(format!("bench-{}-screen.csv", a_type)),
-        report::csv(&out.screen_rows),
-    )?;
-    std::fs::write(stem.with_extension("md"), &md)?;
+    let (csv, screen) = (report::csv(&out.rows), report::csv(&out.screen_rows));
+    fp4tune::fsio::write_atomic_all(&[
+        (&stem.with_extension("csv"), csv.as_bytes()),
+        (&a.out.join(format!("bench-{}-screen.csv", a_type)), screen.as_bytes()),
+        (&stem.with_extension("md"), md.as_bytes()),
+    ])
+    .with_context(|| format!("writing the benchmark's reports into {}", a.out.display()))?;
     outln!("{md}")?;
     outln!(
         "wrote {} and {}",

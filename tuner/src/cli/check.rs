@@ -1,8 +1,9 @@
 //! `fp4tune check`: the CI gate on kernel timings. Re-verifies and re-times every entry of a
 //! table on this GPU (GEMM entries through the measuring worker, then the grouped MoE entries),
 //! compares with a baseline by the noise-aware rule (`fp4tune::check`), writes `check.md` and
-//! `check.json`, and exits 0 (no regression), 1 (regression or failed kernel) or 2 (cannot
-//! check), with a one-line reason on stderr. It exits itself, whatever happens: any error (an
+//! `check.json` (together, or neither; a run that cannot check keeps an earlier report of the
+//! folder), and exits 0 (no regression), 1 (regression or failed kernel) or 2 (cannot check),
+//! with a one-line reason on stderr. It exits itself, whatever happens: any error (an
 //! unreadable table included) is exit 2.
 //!
 //! `--inject-delay <entry>=<us>` (hidden; the evidence that a slower kernel is caught and named)
@@ -78,7 +79,15 @@ pub fn run(args: CheckArgs) -> Result<()> {
             // The exit status is the result: a closed standard output or error (`| head`) must not
             // turn it into a panic, so write errors are ignored here.
             let _ = writeln!(std::io::stdout().lock(), "{}", report.to_markdown());
-            let _ = writeln!(std::io::stdout().lock(), "wrote {}", paths.join(" and "));
+            let _ = match paths {
+                Written::Files(paths) => {
+                    writeln!(std::io::stdout().lock(), "wrote {}", paths.join(" and "))
+                }
+                Written::Kept(dir) => writeln!(
+                    std::io::stdout().lock(),
+                    "kept the earlier report in {dir}: this run could not check"
+                ),
+            };
             let _ = writeln!(
                 std::io::stderr().lock(),
                 "fp4tune check: exit {}: {}",
@@ -152,7 +161,7 @@ fn progress(status: &EntryStatus, comparison: Option<&check::Comparison>) -> Str
     }
 }
 
-fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
+fn check(a: &CheckArgs) -> Result<(CheckReport, Written)> {
     let origin = a.table.display().to_string();
     let table = Table::load(&a.table)?;
     let delayed = match &a.inject_delay {
@@ -292,13 +301,28 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Vec<String>)> {
     grouped.sort_by_key(|g| g.key);
     let mut report = check::report(&setup, device_info, blockers, entries, grouped);
     report.notes.extend(notes);
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let md = a.out.join("check.md");
     let json = a.out.join("check.json");
-    std::fs::write(&md, report.to_markdown())
-        .with_context(|| format!("writing {}", md.display()))?;
-    report.write_json(&json)?;
-    Ok((report, vec![md.display().to_string(), json.display().to_string()]))
+    // A run that could not check (no GPU, an unusable baseline) does not replace the report of
+    // one that could: the earlier result stays where it is.
+    if check::exit_status(&report).code == 2 && (md.exists() || json.exists()) {
+        return Ok((report, Written::Kept(a.out.display().to_string())));
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let text = report.to_json_string()?;
+    fp4tune::fsio::write_atomic_all(&[
+        (&md, report.to_markdown().as_bytes()),
+        (&json, text.as_bytes()),
+    ])
+    .with_context(|| format!("writing the check's report into {}", a.out.display()))?;
+    Ok((report, Written::Files(vec![md.display().to_string(), json.display().to_string()])))
+}
+
+/// What a check left in its `--out` folder.
+enum Written {
+    Files(Vec<String>),
+    /// The folder's earlier report, kept because this run could not check.
+    Kept(String),
 }
 
 #[cfg(test)]

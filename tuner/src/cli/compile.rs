@@ -167,7 +167,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         for (c, src) in configs.iter().zip(&sources) {
             let path = dir.join(format!("{}.cu", c.kernel_name()));
-            std::fs::write(&path, &src.code)
+            fp4tune::fsio::write_atomic(&path, src.code.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         return outln!("{} kernel sources written to {}", sources.len(), dir.display());
@@ -218,10 +218,10 @@ pub fn run(args: CompileArgs) -> Result<()> {
             }
         }
     }
-    let (maj, min) = compiler.nvrtc_version();
     outln!(
-        "{} variants for {arch}, {failed} failed, {wall:.1} s wall (NVRTC {maj}.{min}, cache {})",
+        "{} variants for {arch}, {failed} failed, {wall:.1} s wall (NVRTC {}, cache {})",
         configs.len(),
+        compiler.nvrtc_build(),
         match (compiler.cache_dir(), compiler.cache_warning()) {
             (Some(d), None) => d.display().to_string(),
             (Some(d), Some(_)) => format!("{} not used", d.display()),

@@ -56,6 +56,27 @@ pub fn run(args: MergeArgs) -> Result<()> {
     let MergeArgs { logs, out, table, partial } = args;
     use fp4tune::tune::select::SelectRules;
     let logs = expand(&logs)?;
+    // The outputs must not land on each other nor on a log being merged (the log would be lost).
+    let same = |a: &std::path::Path, b: &std::path::Path| {
+        fp4tune::fsio::same_file(a, b).with_context(|| format!("resolving {}", a.display()))
+    };
+    if let Some(t) = &table {
+        if same(&out, t)? {
+            bail!("--out {} and --table {} are the same file", out.display(), t.display());
+        }
+    }
+    for (flag, path) in std::iter::once(("--out", &out)).chain(table.iter().map(|t| ("--table", t)))
+    {
+        for l in &logs {
+            if same(path, l)? {
+                bail!(
+                    "{flag} {} is the log {} being merged: write the result to another file",
+                    path.display(),
+                    l.display()
+                );
+            }
+        }
+    }
     let shards = fp4tune::tune::merge::check_shards(&logs)?;
     let list = |v: &[u32]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
     if !shards.missing.is_empty()
@@ -123,16 +144,21 @@ pub fn run(args: MergeArgs) -> Result<()> {
         }
         None => None,
     };
-    fp4tune::tune::merge::write(&out, &records)?;
-    let selection = match selection {
-        Some((path, t, sel)) => {
-            t.save(path)?;
-            Some((path, sel))
-        }
-        None => None,
-    };
+    // The log and the table are replaced together or not at all.
+    let log_bytes = fp4tune::tune::merge::encode(&out, &records)?;
+    let table_text = selection.as_ref().map(|(_, t, _)| t.to_ron_string());
+    let mut files: Vec<(&std::path::Path, &[u8])> = vec![(&out, &log_bytes)];
+    if let (Some((path, _, _)), Some(text)) = (&selection, &table_text) {
+        files.push((path, text.as_bytes()));
+    }
+    for (path, _) in &files {
+        fp4tune::fsio::create_parent_dir(path)
+            .with_context(|| format!("creating the folder of {}", path.display()))?;
+    }
+    fp4tune::fsio::write_atomic_all(&files).context("writing the merged log and table")?;
+    let selection = selection.map(|(path, _, sel)| (path, sel));
     outln!("merged {} logs into {} ({} records)", logs.len(), out.display(), records.len())?;
-    if shards.count > 0 {
+    if shards.count > 0 && !shards.present.is_empty() {
         outln!(
             "shards {} of {}",
             list(&shards.present.iter().map(|m| m.shard.index).collect::<Vec<_>>()),

@@ -131,7 +131,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         screens.push((a_type, logs));
     }
     let provenance = format!(
-        "Command: `{}`\n\nDevice: {} (compute capability {}.{}, {} SMs, driver {}.{}), NVRTC {}.{}; timing: {}; \
+        "Command: `{}`\n\nDevice: {} (compute capability {}.{}, {} SMs, driver {}.{}), NVRTC {}; timing: {}; \
          grouped template hash {}; {}.\n\nRoofline: the bytes each projection must move (active experts' NVFP4 \
          weights and scales, activation rows in, bf16 rows out) over the read bandwidth measured in this run; \
          read floor: a cold read of the same byte count measured in this run. Every candidate was verified \
@@ -147,8 +147,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         info.sm_count,
         info.driver_version.0,
         info.driver_version.1,
-        compiler.nvrtc_version().0,
-        compiler.nvrtc_version().1,
+        compiler.nvrtc_build(),
         plan.policy.describe(),
         fp4tune::moe::templates::family_template_hash(family),
         report::utc_now(),
@@ -171,24 +170,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut all = rows.clone();
     all.extend(peers);
     let stem = a.out.join("bench-moe");
-    fp4tune::compile::cache::write_atomic(
-        &stem.with_extension("csv"),
-        moe_report::csv(&all).as_bytes(),
-    )
-    .with_context(|| format!("writing {}", stem.with_extension("csv").display()))?;
-    fp4tune::compile::cache::write_atomic(&stem.with_extension("md"), md.as_bytes())
-        .with_context(|| format!("writing {}", stem.with_extension("md").display()))?;
-    // Every screened candidate, one file per activation type.
-    let mut written = vec![stem.with_extension("csv"), stem.with_extension("md")];
+    // The report, its CSV and every screened candidate (one file per activation type), replaced
+    // together.
+    let mut files =
+        vec![(stem.with_extension("csv"), moe_report::csv(&all)), (stem.with_extension("md"), md)];
     for (a_type, logs) in &screens {
-        let path = a.out.join(format!("bench-moe-{}-screen.csv", a_type.as_str()));
-        fp4tune::compile::cache::write_atomic(
-            &path,
-            moe_report::screen_csv(a_type.as_str(), logs).as_bytes(),
-        )
-        .with_context(|| format!("writing {}", path.display()))?;
-        written.push(path);
+        files.push((
+            a.out.join(format!("bench-moe-{}-screen.csv", a_type.as_str())),
+            moe_report::screen_csv(a_type.as_str(), logs),
+        ));
     }
+    let refs: Vec<(&std::path::Path, &[u8])> =
+        files.iter().map(|(p, t)| (p.as_path(), t.as_bytes())).collect();
+    fp4tune::fsio::write_atomic_all(&refs)
+        .with_context(|| format!("writing the benchmark's reports into {}", a.out.display()))?;
+    let written: Vec<&std::path::PathBuf> = files.iter().map(|(p, _)| p).collect();
+    let md = &files[1].1;
     outln!("{md}")?;
     let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
     outln!("wrote {}", names.join(", "))
@@ -202,6 +199,13 @@ fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
     let rows =
         moe_report::parse_csv(&text, &csv.display().to_string()).map_err(anyhow::Error::msg)?;
     let md_path = out.join("bench-moe.md");
+    if !rows.iter().any(|r| r.implementation.starts_with("fp4tune_")) {
+        bail!(
+            "{}: no fp4tune rows (an empty or header-only CSV): nothing to render, {} left as it was",
+            csv.display(),
+            md_path.display()
+        );
+    }
     let old = std::fs::read_to_string(&md_path).with_context(|| {
         format!("reading {} (its provenance lines are kept)", md_path.display())
     })?;
@@ -219,7 +223,7 @@ fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
         .cloned()
         .collect();
     let md = moe_report::markdown(title, provenance.trim_end(), &rows, &peers);
-    fp4tune::compile::cache::write_atomic(&md_path, md.as_bytes())
+    fp4tune::fsio::write_atomic(&md_path, md.as_bytes())
         .with_context(|| format!("writing {}", md_path.display()))?;
     outln!("rendered {} from {}", md_path.display(), csv.display())
 }
@@ -358,8 +362,13 @@ pub fn tune_phase(
         jsonl.push('\n');
     }
     let at = fp4tune::bench::report::unix_now();
-    jsonl.push_str(&fp4tune::tune::moe::log_lines(&logs, &info.name, info.compute_capability, at)?);
-    fp4tune::compile::cache::write_atomic(&log_path, jsonl.as_bytes())
+    jsonl.push_str(&fp4tune::tune::moe::log_lines(
+        &logs,
+        (&info.name, info.compute_capability),
+        &compiler.nvrtc_build().to_string(),
+        at,
+    )?);
+    fp4tune::fsio::write_atomic(&log_path, jsonl.as_bytes())
         .with_context(|| format!("writing {}", log_path.display()))?;
     if let Some(w) = stale_kept {
         warnln!("{w}");

@@ -3,7 +3,6 @@
 use anyhow::{bail, Context, Result};
 use fp4tune::plot::figures::{self, BenchFile};
 use fp4tune::search::StrategyKind;
-use std::io::Write as _;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -62,10 +61,12 @@ pub fn run(a: ReportArgs) -> Result<()> {
     }
     // Charts without data (a shape with rows that carry no time) are skipped, not drawn blank.
     charts.retain(|c| c.series.iter().any(|s| !s.points.is_empty()));
+    if charts.is_empty() {
+        bail!("nothing to plot: the tables, logs and CSVs given hold no timed rows");
+    }
     let files = fp4tune::plot::write_all(&charts, &a.out)?;
-    let mut stdout = std::io::stdout().lock();
     for f in &files {
-        writeln!(stdout, "wrote {}", f.display()).context("writing to standard output")?;
+        outln!("wrote {}", f.display())?;
     }
     Ok(())
 }

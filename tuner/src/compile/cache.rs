@@ -1,4 +1,4 @@
-//! On-disk CUBIN cache: one entry per (source, options, arch, NVRTC version), written atomically.
+//! On-disk CUBIN cache: one entry per (source, options, arch, NVRTC build), written atomically.
 //!
 //! Layout: `<dir>/<key>.cubin` and `<dir>/<key>.json` (metadata). Each file is written to a
 //! temporary name in the same folder and renamed into place, the metadata last, so a reader sees
@@ -11,18 +11,14 @@
 //! checked before the cubin is handed out (a mismatch is a miss: the kernel is recompiled).
 
 use super::stats::PtxasStats;
+use crate::fsio::{explain_create_dir, remove_stale_temp_files, write_atomic, STALE_TEMP_AGE};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// Version of the metadata format; entries of another version are ignored (recompiled).
 /// Version 2 added the cubin's SHA-256.
 pub const CACHE_SCHEMA_VERSION: u32 = 2;
-
-/// Temporary files of [`write_atomic`] older than this are left by a killed writer and removed.
-pub const STALE_TEMP_AGE: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CacheMeta {
@@ -140,6 +136,12 @@ impl DiskCache {
 
 /// Create `dir` and its missing parents owner-only (0700 on Unix).
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) && !dir.exists() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{} is a link to a folder that does not exist", dir.display()),
+        ));
+    }
     let mut b = std::fs::DirBuilder::new();
     b.recursive(true);
     #[cfg(unix)]
@@ -203,158 +205,6 @@ fn untrusted_reason(dir: &Path) -> Option<String> {
         let _ = dir;
         None
     }
-}
-
-/// A clearer error for a folder that cannot be created because a component is a file.
-fn explain_create_dir(dir: &Path, e: std::io::Error) -> std::io::Error {
-    if e.kind() != std::io::ErrorKind::AlreadyExists
-        && e.kind() != std::io::ErrorKind::NotADirectory
-    {
-        return e;
-    }
-    let blocker = dir.ancestors().find(|a| a.exists() && !a.is_dir());
-    match blocker {
-        Some(b) => {
-            std::io::Error::new(e.kind(), format!("{} exists and is not a folder", b.display()))
-        }
-        None => e,
-    }
-}
-
-/// Create the folder `path` will be written into (its missing parents too), with a clear error
-/// when part of it exists as a file ("X exists and is not a folder", not "File exists").
-pub fn create_parent_dir(path: &Path) -> std::io::Result<()> {
-    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        Some(dir) => std::fs::create_dir_all(dir).map_err(|e| explain_create_dir(dir, e)),
-        None => Ok(()),
-    }
-}
-
-/// The file a write to `path` lands in: `path`, or the final target of the symbolic link(s) it
-/// names (which may not exist yet).
-fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
-    let mut p = path.to_path_buf();
-    for _ in 0..40 {
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let target = std::fs::read_link(&p)?;
-                p = match p.parent() {
-                    Some(dir) if target.is_relative() => dir.join(target),
-                    _ => target,
-                };
-            }
-            Ok(_) => return Ok(p),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(p),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::other(format!("{}: too many levels of symbolic links", path.display())))
-}
-
-/// Write `bytes` to `path` through a temporary file in the same folder and a rename, so a reader
-/// sees the old content or the new one, never a part. A symbolic link is written through (its
-/// target is replaced, the link stays); a path that is not a regular file (a folder, a device,
-/// a pipe) is refused, never replaced. The file is synced before the rename and its folder after
-/// it. Temporary files of this naming left by a killed writer (older than [`STALE_TEMP_AGE`]) are
-/// removed on the way.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let target = resolve_links(path)?;
-    let existing = match std::fs::metadata(&target) {
-        Ok(m) if !m.is_file() => {
-            let via = if target != path {
-                format!(" (the target of the link {})", path.display())
-            } else {
-                String::new()
-            };
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{}{via} is not a regular file", target.display()),
-            ));
-        }
-        Ok(m) => Some(m),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e),
-    };
-    let dir = match target.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    remove_stale_temp_files(&dir, Some(&name), STALE_TEMP_AGE);
-    let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), unique()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        if let Some(m) = &existing {
-            // Keep the mode of the file being replaced.
-            f.set_permissions(m.permissions())?;
-        }
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, &target)?;
-        sync_dir(&dir)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// Make a rename in `dir` durable (Unix: fsync the folder; elsewhere nothing to do).
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        std::fs::File::open(dir)?.sync_all()
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = dir;
-        Ok(())
-    }
-}
-
-/// Whether `file` is a temporary file of [`write_atomic`]'s naming (`.<name>.<pid>.<n>.tmp`),
-/// for the target `name` if one is given.
-fn is_our_temp_file(file: &str, name: Option<&str>) -> bool {
-    let Some(inner) = file.strip_prefix('.').and_then(|f| f.strip_suffix(".tmp")) else {
-        return false;
-    };
-    let mut parts = inner.rsplitn(3, '.');
-    let (Some(n), Some(pid), Some(target)) = (parts.next(), parts.next(), parts.next()) else {
-        return false;
-    };
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    digits(n) && digits(pid) && !target.is_empty() && name.is_none_or(|name| name == target)
-}
-
-/// Remove temporary files of [`write_atomic`]'s naming in `dir` (for target `name`, or any) that
-/// are regular files older than `age`: what a writer killed between create and rename leaves.
-/// Nothing else is touched; failures are ignored (the next write tries again).
-pub fn remove_stale_temp_files(dir: &Path, name: Option<&str>, age: Duration) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let now = std::time::SystemTime::now();
-    for e in entries.flatten() {
-        let file = e.file_name();
-        let Some(file) = file.to_str() else { continue };
-        if !is_our_temp_file(file, name) {
-            continue;
-        }
-        let Ok(m) = e.metadata() else { continue };
-        let old = m
-            .modified()
-            .ok()
-            .and_then(|t| now.duration_since(t).ok())
-            .is_some_and(|elapsed| elapsed > age);
-        if m.is_file() && old {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
-}
-
-fn unique() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
 }
 
 #[cfg(test)]
@@ -462,88 +312,16 @@ mod tests {
         }
     }
 
-    #[cfg(unix)]
+    /// Opening the cache folder sweeps the temporary files a killed writer left in it.
     #[test]
-    fn atomic_write_goes_through_links_and_refuses_other_files() {
+    fn opening_the_folder_removes_stale_temp_files() {
         let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join("real.jsonl");
-        std::fs::write(&target, b"old").unwrap();
-        let link = dir.path().join("link.jsonl");
-        std::os::unix::fs::symlink("real.jsonl", &link).unwrap();
-        write_atomic(&link, b"new").unwrap();
-        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
-        assert_eq!(std::fs::read(&target).unwrap(), b"new");
-        // A dangling link creates its target.
-        let dangling = dir.path().join("dangling");
-        std::os::unix::fs::symlink(dir.path().join("made.txt"), &dangling).unwrap();
-        write_atomic(&dangling, b"x").unwrap();
-        assert_eq!(std::fs::read(dir.path().join("made.txt")).unwrap(), b"x");
-        assert!(std::fs::symlink_metadata(&dangling).unwrap().file_type().is_symlink());
-
-        // A device (through a link, as `--out /dev/null` would be) and a folder are refused.
-        let null = dir.path().join("null");
-        std::os::unix::fs::symlink("/dev/null", &null).unwrap();
-        let e = write_atomic(&null, b"x").unwrap_err().to_string();
-        assert!(e.contains("/dev/null") && e.contains("is not a regular file"), "{e}");
-        use std::os::unix::fs::FileTypeExt;
-        assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
-        let sub = dir.path().join("sub");
-        std::fs::create_dir(&sub).unwrap();
-        let e = write_atomic(&sub, b"x").unwrap_err().to_string();
-        assert!(e.contains("sub is not a regular file"), "{e}");
-        assert!(sub.is_dir());
-
-        // The mode of a replaced file is kept.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
-        write_atomic(&target, b"again").unwrap();
-        assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o777, 0o640);
-    }
-
-    /// Temporary files a killed writer left (our naming, older than an hour) are removed by the
-    /// next write; fresh ones (a writer at work) and other files are kept.
-    #[test]
-    fn stale_temp_files_of_our_naming_are_removed() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let old = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
-        let make = |name: &str, stale: bool| {
-            let p = d.join(name);
-            let f = std::fs::File::create(&p).unwrap();
-            if stale {
-                f.set_modified(old).unwrap();
-            }
-            p
-        };
-        let stale = make(".out.jsonl.4242.7.tmp", true);
-        let fresh = make(".out.jsonl.4243.0.tmp", false);
-        let other_target = make(".other.jsonl.4242.7.tmp", true);
-        let not_ours = make(".out.jsonl.tmp", true);
-        let user_file = make("notes.tmp", true);
-        let odd = make(".out.jsonl.x.7.tmp", true);
-        write_atomic(&d.join("out.jsonl"), b"records\n").unwrap();
-        assert!(!stale.exists(), "a stale temp file of this target is removed");
-        for kept in [&fresh, &other_target, &not_ours, &user_file, &odd] {
-            assert!(kept.exists(), "{} must be kept", kept.display());
-        }
-        // The cache folder sweeps every stale temp file of our naming when opened.
-        DiskCache::new(d).unwrap();
-        assert!(!other_target.exists());
-        for kept in [&fresh, &not_ours, &user_file, &odd] {
-            assert!(kept.exists(), "{} must be kept", kept.display());
-        }
-        assert!(is_our_temp_file(".k.cubin.12.0.tmp", Some("k.cubin")));
-        assert!(!is_our_temp_file(".k.cubin.12.0.tmp", Some("j.cubin")));
-    }
-
-    #[test]
-    fn a_file_in_the_way_of_a_folder_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("plain");
-        std::fs::write(&file, b"x").unwrap();
-        let e = create_parent_dir(&file.join("sub/out.jsonl")).unwrap_err().to_string();
-        assert!(e.contains("plain exists and is not a folder"), "{e}");
-        let e = DiskCache::new(file.join("cubin")).unwrap_err().to_string();
-        assert!(e.contains("plain exists and is not a folder"), "{e}");
+        let stale = dir.path().join(".k.cubin.4242.7.tmp");
+        let f = std::fs::File::create(&stale).unwrap();
+        f.set_modified(std::time::SystemTime::now() - 2 * STALE_TEMP_AGE).unwrap();
+        let fresh = dir.path().join(".j.cubin.4243.0.tmp");
+        std::fs::File::create(&fresh).unwrap();
+        DiskCache::new(dir.path()).unwrap();
+        assert!(!stale.exists() && fresh.exists());
     }
 }

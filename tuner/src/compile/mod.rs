@@ -1,7 +1,7 @@
 //! The compile pipeline: rendered kernel source -> NVRTC -> CUBIN + ptxas statistics, cached.
 //!
 //! An in-memory map sits in front of the on-disk cache; both are keyed by a hash of (source,
-//! options, arch, NVRTC version). Compilation of many kernels runs in parallel with rayon. A
+//! options, arch, NVRTC build). Compilation of many kernels runs in parallel with rayon. A
 //! failure keeps the kernel name (which encodes its configuration), the options and the NVRTC log.
 
 pub mod cache;
@@ -87,7 +87,7 @@ impl std::ops::AddAssign for Precompiled {
 /// NVRTC plus its caches. Cheap to share across threads.
 #[derive(Debug)]
 pub struct Compiler {
-    nvrtc_version: (i32, i32),
+    nvrtc: nvrtc::NvrtcBuild,
     disk: Option<DiskCache>,
     memory: Mutex<HashMap<String, Arc<CompiledKernel>>>,
 }
@@ -95,7 +95,7 @@ pub struct Compiler {
 impl Compiler {
     /// Locate NVRTC; cache on disk in `disk_dir` (or no disk cache with `None`).
     pub fn new(disk_dir: Option<std::path::PathBuf>) -> Result<Self, CompileError> {
-        let nvrtc_version = nvrtc::version()?;
+        let nvrtc = nvrtc::build()?;
         let disk = match disk_dir {
             Some(d) => Some(DiskCache::new(&d).map_err(|e| CompileError::Cache {
                 dir: d.display().to_string(),
@@ -103,7 +103,7 @@ impl Compiler {
             })?),
             None => None,
         };
-        Ok(Self { nvrtc_version, disk, memory: Mutex::new(HashMap::new()) })
+        Ok(Self { nvrtc, disk, memory: Mutex::new(HashMap::new()) })
     }
 
     /// A compiler with the default on-disk cache folder ([`DiskCache::default_dir`]).
@@ -112,7 +112,12 @@ impl Compiler {
     }
 
     pub fn nvrtc_version(&self) -> (i32, i32) {
-        self.nvrtc_version
+        self.nvrtc.version
+    }
+
+    /// The NVRTC build that compiles (its release and compiler build where NVRTC says them).
+    pub fn nvrtc_build(&self) -> &nvrtc::NvrtcBuild {
+        &self.nvrtc
     }
 
     pub fn cache_dir(&self) -> Option<&std::path::Path> {
@@ -126,11 +131,12 @@ impl Compiler {
         self.disk.as_ref().and_then(|d| d.warning())
     }
 
-    /// Cache key of `src` under this compiler.
+    /// Cache key of `src` under this compiler: the source's hash and the NVRTC build (two builds
+    /// of one minor version never share a cubin).
     pub fn key(&self, src: &KernelSource) -> String {
         let mut h = Sha256::new();
         h.update(src.hash().as_bytes());
-        h.update(format!("nvrtc {}.{}", self.nvrtc_version.0, self.nvrtc_version.1).as_bytes());
+        h.update(format!("nvrtc {}", self.nvrtc).as_bytes());
         crate::template::source::hex(&h.finalize())[..32].to_string()
     }
 
@@ -163,7 +169,7 @@ impl Compiler {
                         schema_version: CACHE_SCHEMA_VERSION,
                         kernel_name: src.kernel_name.clone(),
                         arch: src.arch.as_str().to_string(),
-                        nvrtc_version: self.nvrtc_version,
+                        nvrtc_version: self.nvrtc.version,
                         stats,
                         compile_ms,
                         log: out.log.clone(),
@@ -225,7 +231,7 @@ impl Compiler {
                     schema_version: CACHE_SCHEMA_VERSION,
                     kernel_name: s.kernel_name.clone(),
                     arch: s.arch.as_str().to_string(),
-                    nvrtc_version: self.nvrtc_version,
+                    nvrtc_version: self.nvrtc.version,
                     stats: stats::parse(&out.log, &s.kernel_name),
                     compile_ms: t0.elapsed().as_secs_f64() * 1e3,
                     log: out.log,

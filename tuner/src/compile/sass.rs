@@ -23,12 +23,8 @@ fn bin_dirs() -> Vec<PathBuf> {
         }
     }
     dirs.push(PathBuf::from("/usr/local/cuda/bin"));
-    if let Some(v) = std::env::var_os("FP4TUNE_CUDA_WHEELS") {
-        dirs.push(PathBuf::from(v).join("nvidia/cu13/bin"));
-    }
-    if let Ok(cwd) = std::env::current_dir() {
-        dirs.extend(cwd.ancestors().map(|a| a.join(".cuda/nvidia/cu13/bin")));
-    }
+    // the wheels where NVRTC's are looked for
+    dirs.extend(crate::gpu::loader::cuda_wheel_roots().iter().map(|r| r.join("nvidia/cu13/bin")));
     if let Some(path) = std::env::var_os("PATH") {
         dirs.extend(std::env::split_paths(&path));
     }

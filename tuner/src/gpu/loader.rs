@@ -53,8 +53,18 @@ fn candidate_dirs() -> Vec<PathBuf> {
         v.reverse(); // newest first
         dirs.extend(v);
     }
-    // Project-local wheel installs (what .ci/run creates), from the working directory upwards and
-    // next to the executable.
+    for r in cuda_wheel_roots() {
+        dirs.extend(wheel_lib_dirs(&r));
+    }
+    dirs
+}
+
+/// Folders that may hold NVIDIA's CUDA wheels installed with `pip --target` (what
+/// `scripts/cuda-tools.sh` and .ci/run create), in search order: `FP4TUNE_CUDA_WHEELS`, `.cuda/`
+/// from the working directory upwards, next to the executable and above it, and in the source
+/// tree this binary was built from (a development build whose target folder lives elsewhere,
+/// e.g. CARGO_TARGET_DIR; absent on other machines, then harmless).
+pub fn cuda_wheel_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
     if let Some(v) = std::env::var_os("FP4TUNE_CUDA_WHEELS") {
         roots.push(PathBuf::from(v));
@@ -65,13 +75,8 @@ fn candidate_dirs() -> Vec<PathBuf> {
     if let Ok(exe) = std::env::current_exe() {
         roots.extend(exe.ancestors().skip(1).map(|a| a.join(".cuda")));
     }
-    // The source tree this binary was built from (a development build whose target folder lives
-    // elsewhere, e.g. CARGO_TARGET_DIR); absent on other machines, then harmless.
     roots.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cuda"));
-    for r in roots {
-        dirs.extend(wheel_lib_dirs(&r));
-    }
-    dirs
+    roots
 }
 
 /// `nvidia/cu13/lib` (CUDA 13 wheels) and `nvidia/cuda_nvrtc/lib` (CUDA 12 wheels) under `root`.

@@ -426,7 +426,10 @@ fn every_sm120_grouped_variant_compiles_with_omma_sf_and_no_spills() {
         problems.join("\n")
     );
     if let Ok(path) = std::env::var("FP4TUNE_SM120_MOE_REPORT") {
-        let (ma, mi) = compiler.nvrtc_version();
-        std::fs::write(path, variant_report(&results, &format!("NVRTC {ma}.{mi}"))).unwrap();
+        std::fs::write(
+            path,
+            variant_report(&results, &format!("NVRTC {}", compiler.nvrtc_build())),
+        )
+        .unwrap();
     }
 }

@@ -78,15 +78,16 @@ pub enum PlotError {
 pub fn write_all(charts: &[Chart], dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
     std::fs::create_dir_all(dir)
         .map_err(|source| PlotError::Io { path: dir.to_path_buf(), error: source })?;
-    let mut out = Vec::new();
+    let mut files = Vec::new();
     for c in charts {
-        let text = svg::render(c, SIZE)?;
-        let path = dir.join(&c.file);
-        std::fs::write(&path, text)
-            .map_err(|source| PlotError::Io { path: path.clone(), error: source })?;
-        out.push(path);
+        files.push((dir.join(&c.file), svg::render(c, SIZE)?));
     }
-    Ok(out)
+    // Every figure replaced together, or none.
+    let refs: Vec<(&Path, &[u8])> =
+        files.iter().map(|(p, t)| (p.as_path(), t.as_bytes())).collect();
+    crate::fsio::write_atomic_all(&refs)
+        .map_err(|error| PlotError::Io { path: dir.to_path_buf(), error })?;
+    Ok(files.into_iter().map(|(p, _)| p).collect())
 }
 
 /// A file-name-safe slug: lowercase ASCII letters, digits and `-`.

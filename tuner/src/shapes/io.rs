@@ -36,8 +36,16 @@ impl ShapeFile {
             origin: origin.to_string(),
             line: e.span.start.line,
             column: e.span.start.col,
-            message: e.code.to_string(),
+            message: e.code.to_string().replace("struct `VersionProbe`", "the shape file"),
         };
+        if text.trim().is_empty() {
+            return Err(ShapeError::Ron {
+                origin: origin.to_string(),
+                line: 1,
+                column: 1,
+                message: "the file is empty".into(),
+            });
+        }
         // Unknown fields are ignored by the probe; a file without schema_version fails here.
         let probe: VersionProbe = ron::Options::default().from_str(text).map_err(ron_err)?;
         if probe.schema_version != SCHEMA_VERSION {

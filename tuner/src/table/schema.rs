@@ -1,6 +1,6 @@
 //! The table's persisted types, reading (validated by `validate.rs`), and stable pretty writing.
 
-use crate::compile::cache::write_atomic;
+use crate::fsio::write_atomic;
 use crate::moe::{GroupedConfig, MoeOp, MoeShape};
 use crate::problem::{AType, GemmProblem};
 use crate::template::{Family, GemmConfig};
@@ -355,8 +355,16 @@ impl Table {
             origin: origin.to_string(),
             line: e.span.start.line,
             column: e.span.start.col,
-            message: e.code.to_string(),
+            message: e.code.to_string().replace("struct `VersionProbe`", "the table"),
         };
+        if text.trim().is_empty() {
+            return Err(TableError::Syntax {
+                origin: origin.to_string(),
+                line: 1,
+                column: 1,
+                message: "the file is empty".into(),
+            });
+        }
         // A shape file is the file most often passed where a table belongs.
         #[derive(Deserialize)]
         struct ShapeFileProbe {

@@ -195,6 +195,26 @@ impl Table {
             if key.tokens == 0 {
                 return Err(invalid(at(), "the token bucket must be positive".into()));
             }
+            if key.top_k == 0 || key.top_k > e.routed_experts() {
+                return Err(invalid(
+                    at(),
+                    format!(
+                        "top_k {} is not in 1..={} (the model's routed experts)",
+                        key.top_k,
+                        e.routed_experts()
+                    ),
+                ));
+            }
+            // routed rows are numbered token * top_k + slot in int32
+            if u64::from(key.tokens) * u64::from(key.top_k) > i32::MAX as u64 {
+                return Err(invalid(
+                    at(),
+                    format!(
+                        "{} tokens x top_k {} routed rows are past the int32 row ids",
+                        key.tokens, key.top_k
+                    ),
+                ));
+            }
             if e.config.op != key.op {
                 return Err(invalid(
                     at(),
@@ -316,6 +336,16 @@ mod tests {
         // the model's expert count (version 5): at least the GPU's, absent in older versions
         assert!(text.contains("experts_total: Some(256)"), "{text}");
         let mut bad = t.clone();
+        let moe_err = |t: &Table| t.validate("t.ron").unwrap_err().to_string();
+        bad.moe[0].key.top_k = 0;
+        let e = moe_err(&bad);
+        assert!(e.contains("moe entry 1") && e.contains("top_k 0 is not in 1..=256"), "{e}");
+        bad.moe[0].key.top_k = 257;
+        assert!(moe_err(&bad).contains("top_k 257 is not in 1..=256"));
+        bad = t.clone();
+        bad.moe[0].key.tokens = u32::MAX;
+        assert!(moe_err(&bad).contains("past the int32 row ids"), "{}", moe_err(&bad));
+        bad = t.clone();
         bad.moe[0].experts_total = Some(8);
         let e = bad.validate("t.ron").unwrap_err().to_string();
         assert!(e.contains("experts_total 8 is below the GPU's 256 experts"), "{e}");

@@ -72,6 +72,7 @@ mod tests {
             sm_count: 132,
             driver_version: (13, 0),
             nvrtc_version: (13, 0),
+            nvrtc_build: None,
             bandwidth_gbps: 4000.0,
             tensor_peak_tflops: 800.0,
             launch_floor_us: 0.6,

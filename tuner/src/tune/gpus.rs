@@ -297,6 +297,7 @@ pub fn run(
             sm_count: info.sm_count,
             driver_version: info.driver_version,
             nvrtc_version: compiler.nvrtc_version(),
+            nvrtc_build: Some(compiler.nvrtc_build().to_string()),
             bandwidth_gbps,
             tensor_peak_tflops,
             launch_floor_us,

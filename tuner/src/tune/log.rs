@@ -107,6 +107,10 @@ pub struct Context {
     pub sm_count: u32,
     pub driver_version: (i32, i32),
     pub nvrtc_version: (i32, i32),
+    /// The NVRTC build that compiled the campaign's kernels (`Compiler::nvrtc_build`; absent in
+    /// older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvrtc_build: Option<String>,
     /// Read bandwidth and bf16 tensor peak measured at the start of the campaign.
     pub bandwidth_gbps: f64,
     pub tensor_peak_tflops: f64,
@@ -416,7 +420,7 @@ impl Writer {
     /// A torn last line (left by a killed writer) is cut off, so the next record starts cleanly.
     pub fn open(path: &Path) -> Result<Self, LogError> {
         let io = |error| LogError::Io { path: path.to_path_buf(), error };
-        crate::compile::cache::create_parent_dir(path).map_err(io)?;
+        crate::fsio::create_parent_dir(path).map_err(io)?;
         let lock = LockFile::acquire(path)?;
         let keep = match std::fs::read(path) {
             Ok(b) if !b.is_empty() && !b.ends_with(b"\n") => {

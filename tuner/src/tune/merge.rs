@@ -275,6 +275,15 @@ pub fn check_shards(paths: &[PathBuf]) -> Result<ShardReport, ShardMergeError> {
 /// symbolic link to its target), gzip-compressed when `path` ends in `.gz`.
 pub fn write(path: &Path, records: &[Record]) -> Result<(), MergeError> {
     let err = |error| MergeError::Write { path: path.to_path_buf(), error };
+    let bytes = encode(path, records)?;
+    crate::fsio::create_parent_dir(path).map_err(err)?;
+    crate::fsio::write_atomic(path, &bytes).map_err(err)
+}
+
+/// The bytes [`write`] stores at `path`: one JSON record per line, gzip-compressed when the name
+/// ends in `.gz`.
+pub fn encode(path: &Path, records: &[Record]) -> Result<Vec<u8>, MergeError> {
+    let err = |error| MergeError::Write { path: path.to_path_buf(), error };
     let mut text = String::new();
     for r in records {
         text.push_str(&serde_json::to_string(r).expect("records serialize"));
@@ -288,8 +297,7 @@ pub fn write(path: &Path, records: &[Record]) -> Result<(), MergeError> {
     } else {
         text.into_bytes()
     };
-    crate::compile::cache::create_parent_dir(path).map_err(err)?;
-    crate::compile::cache::write_atomic(path, &bytes).map_err(err)
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -67,8 +67,9 @@ pub type KeyLog = (MoeKey, Vec<Measured>);
 
 /// Schema of the lines of a grouped tune's log (`<sku>-moe.jsonl`). Version 2 adds the version,
 /// the device, the grouped template hash and the time to the key and candidate that the lines
-/// without a `schema_version` (version 1) hold.
-pub const MOE_LOG_SCHEMA_VERSION: u32 = 2;
+/// without a `schema_version` (version 1) hold; version 3 the NVRTC build that compiled the
+/// candidates (`compile::Compiler::nvrtc_build`: its registers and spills are that build's).
+pub const MOE_LOG_SCHEMA_VERSION: u32 = 3;
 
 /// One line of a grouped tune's log: a screened candidate of one key (its configuration and its
 /// time or failure), with the device and the templates (`moe::templates::family_template_hash` of
@@ -82,15 +83,18 @@ pub struct MoeLogRecord<'a> {
     pub device: &'a str,
     pub compute_capability: (u32, u32),
     pub template_hash: String,
+    /// The NVRTC build, e.g. `13.0.88 (CL-36424714)`.
+    pub nvrtc: &'a str,
     pub at: u64,
 }
 
 /// The log lines of a tune's screens, one JSON object per candidate, each line ending in a
-/// newline; `device` and `compute_capability` name the GPU, `at` the time of the tune.
+/// newline; `device` and `compute_capability` name the GPU, `nvrtc` the NVRTC build that compiled
+/// the candidates, `at` the time of the tune.
 pub fn log_lines(
     logs: &[KeyLog],
-    device: &str,
-    compute_capability: (u32, u32),
+    (device, compute_capability): (&str, (u32, u32)),
+    nvrtc: &str,
     at: u64,
 ) -> Result<String, serde_json::Error> {
     let mut out = String::new();
@@ -113,6 +117,7 @@ pub fn log_lines(
                 device,
                 compute_capability,
                 template_hash: template_hash.clone(),
+                nvrtc,
                 at,
             })?;
             out.push('\n');
@@ -306,8 +311,13 @@ mod tests {
                 ptxas: None,
             },
         ];
-        let text =
-            log_lines(&[(key, measured.clone())], "NVIDIA H200", (9, 0), 1_764_800_000).unwrap();
+        let text = log_lines(
+            &[(key, measured.clone())],
+            ("NVIDIA H200", (9, 0)),
+            "13.0.88 (CL-1)",
+            1_764_800_000,
+        )
+        .unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
         assert!(text.ends_with('\n'));
@@ -317,6 +327,7 @@ mod tests {
             assert_eq!(v["device"], "NVIDIA H200");
             assert_eq!(v["compute_capability"], serde_json::json!([9, 0]));
             assert_eq!(v["at"], 1_764_800_000u64);
+            assert_eq!(v["nvrtc"], "13.0.88 (CL-1)");
             assert_eq!(
                 v["template_hash"],
                 crate::moe::templates::family_template_hash(Family::Sm90)
@@ -332,6 +343,6 @@ mod tests {
         old["candidate"].as_object_mut().unwrap().remove("ptxas");
         let cand: Measured = serde_json::from_value(old["candidate"].clone()).unwrap();
         assert_eq!(cand, Measured { ptxas: None, ..measured[0].clone() });
-        assert_eq!(log_lines(&[], "x", (9, 0), 0).unwrap(), "");
+        assert_eq!(log_lines(&[], ("x", (9, 0)), "13.0", 0).unwrap(), "");
     }
 }

@@ -230,8 +230,8 @@ impl Manifest {
     pub fn save(&self, path: &Path) -> Result<(), ManifestError> {
         let io = |error| ManifestError::Io { path: path.to_path_buf(), error };
         let text = serde_json::to_string_pretty(self).expect("manifests serialize");
-        crate::compile::cache::create_parent_dir(path).map_err(io)?;
-        crate::compile::cache::write_atomic(path, text.as_bytes()).map_err(io)
+        crate::fsio::create_parent_dir(path).map_err(io)?;
+        crate::fsio::write_atomic(path, text.as_bytes()).map_err(io)
     }
 
     /// `None` when there is no manifest at `path`.

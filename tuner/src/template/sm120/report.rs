@@ -266,8 +266,11 @@ mod tests {
             problems.join("\n")
         );
         if let Ok(path) = std::env::var("FP4TUNE_SM120_REPORT") {
-            let (ma, mi) = compiler.nvrtc_version();
-            std::fs::write(path, variant_report(&results, &format!("NVRTC {ma}.{mi}"))).unwrap();
+            std::fs::write(
+                path,
+                variant_report(&results, &format!("NVRTC {}", compiler.nvrtc_build())),
+            )
+            .unwrap();
         }
     }
 }

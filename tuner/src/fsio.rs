@@ -1,0 +1,387 @@
+//! Writing files so that a reader sees the old content or the new one, never a part: one file
+//! ([`write_atomic`]) or several that are replaced together or not at all ([`write_atomic_all`]),
+//! through temporary files in the target's folder and renames; the folder a file goes into
+//! ([`create_parent_dir`]); the temporary files a killed writer left ([`remove_stale_temp_files`]).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Temporary files of [`write_atomic`] older than this are left by a killed writer and removed.
+pub const STALE_TEMP_AGE: Duration = Duration::from_secs(3600);
+
+/// A clearer error for a folder that cannot be created because a component is a file.
+pub(crate) fn explain_create_dir(dir: &Path, e: std::io::Error) -> std::io::Error {
+    if e.kind() != std::io::ErrorKind::AlreadyExists
+        && e.kind() != std::io::ErrorKind::NotADirectory
+    {
+        return e;
+    }
+    let blocker = dir.ancestors().find(|a| a.exists() && !a.is_dir());
+    match blocker {
+        Some(b) => {
+            std::io::Error::new(e.kind(), format!("{} exists and is not a folder", b.display()))
+        }
+        None => e,
+    }
+}
+
+/// Create the folder `path` will be written into (its missing parents too), with a clear error
+/// when part of it exists as a file ("X exists and is not a folder", not "File exists").
+pub fn create_parent_dir(path: &Path) -> std::io::Result<()> {
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => std::fs::create_dir_all(dir).map_err(|e| explain_create_dir(dir, e)),
+        None => Ok(()),
+    }
+}
+
+/// The file a write to `path` lands in: `path`, or the final target of the symbolic link(s) it
+/// names (which may not exist yet).
+fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) if target.is_relative() => dir.join(target),
+                    _ => target,
+                };
+            }
+            Ok(_) => return Ok(p),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(p),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(format!("{}: too many levels of symbolic links", path.display())))
+}
+
+/// Write `bytes` to `path` through a temporary file in the same folder and a rename, so a reader
+/// sees the old content or the new one, never a part. A symbolic link is written through (its
+/// target is replaced, the link stays); a path that is not a regular file (a folder, a device,
+/// a pipe) is refused, never replaced. The file is synced before the rename and its folder after
+/// it. Temporary files of this naming left by a killed writer (older than [`STALE_TEMP_AGE`]) are
+/// removed on the way.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    Staged::write(path, bytes)?.commit()
+}
+
+/// Write several files as one: each is written and synced to its temporary file first (as
+/// [`write_atomic`] does), and only when every one is written are they renamed into place. A
+/// failure before the renames (a folder where a file goes, a full disk, no permission) leaves
+/// every target as it was, removes the temporary files and names the path. Two paths that land
+/// in the same file (the same path, a link to the other) are refused before anything is
+/// written. A rename that fails after others succeeded (the folder removed underneath) stops
+/// there and removes the remaining temporary files.
+pub fn write_atomic_all(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
+    for (i, (a, _)) in files.iter().enumerate() {
+        for (b, _) in &files[i + 1..] {
+            if same_file(a, b)? {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{} and {} are the same file", a.display(), b.display()),
+                ));
+            }
+        }
+    }
+    let mut staged = Vec::with_capacity(files.len());
+    for (path, bytes) in files {
+        match Staged::write(path, bytes) {
+            Ok(s) => staged.push(s),
+            Err(e) => {
+                staged.into_iter().for_each(Staged::discard);
+                return Err(naming(path, e));
+            }
+        }
+    }
+    let mut staged = staged.into_iter();
+    while let Some(s) = staged.next() {
+        let target = s.target.clone();
+        if let Err(e) = s.commit() {
+            staged.for_each(Staged::discard);
+            return Err(naming(&target, e));
+        }
+    }
+    Ok(())
+}
+
+/// `e` with `path` in its message, unless the message names it already.
+fn naming(path: &Path, e: std::io::Error) -> std::io::Error {
+    let shown = path.display().to_string();
+    if e.to_string().contains(&shown) {
+        e
+    } else {
+        std::io::Error::new(e.kind(), format!("{shown}: {e}"))
+    }
+}
+
+/// Whether writes to `a` and to `b` land in the same file: the same path, a link to the other,
+/// or two spellings of one path (`x` and `./d/../x`). Paths that do not exist yet are compared
+/// by their folder (when it exists) and name.
+pub fn same_file(a: &Path, b: &Path) -> std::io::Result<bool> {
+    Ok(landing(a)? == landing(b)?)
+}
+
+/// The file a write to `path` lands in, with its folder made absolute where it exists.
+fn landing(path: &Path) -> std::io::Result<PathBuf> {
+    let target = resolve_links(path)?;
+    let (dir, name) = match (target.parent(), target.file_name()) {
+        (Some(d), Some(n)) => (if d.as_os_str().is_empty() { Path::new(".") } else { d }, n),
+        _ => return Ok(target),
+    };
+    Ok(match std::fs::canonicalize(dir) {
+        Ok(d) => d.join(name),
+        Err(_) => target,
+    })
+}
+
+/// One file written to its temporary name and synced, waiting for its rename.
+struct Staged {
+    tmp: PathBuf,
+    target: PathBuf,
+    dir: PathBuf,
+}
+
+impl Staged {
+    fn write(path: &Path, bytes: &[u8]) -> std::io::Result<Staged> {
+        let target = resolve_links(path)?;
+        let existing = match std::fs::metadata(&target) {
+            Ok(m) if !m.is_file() => {
+                let via = if target != path {
+                    format!(" (the target of the link {})", path.display())
+                } else {
+                    String::new()
+                };
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{}{via} is not a regular file", target.display()),
+                ));
+            }
+            Ok(m) => Some(m),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        remove_stale_temp_files(&dir, Some(&name), STALE_TEMP_AGE);
+        let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), unique()));
+        let written = (|| {
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            if let Some(m) = &existing {
+                // Keep the mode of the file being replaced.
+                f.set_permissions(m.permissions())?;
+            }
+            f.write_all(bytes)?;
+            f.sync_all()
+        })();
+        let staged = Staged { tmp, target, dir };
+        match written {
+            Ok(()) => Ok(staged),
+            Err(e) => {
+                staged.discard();
+                Err(e)
+            }
+        }
+    }
+
+    /// Rename into place, then make the rename durable.
+    fn commit(self) -> std::io::Result<()> {
+        if let Err(e) = std::fs::rename(&self.tmp, &self.target) {
+            self.discard();
+            return Err(e);
+        }
+        sync_dir(&self.dir)
+    }
+
+    fn discard(self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// Make a rename in `dir` durable (Unix: fsync the folder; elsewhere nothing to do).
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::fs::File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        Ok(())
+    }
+}
+
+/// Whether `file` is a temporary file of [`write_atomic`]'s naming (`.<name>.<pid>.<n>.tmp`),
+/// for the target `name` if one is given.
+fn is_our_temp_file(file: &str, name: Option<&str>) -> bool {
+    let Some(inner) = file.strip_prefix('.').and_then(|f| f.strip_suffix(".tmp")) else {
+        return false;
+    };
+    let mut parts = inner.rsplitn(3, '.');
+    let (Some(n), Some(pid), Some(target)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(n) && digits(pid) && !target.is_empty() && name.is_none_or(|name| name == target)
+}
+
+/// Remove temporary files of [`write_atomic`]'s naming in `dir` (for target `name`, or any) that
+/// are regular files older than `age`: what a writer killed between create and rename leaves.
+/// Nothing else is touched; failures are ignored (the next write tries again).
+pub fn remove_stale_temp_files(dir: &Path, name: Option<&str>, age: Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let now = std::time::SystemTime::now();
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(file) = file.to_str() else { continue };
+        if !is_our_temp_file(file, name) {
+            continue;
+        }
+        let Ok(m) = e.metadata() else { continue };
+        let old = m
+            .modified()
+            .ok()
+            .and_then(|t| now.duration_since(t).ok())
+            .is_some_and(|elapsed| elapsed > age);
+        if m.is_file() && old {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_goes_through_links_and_refuses_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("real.jsonl");
+        std::fs::write(&target, b"old").unwrap();
+        let link = dir.path().join("link.jsonl");
+        std::os::unix::fs::symlink("real.jsonl", &link).unwrap();
+        write_atomic(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        // A dangling link creates its target.
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("made.txt"), &dangling).unwrap();
+        write_atomic(&dangling, b"x").unwrap();
+        assert_eq!(std::fs::read(dir.path().join("made.txt")).unwrap(), b"x");
+        assert!(std::fs::symlink_metadata(&dangling).unwrap().file_type().is_symlink());
+
+        // A device (through a link, as `--out /dev/null` would be) and a folder are refused.
+        let null = dir.path().join("null");
+        std::os::unix::fs::symlink("/dev/null", &null).unwrap();
+        let e = write_atomic(&null, b"x").unwrap_err().to_string();
+        assert!(e.contains("/dev/null") && e.contains("is not a regular file"), "{e}");
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let e = write_atomic(&sub, b"x").unwrap_err().to_string();
+        assert!(e.contains("sub is not a regular file"), "{e}");
+        assert!(sub.is_dir());
+
+        // The mode of a replaced file is kept.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_atomic(&target, b"again").unwrap();
+        assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o777, 0o640);
+    }
+
+    /// Temporary files a killed writer left (our naming, older than an hour) are removed by the
+    /// next write; fresh ones (a writer at work) and other files are kept.
+    #[test]
+    fn stale_temp_files_of_our_naming_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let old = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
+        let make = |name: &str, stale: bool| {
+            let p = d.join(name);
+            let f = std::fs::File::create(&p).unwrap();
+            if stale {
+                f.set_modified(old).unwrap();
+            }
+            p
+        };
+        let stale = make(".out.jsonl.4242.7.tmp", true);
+        let fresh = make(".out.jsonl.4243.0.tmp", false);
+        let other_target = make(".other.jsonl.4242.7.tmp", true);
+        let not_ours = make(".out.jsonl.tmp", true);
+        let user_file = make("notes.tmp", true);
+        let odd = make(".out.jsonl.x.7.tmp", true);
+        write_atomic(&d.join("out.jsonl"), b"records\n").unwrap();
+        assert!(!stale.exists(), "a stale temp file of this target is removed");
+        for kept in [&fresh, &other_target, &not_ours, &user_file, &odd] {
+            assert!(kept.exists(), "{} must be kept", kept.display());
+        }
+        // A sweep of the folder removes every stale temp file of our naming.
+        remove_stale_temp_files(d, None, STALE_TEMP_AGE);
+        assert!(!other_target.exists());
+        for kept in [&fresh, &not_ours, &user_file, &odd] {
+            assert!(kept.exists(), "{} must be kept", kept.display());
+        }
+        assert!(is_our_temp_file(".k.cubin.12.0.tmp", Some("k.cubin")));
+        assert!(!is_our_temp_file(".k.cubin.12.0.tmp", Some("j.cubin")));
+    }
+
+    #[test]
+    fn a_file_in_the_way_of_a_folder_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"x").unwrap();
+        let e = create_parent_dir(&file.join("sub/out.jsonl")).unwrap_err().to_string();
+        assert!(e.contains("plain exists and is not a folder"), "{e}");
+    }
+
+    /// Several files are replaced together or not at all: a folder where the second goes leaves
+    /// the first as it was (and no temporary file behind); two paths of one file are refused.
+    #[test]
+    fn several_files_are_replaced_together_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let log = d.join("merged.jsonl");
+        std::fs::write(&log, b"old log").unwrap();
+        let folder = d.join("table.ron");
+        std::fs::create_dir(&folder).unwrap();
+        let e = write_atomic_all(&[(&log, b"new log"), (&folder, b"table")]).unwrap_err();
+        assert!(e.to_string().contains("table.ron is not a regular file"), "{e}");
+        assert_eq!(std::fs::read(&log).unwrap(), b"old log");
+        let temps: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(temps.is_empty(), "{temps:?}");
+
+        let table = d.join("t.ron");
+        write_atomic_all(&[(&log, b"new log"), (&table, b"table")]).unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), b"new log");
+        assert_eq!(std::fs::read(&table).unwrap(), b"table");
+
+        // The same file twice: by path, by another spelling, through a link.
+        let link = d.join("link.ron");
+        std::os::unix::fs::symlink("t.ron", &link).unwrap();
+        let spelled = d.join("sub/../t.ron");
+        std::fs::create_dir(d.join("sub")).unwrap();
+        for other in [&table, &spelled, &link] {
+            let e = write_atomic_all(&[(&table, b"a"), (other, b"b")]).unwrap_err();
+            assert!(e.to_string().contains("are the same file"), "{e}");
+            assert_eq!(std::fs::read(&table).unwrap(), b"table");
+        }
+        assert!(same_file(&log, &d.join("./merged.jsonl")).unwrap());
+        assert!(!same_file(&log, &table).unwrap());
+        // A path whose folder does not exist yet is compared by its spelling.
+        assert!(!same_file(&d.join("new/a.ron"), &table).unwrap());
+    }
+}
