@@ -75,6 +75,7 @@ fn a_missing_nvrtc_says_what_it_looked_for_and_how_to_install_it() {
         &err,
         &["NVRTC", "FP4TUNE_NVRTC", "no/libnvrtc.so.13", "fix:", "nvidia-cuda-nvrtc"],
     );
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
 }
 
 #[test]
@@ -102,19 +103,94 @@ fn compile_emit_writes_the_rendered_sources() {
         dir.path(),
     );
     assert!(ok, "{err}");
-    let mut expected = 0;
+    let mut expected = std::collections::HashSet::new();
+    let family = fp4tune::template::Family::Sm90;
+    let layer = fp4tune::moe::MoeShape::GLM5_TP8;
     for a_type in [fp4tune::problem::AType::Bf16, fp4tune::problem::AType::Nvfp4] {
-        let family = fp4tune::template::Family::Sm90;
         let mut configs = vec![fp4tune::template::default_config(family, a_type)];
         configs.extend(fp4tune::template::measured_seeds(family, a_type));
-        for c in configs {
-            let written = std::fs::read_to_string(out.join(format!("{}.cu", c.kernel_name())))
-                .unwrap_or_else(|e| panic!("{}: {e}", c.kernel_name()));
-            assert_eq!(written, c.render().unwrap().code);
-            expected += 1;
+        let mut sources: Vec<_> = configs.iter().map(|c| c.render().unwrap()).collect();
+        // the grouped seeds of the embedded GLM-5 TP8 layer
+        for op in fp4tune::moe::MoeOp::ALL {
+            for c in fp4tune::moe::seeds::measured_seeds(family, a_type, op) {
+                if c.check(&layer).is_ok() {
+                    sources.push(c.source());
+                }
+            }
+        }
+        for src in sources {
+            let written = std::fs::read_to_string(out.join(format!("{}.cu", src.kernel_name)))
+                .unwrap_or_else(|e| panic!("{}: {e}", src.kernel_name));
+            assert_eq!(written, src.code);
+            expected.insert(src.kernel_name);
         }
     }
-    assert!(std::fs::read_dir(&out).unwrap().count() <= expected);
+    assert!(expected.iter().any(|k| k.contains("moe_gate_up")), "{expected:?}");
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), expected.len());
+    // --ops gemm: the GEMM kernels alone
+    let gemm_only = dir.path().join("gemm");
+    let (ok, err) = run(
+        &fp4tune(),
+        &[
+            "compile",
+            "--arch",
+            "sm_90a",
+            "--configs",
+            "seeds",
+            "--ops",
+            "gemm",
+            "--emit",
+            gemm_only.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(ok, "{err}");
+    let names: Vec<String> = std::fs::read_dir(&gemm_only)
+        .unwrap()
+        .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.is_empty() && names.iter().all(|n| !n.contains("moe")), "{names:?}");
+}
+
+/// `compile --configs pools --ops moe` renders the grouped phase's first screens of the embedded
+/// GLM-5 TP8 layer (what `tune` compiles ahead): sm120 W4A4 here, every kernel once.
+#[test]
+fn compile_pools_take_the_grouped_phase_first_screens() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pools");
+    let (ok, err) = run(
+        &fp4tune(),
+        &[
+            "compile",
+            "--arch",
+            "sm_120a",
+            "--ops",
+            "moe",
+            "--configs",
+            "pools",
+            "--emit",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(ok, "{err}");
+    let spec = fp4tune::tune::moe::MoeTuneSpec::for_layer(
+        fp4tune::moe::MoeShape::GLM5_TP8,
+        fp4tune::problem::AType::Nvfp4,
+        256,
+        &[],
+    );
+    let kernels: std::collections::HashSet<String> =
+        fp4tune::tune::moe::first_pools(fp4tune::template::Family::Sm120, &spec)
+            .iter()
+            .map(|c| c.kernel_name())
+            .collect();
+    let written: std::collections::HashSet<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|f| f.unwrap().file_name().to_string_lossy().trim_end_matches(".cu").to_string())
+        .collect();
+    assert!(!kernels.is_empty());
+    assert_eq!(written, kernels);
 }
 
 /// Issue 14: bad input that used to pass, hang, print an OS error twice or replace an output's

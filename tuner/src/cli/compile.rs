@@ -4,10 +4,23 @@ use super::ATypeArg;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use fp4tune::compile::{Compiler, Origin};
+use fp4tune::moe::config::GroupedConfig;
+use fp4tune::moe::{MoeOp, MoeShape};
 use fp4tune::problem::AType;
 use fp4tune::shapes::ShapeFile;
-use fp4tune::template::{self, Arch, Family, GemmConfig};
+use fp4tune::template::{self, Arch, Family, GemmConfig, KernelSource};
 use std::path::PathBuf;
+
+/// Which kernels `compile` takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CompileOps {
+    /// The GEMM kernels.
+    Gemm,
+    /// The grouped MoE kernels of the routed layers of the shape file (or of the embedded GLM-5
+    /// TP8 set).
+    Moe,
+    All,
+}
 
 /// Which configurations `compile` takes.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -16,8 +29,8 @@ pub enum CompileSet {
     Seeds,
     Representative,
     /// The first racing pools `fp4tune tune` screens for the shapes (the file's sets, or the
-    /// embedded GLM-5 TP8 set): compile them on a machine without a GPU to start a tuning
-    /// campaign with a warm cubin cache.
+    /// embedded GLM-5 TP8 set), and the first screens of its grouped phase: compile them on a
+    /// machine without a GPU to start a tuning campaign with a warm cubin cache.
     Pools,
 }
 
@@ -26,9 +39,13 @@ pub struct CompileArgs {
     /// Target architecture: sm_90a (Hopper family) or sm_120a (native NVFP4 family).
     #[arg(long, value_parser = super::parse_arch)]
     pub arch: Arch,
-    /// Only variants that can run at least one shape of this shape set.
+    /// Only variants that can run at least one shape of this shape set; the grouped MoE kernels
+    /// of its sets' routed layers (without it: of the embedded GLM-5 TP8 layer).
     #[arg(long)]
     pub shapes: Option<PathBuf>,
+    /// Which kernels: the GEMM kernels, the grouped MoE kernels, or both.
+    #[arg(long, value_enum, default_value = "all")]
+    pub ops: CompileOps,
     /// Activation type(s) to compile.
     #[arg(long, value_enum, default_value = "all")]
     pub a_type: ATypeArg,
@@ -36,7 +53,8 @@ pub struct CompileArgs {
     #[arg(long)]
     pub cache: Option<PathBuf>,
     /// Which configurations: the whole search space, the family's seeds (default + measured
-    /// seeds), its representative configurations, or the racing pools of a tune of the shapes.
+    /// seeds), its representative configurations, or the racing pools of a tune of the shapes
+    /// (and the first screens of its grouped phase).
     #[arg(long, value_enum, default_value = "space")]
     pub configs: CompileSet,
     /// Only the configurations with these names or kernel names (comma separated, e.g.
@@ -57,16 +75,63 @@ fn activations(t: AType) -> &'static str {
     }
 }
 
+/// One kernel variant `compile` takes: a GEMM or a grouped MoE configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Variant {
+    Gemm(GemmConfig),
+    Grouped(GroupedConfig),
+}
+
+impl Variant {
+    fn name(&self) -> String {
+        match self {
+            Variant::Gemm(c) => c.name(),
+            Variant::Grouped(c) => c.name(),
+        }
+    }
+    fn kernel_name(&self) -> String {
+        match self {
+            Variant::Gemm(c) => c.kernel_name(),
+            Variant::Grouped(c) => c.kernel_name(),
+        }
+    }
+    fn source(&self) -> Result<KernelSource> {
+        match self {
+            Variant::Gemm(c) => c.render().with_context(|| format!("rendering {c}")),
+            Variant::Grouped(c) => Ok(c.source()),
+        }
+    }
+    /// Dynamic shared memory of a launch (the stages).
+    fn smem_bytes(&self) -> u32 {
+        match self {
+            Variant::Gemm(c) => c.smem_bytes(),
+            Variant::Grouped(c) => c.smem_bytes(),
+        }
+    }
+}
+
+/// The activation types `family`'s grouped MoE kernels compute (sm120: W4A4 only).
+fn grouped_a_types(family: Family) -> Vec<AType> {
+    match family {
+        Family::Sm90 => vec![AType::Nvfp4, AType::Bf16],
+        Family::Sm120 => vec![AType::Nvfp4],
+    }
+}
+
 pub fn run(args: CompileArgs) -> Result<()> {
-    let CompileArgs { arch, shapes, a_type, cache, configs: set, names, emit } = args;
+    let CompileArgs { arch, shapes, ops, a_type, cache, configs: set, names, emit } = args;
     let family = Family::for_arch(arch);
     let file = shapes.as_deref().map(ShapeFile::load).transpose()?;
     let requested = a_type.types();
-    // The activation types this family computes: `all` takes those, a single missing one is an
-    // error that says what the family does compute.
+    let (gemm, grouped) = (ops != CompileOps::Moe, ops != CompileOps::Gemm);
+    // The activation types this family computes with the kernels asked for: `all` takes those, a
+    // single missing one is an error that says what the family does compute.
     let supported: Vec<AType> = [AType::Nvfp4, AType::Bf16]
         .into_iter()
-        .filter(|t| !template::search_space(family, *t).is_empty())
+        .filter(|t| {
+            (gemm && !template::search_space(family, *t).is_empty())
+                || (grouped && grouped_a_types(family).contains(t))
+        })
         .collect();
     let family_computes = || {
         let kinds: Vec<&str> = supported.iter().map(|t| activations(*t)).collect();
@@ -76,69 +141,48 @@ pub fn run(args: CompileArgs) -> Result<()> {
         let wanted: Vec<&str> = requested.iter().map(|t| activations(*t)).collect();
         bail!("no {family} kernel computes {}: {}", wanted.join(" or "), family_computes());
     }
-    let mut configs: Vec<GemmConfig> = Vec::new();
+    // The shape sets: the file's, or the embedded GLM-5 set `fp4tune tune` takes by default.
+    let sets = match &file {
+        Some(f) => f.sets.clone(),
+        None => {
+            vec![ShapeFile::glm5()?.into_set(fp4tune::shapes::DEFAULT_SET, "<embedded GLM-5>")?]
+        }
+    };
+    let mut variants: Vec<Variant> = Vec::new();
     for t in requested.iter().copied().filter(|t| supported.contains(t)) {
-        match set {
-            CompileSet::Space => configs.extend(template::search_space(family, t)),
-            CompileSet::Seeds => {
-                configs.push(template::default_config(family, t));
-                configs.extend(template::measured_seeds(family, t));
-            }
-            CompileSet::Representative => {
-                configs.extend(template::representative_configs(family, t))
-            }
-            CompileSet::Pools => {
-                let sets = match &file {
-                    Some(f) => f.sets.clone(),
-                    None => vec![ShapeFile::glm5()?
-                        .into_set(fp4tune::shapes::DEFAULT_SET, "<embedded GLM-5>")?],
-                };
-                let device = match family {
-                    Family::Sm90 => "NVIDIA H200",
-                    Family::Sm120 => "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
-                };
-                let model = fp4tune::tune::race_replay::race_model(device);
-                let opts = fp4tune::tune::race::RaceOptions::default();
-                let space = template::search_space(family, t);
-                for set in &sets {
-                    for (_, p) in set.problems(t) {
-                        let legal: Vec<GemmConfig> =
-                            space.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
-                        let key = fp4tune::table::TableKey::gemm(family, t, p.n, p.k, p.m);
-                        let anchors = fp4tune::tune::race_replay::anchors(&key);
-                        configs.extend(fp4tune::tune::race::pool(
-                            &legal,
-                            &p,
-                            &model,
-                            &anchors,
-                            &[],
-                            None,
-                            &opts,
-                        ));
-                    }
+        if gemm {
+            variants.extend(gemm_configs(family, t, set, file.is_some().then_some(&sets))?);
+        }
+        if grouped && grouped_a_types(family).contains(&t) {
+            for s in &sets {
+                if let Some((shape, total)) = MoeShape::from_set(s) {
+                    variants.extend(grouped_configs(family, t, set, shape, total));
                 }
             }
         }
     }
     let mut seen = std::collections::HashSet::new();
-    configs.retain(|c| seen.insert(*c));
+    variants.retain(|c| seen.insert(*c));
     // Each filter in turn, with what it left, so an empty result names the filter that emptied it.
     let a_type_name = a_type.to_possible_value().map_or("?".into(), |v| v.get_name().to_string());
-    let mut filters = vec![(format!("activations: {a_type_name}"), configs.len())];
+    let mut filters = vec![(format!("activations: {a_type_name}"), variants.len())];
     if !names.is_empty() {
-        configs.retain(|c| names.iter().any(|n| *n == c.name() || *n == c.kernel_name()));
-        filters.push((format!("--names {}", names.join(",")), configs.len()));
+        variants.retain(|c| names.iter().any(|n| *n == c.name() || *n == c.kernel_name()));
+        filters.push((format!("--names {}", names.join(",")), variants.len()));
     }
     if let (Some(file), Some(path)) = (&file, &shapes) {
-        // Keep variants that can run at least one (shape, bucket) of the file.
-        configs.retain(|c| {
-            file.sets
+        // Keep GEMM variants that can run at least one (shape, bucket) of the file (the grouped
+        // ones come from its layers).
+        variants.retain(|v| match v {
+            Variant::Gemm(c) => file
+                .sets
                 .iter()
-                .any(|set| set.problems(c.a_type).any(|(_, p)| c.check_problem(&p).is_ok()))
+                .any(|set| set.problems(c.a_type).any(|(_, p)| c.check_problem(&p).is_ok())),
+            Variant::Grouped(_) => true,
         });
-        filters.push((format!("--shapes {}", path.display()), configs.len()));
+        filters.push((format!("--shapes {}", path.display()), variants.len()));
     }
-    if configs.is_empty() {
+    if variants.is_empty() {
         let all: Vec<&str> = filters.iter().map(|(f, _)| f.as_str()).collect();
         let emptied = filters.iter().position(|(_, n)| *n == 0).unwrap_or(0);
         let left = if emptied == 0 {
@@ -159,18 +203,20 @@ pub fn run(args: CompileArgs) -> Result<()> {
         };
         bail!("no {family} kernel fits these filters ({}): {left}{partial}", all.join(", "));
     }
-    let sources = configs
-        .iter()
-        .map(|c| c.render().with_context(|| format!("rendering {c}")))
-        .collect::<Result<Vec<_>>>()?;
+    let sources = variants.iter().map(Variant::source).collect::<Result<Vec<_>>>()?;
     if let Some(dir) = emit {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        for (c, src) in configs.iter().zip(&sources) {
-            let path = dir.join(format!("{}.cu", c.kernel_name()));
+        // grouped variants that differ only in how they walk the schedule share a kernel
+        let mut written = std::collections::HashSet::new();
+        for src in &sources {
+            if !written.insert(src.kernel_name.clone()) {
+                continue;
+            }
+            let path = dir.join(format!("{}.cu", src.kernel_name));
             fp4tune::fsio::write_atomic(&path, src.code.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
-        return outln!("{} kernel sources written to {}", sources.len(), dir.display());
+        return outln!("{} kernel sources written to {}", written.len(), dir.display());
     }
     let compiler =
         Compiler::new(Some(cache.unwrap_or_else(fp4tune::compile::cache::DiskCache::default_dir)))?;
@@ -188,16 +234,16 @@ pub fn run(args: CompileArgs) -> Result<()> {
         "from"
     )?;
     let mut failed = 0;
-    for (cfg, r) in configs.iter().zip(&results) {
+    for (v, r) in variants.iter().zip(&results) {
         match r {
             Ok(k) => {
                 let s = k.stats.unwrap_or_default();
                 outln!(
                     "{:<52} {:>5} {:>7} {:>9} {:>10.1} {:>6}",
-                    cfg.name(),
+                    v.name(),
                     s.registers,
                     s.spill_stores + s.spill_loads,
-                    s.static_smem + cfg.smem_bytes(),
+                    s.static_smem + v.smem_bytes(),
                     k.compile_ms,
                     match k.origin {
                         Origin::Compiled => "nvrtc",
@@ -208,11 +254,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
             }
             Err(e) => {
                 failed += 1;
-                outln!(
-                    "{:<52} FAILED: {}",
-                    cfg.name(),
-                    e.to_string().lines().next().unwrap_or("")
-                )?;
+                outln!("{:<52} FAILED: {}", v.name(), e.to_string().lines().next().unwrap_or(""))?;
                 use std::io::Write as _;
                 let _ = writeln!(std::io::stderr().lock(), "{e}");
             }
@@ -220,7 +262,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
     }
     outln!(
         "{} variants for {arch}, {failed} failed, {wall:.1} s wall (NVRTC {}, cache {})",
-        configs.len(),
+        variants.len(),
         compiler.nvrtc_build(),
         match (compiler.cache_dir(), compiler.cache_warning()) {
             (Some(d), None) => d.display().to_string(),
@@ -229,7 +271,92 @@ pub fn run(args: CompileArgs) -> Result<()> {
         }
     )?;
     if failed > 0 {
-        bail!("{failed} of {} variants failed to compile", configs.len());
+        bail!("{failed} of {} variants failed to compile", variants.len());
     }
     Ok(())
+}
+
+/// The GEMM configurations of `set` for activations `t` (the pools: of `sets`, the file's, else
+/// of the embedded GLM-5 TP8 set).
+fn gemm_configs(
+    family: Family,
+    t: AType,
+    set: CompileSet,
+    file_sets: Option<&Vec<fp4tune::shapes::ShapeSet>>,
+) -> Result<Vec<Variant>> {
+    let configs: Vec<GemmConfig> = match set {
+        CompileSet::Space => template::search_space(family, t),
+        CompileSet::Seeds => {
+            let mut v = vec![template::default_config(family, t)];
+            v.extend(template::measured_seeds(family, t));
+            v
+        }
+        CompileSet::Representative => template::representative_configs(family, t),
+        CompileSet::Pools => {
+            let sets = match file_sets {
+                Some(s) => s.clone(),
+                None => vec![ShapeFile::glm5()?
+                    .into_set(fp4tune::shapes::DEFAULT_SET, "<embedded GLM-5>")?],
+            };
+            let device = match family {
+                Family::Sm90 => "NVIDIA H200",
+                Family::Sm120 => "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+            };
+            let model = fp4tune::tune::race_replay::race_model(device);
+            let opts = fp4tune::tune::race::RaceOptions::default();
+            let space = template::search_space(family, t);
+            let mut out = Vec::new();
+            for set in &sets {
+                for (_, p) in set.problems(t) {
+                    let legal: Vec<GemmConfig> =
+                        space.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
+                    let key = fp4tune::table::TableKey::gemm(family, t, p.n, p.k, p.m);
+                    let anchors = fp4tune::tune::race_replay::anchors(&key);
+                    out.extend(fp4tune::tune::race::pool(
+                        &legal,
+                        &p,
+                        &model,
+                        &anchors,
+                        &[],
+                        None,
+                        &opts,
+                    ));
+                }
+            }
+            out
+        }
+    };
+    Ok(configs.into_iter().map(Variant::Gemm).collect())
+}
+
+/// The grouped MoE configurations of `set` for the routed layer `shape` (`total` routed experts
+/// in the model) with activations `t`.
+fn grouped_configs(
+    family: Family,
+    t: AType,
+    set: CompileSet,
+    shape: MoeShape,
+    total: u32,
+) -> Vec<Variant> {
+    let per_op = |f: &dyn Fn(MoeOp) -> Vec<GroupedConfig>| -> Vec<GroupedConfig> {
+        MoeOp::ALL.into_iter().flat_map(f).collect()
+    };
+    let configs = match set {
+        CompileSet::Space => {
+            per_op(&|op| fp4tune::moe::space::search_space_for(family, t, op, &shape))
+        }
+        CompileSet::Seeds => per_op(&|op| {
+            let mut v = fp4tune::moe::seeds::measured_seeds(family, t, op);
+            v.retain(|c| c.check(&shape).is_ok());
+            v
+        }),
+        CompileSet::Representative => {
+            per_op(&|op| fp4tune::moe::space::representative(family, t, op, &shape))
+        }
+        CompileSet::Pools => {
+            let spec = fp4tune::tune::moe::MoeTuneSpec::for_layer(shape, t, total, &[]);
+            fp4tune::tune::moe::first_pools(family, &spec)
+        }
+    };
+    configs.into_iter().map(Variant::Grouped).collect()
 }

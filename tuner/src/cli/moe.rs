@@ -267,23 +267,12 @@ pub fn tune_phase(
     use fp4tune::bench::floors::Floors;
     use fp4tune::runtime::moe::{MoeKernels, MoeLauncher};
     use fp4tune::table::{DeviceIdentity, Table, Toolchain};
-    use fp4tune::tune::moe::{
-        tune_moe, MoeTuneEvent, MoeTuneSpec, DEFAULT_BUCKETS, DEFAULT_SCREEN,
-    };
+    use fp4tune::tune::moe::{tune_moe, MoeTuneEvent, MoeTuneSpec};
     let gpu = fp4tune::gpu::Gpu::open(device)?;
     let info = gpu.info().clone();
     let a_type = phase_a_type(&shape, a_type, &info, origin)?;
     let compiler = crate::default_compiler()?;
-    let spec = MoeTuneSpec {
-        shape,
-        a_type,
-        experts_total,
-        expert_begin: 0,
-        buckets: if buckets.is_empty() { DEFAULT_BUCKETS.to_vec() } else { buckets.to_vec() },
-        screen: DEFAULT_SCREEN,
-        screen_policy: TimingPolicy::screen(),
-        policy: TimingPolicy::quick(),
-    };
+    let spec = MoeTuneSpec::for_layer(shape, a_type, experts_total, buckets);
     let started = std::time::Instant::now();
     let read_gbps = Floors::new(&gpu, &compiler)?.read_bandwidth(&spec.policy, 2 << 30)?;
     let kernels = MoeKernels::load(&gpu, &compiler)?;

@@ -1,6 +1,6 @@
 //! `fp4tune report`: SVG figures from tables, measurement logs and bench CSVs (no GPU).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use fp4tune::plot::figures::{self, BenchFile};
 use fp4tune::search::StrategyKind;
 use std::path::PathBuf;
@@ -10,15 +10,16 @@ pub struct ReportArgs {
     /// Folder for the SVG files.
     #[arg(long)]
     pub out: PathBuf,
-    /// Dispatch tables: their entries join the time-vs-M figures.
-    #[arg(long)]
+    /// Dispatch tables (repeat the flag or separate with commas): their entries join the
+    /// time-vs-M figures.
+    #[arg(long, value_delimiter = ',')]
     pub table: Vec<PathBuf>,
     /// Measurement logs (.jsonl or .jsonl.gz): one best-so-far figure each.
-    #[arg(long)]
+    #[arg(long, value_delimiter = ',')]
     pub log: Vec<PathBuf>,
     /// Benchmark CSVs: bench-<a_type>.csv (time vs M per shape) or bench-moe.csv and its peers
     /// (the MoE decode step per B).
-    #[arg(long, num_args = 1..)]
+    #[arg(long, num_args = 1.., value_delimiter = ',')]
     pub bench: Vec<PathBuf>,
     /// Strategies replayed on each log (exhaustive, random, model; comma separated).
     #[arg(long, default_value = "model,random", value_delimiter = ',')]
@@ -55,8 +56,8 @@ pub fn run(a: ReportArgs) -> Result<()> {
     let kinds: Vec<StrategyKind> =
         a.strategy.iter().map(|s| StrategyKind::parse(s)).collect::<Result<_, _>>()?;
     for l in &a.log {
-        let records =
-            fp4tune::tune::log::read(l).with_context(|| format!("reading {}", l.display()))?;
+        // the log's errors name it
+        let records = fp4tune::tune::log::read(l)?;
         charts.push(figures::search_curves(&records, &kinds, a.budget, &l.display().to_string())?);
     }
     // Charts without data (a shape with rows that carry no time) are skipped, not drawn blank.

@@ -193,10 +193,17 @@ pub fn run(args: TuneArgs) -> Result<()> {
     };
     // The grouped phase runs after the GEMM keys: a layer the device's grouped kernels cannot
     // run is said now, not after minutes of GEMM measurements.
-    if let Some((shape, _)) = moe_layer.filter(|_| !no_moe && shard.index == 0) {
+    // Its first screens are known now: they compile in the background of the GEMM keys.
+    let mut ahead = Vec::new();
+    if let Some((shape, total)) = moe_layer.filter(|_| !no_moe && shard.index == 0) {
         let info = fp4tune::gpu::Gpu::open(first_gpu)?.info().clone();
-        super::moe::phase_a_type(&shape, a_type, &info, &layer)
+        let moe_a_type = super::moe::phase_a_type(&shape, a_type, &info, &layer)
             .map_err(|e| anyhow::anyhow!("{e} (--no-moe tunes the GEMM keys alone)"))?;
+        let family = fp4tune::runtime::family_for(&info)?;
+        let phase =
+            fp4tune::tune::moe::MoeTuneSpec::for_layer(shape, moe_a_type, total, &moe_buckets);
+        ahead =
+            fp4tune::tune::moe::first_pools(family, &phase).iter().map(|c| c.source()).collect();
     }
     let selection = gpus.unwrap_or(GpuSelection::List(vec![device]));
     let spec = TuneSpec {
@@ -215,6 +222,7 @@ pub fn run(args: TuneArgs) -> Result<()> {
         composite_min_m,
         race,
         time_budget,
+        ahead,
     };
     let compiler = crate::default_compiler()?;
     // Bars on a terminal; otherwise (CI logs, nohup, batch jobs) one plain line per finished key.

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 /// NVRTC could not be found or loaded.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "NVRTC (libnvrtc.so) not found: {detail}\n  searched: {searched}\n  fix: install the CUDA toolkit and set CUDA_HOME, \
+    "NVRTC (libnvrtc.so) not found: {detail}; searched: {searched}; fix: install the CUDA toolkit and set CUDA_HOME, \
      or `python3 -m pip install --target .cuda nvidia-cuda-nvrtc` in the repository (found automatically), \
      or point FP4TUNE_NVRTC at libnvrtc.so.*"
 )]

@@ -681,10 +681,12 @@ impl GroupedConfig {
 
     /// One grouped instantiation unit (every family's): the header, the configuration, the
     /// messaged asserts that Rust and the template agree on shared memory and threads, and the
-    /// `extern "C"` kernel that runs `fp4tune::moe::<runner><Cfg, OP>`.
+    /// `extern "C"` kernel that runs `fp4tune::moe::<runner><Cfg, OP>`. Configurations that differ
+    /// only in how they walk the schedule (a launch parameter) get the same unit: one kernel,
+    /// compiled and cached once.
     pub(crate) fn unit(&self, u: UnitParts<'_>) -> String {
         format!(
-            "// fp4tune grouped MoE kernel {name}\n\
+            "// fp4tune grouped MoE kernel {kernel}\n\
              #include \"{header}\"\n\
              using Cfg = {cfg};\n\
              static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust ({rust}) and templates/{template} disagree on shared memory\");\n\
@@ -692,7 +694,6 @@ impl GroupedConfig {
              extern \"C\" __global__ void {launch} {kernel}(const fp4tune::moe::{params} p) {{\n\
              \x20   fp4tune::moe::{runner}<Cfg, {op}>::run(p);\n\
              }}\n",
-            name = self.name(),
             header = u.header,
             cfg = u.cfg,
             smem = self.smem_bytes(),

@@ -242,6 +242,7 @@ fn names_and_sources_are_stable_and_distinct() {
     // the walk is a launch parameter: same kernel
     let other_walk = GroupedConfig { walk: space[0].walk + 1, ..space[0] };
     assert_eq!(other_walk.kernel_name(), space[0].kernel_name());
+    assert_eq!(other_walk.source().hash(), a.hash(), "one unit, compiled once");
 }
 
 #[test]

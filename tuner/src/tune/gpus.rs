@@ -412,6 +412,10 @@ pub fn run(
         let cached = compiler.count_cached(&distinct);
         precompiled = Precompiled { cached, compiled: distinct.len() - cached.min(distinct.len()) };
     }
+    // then the next phase's kernels (not counted: the phase reports its own)
+    let mut background = distinct;
+    let mut names: HashSet<String> = background.iter().map(|s| s.kernel_name.clone()).collect();
+    background.extend(spec.ahead.iter().filter(|s| names.insert(s.kernel_name.clone())).cloned());
 
     let sink = Sink { inner: Mutex::new((log::Writer::open(&log_path)?, Vec::new())) };
     let dispatch = Dispatch {
@@ -425,11 +429,11 @@ pub fn run(
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (tx, rx) = mpsc::channel::<(usize, Event)>();
     let results: Vec<GpuResult> = std::thread::scope(|scope| {
-        if !distinct.is_empty() {
-            let (stop, distinct) = (&stop, &distinct);
+        if !background.is_empty() {
+            let (stop, background) = (&stop, &background);
             scope.spawn(move || {
                 // In key order, a chunk at a time so a finished campaign stops it soon.
-                for chunk in distinct.chunks(64) {
+                for chunk in background.chunks(16) {
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }

@@ -64,6 +64,7 @@ fn spec(exe: PathBuf, out: PathBuf) -> TuneSpec {
         composite_min_m: None,
         race: None,
         time_budget: None,
+        ahead: Vec::new(),
     }
 }
 

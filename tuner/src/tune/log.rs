@@ -192,8 +192,8 @@ impl std::fmt::Display for TornTail {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}:{}: the last record has no newline ({} bytes, cut short by a killed run): ignored, \
-             its candidate is measured again",
+            "{}:{}: the last record has no newline ({} bytes, cut short by a killed run): ignored \
+             (a resumed tune measures its candidate again)",
             self.path.display(),
             self.line,
             self.bytes

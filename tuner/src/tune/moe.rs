@@ -13,11 +13,13 @@ use crate::bench::moe_weights::LayerWeights;
 use crate::bench::TimingPolicy;
 use crate::compile::Compiler;
 use crate::gpu::Gpu;
-use crate::moe::schedule::Routing;
+use crate::moe::config::GroupedConfig;
+use crate::moe::schedule::{RouteSchedule, Routing};
 use crate::moe::{MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::runtime::moe::{GroupedKernel, MoeLauncher};
 use crate::table::{MoeEntry, MoeKey};
+use crate::template::Family;
 use std::sync::Arc;
 
 /// A finalist may be at most this much slower than the best finalist on the skewed draw.
@@ -41,6 +43,67 @@ pub struct MoeTuneSpec {
     pub screen: usize,
     pub screen_policy: TimingPolicy,
     pub policy: TimingPolicy,
+}
+
+impl MoeTuneSpec {
+    /// What `fp4tune tune` tunes for a layer: every bucket of `buckets` (the default ones when
+    /// empty), the default screen, the screen and quick timing policies.
+    pub fn for_layer(shape: MoeShape, a_type: AType, experts_total: u32, buckets: &[u32]) -> Self {
+        MoeTuneSpec {
+            shape,
+            a_type,
+            experts_total,
+            expert_begin: 0,
+            buckets: if buckets.is_empty() { DEFAULT_BUCKETS.to_vec() } else { buckets.to_vec() },
+            screen: DEFAULT_SCREEN,
+            screen_policy: TimingPolicy::screen(),
+            policy: TimingPolicy::quick(),
+        }
+    }
+
+    /// Bucket `tokens`'s two routings: the uniform draw (its seed recorded in the entry) and the
+    /// skewed draw (seed + 1).
+    fn draws(&self, tokens: u32) -> [MoeStep; 2] {
+        let seed = routing_seed(tokens);
+        let step = |routing, seed| MoeStep {
+            shape: self.shape,
+            experts_total: self.experts_total,
+            expert_begin: self.expert_begin,
+            tokens,
+            routing,
+            seed,
+        };
+        [step(Routing::Uniform, seed), step(Routing::Skewed, seed + 1)]
+    }
+}
+
+/// The candidates the tune screens first, over its buckets and both ops: each bucket's screen of
+/// its uniform draw's schedule without the previous bucket's pick (which the GPU decides), each
+/// configuration once, in bucket order. Known before anything is measured, so their kernels can
+/// compile ahead: in the background of the GEMM keys (`fp4tune tune`) or on a machine without a
+/// GPU (`fp4tune compile --configs pools`).
+pub fn first_pools(family: Family, spec: &MoeTuneSpec) -> Vec<GroupedConfig> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for &tokens in &spec.buckets {
+        let [uniform, _] = spec.draws(tokens);
+        let schedule = RouteSchedule::build(&uniform.ids(), spec.expert_begin, spec.shape.experts);
+        if schedule.rows() == 0 {
+            continue;
+        }
+        for op in MoeOp::ALL {
+            let screen = screen_candidates(
+                (family, spec.a_type, op),
+                &schedule,
+                &spec.shape,
+                spec.screen,
+                &[],
+                |_| true,
+            );
+            out.extend(screen.into_iter().filter(|c| seen.insert(*c)));
+        }
+    }
+    out
 }
 
 /// Progress for the caller to show.
@@ -140,26 +203,14 @@ pub fn tune_moe(
     let mut entries = Vec::new();
     let mut logs = Vec::new();
     // The previous bucket's pick per op, screened again at the next bucket.
-    let mut carried: [Option<crate::moe::config::GroupedConfig>; 2] = [None, None];
+    let mut carried: [Option<GroupedConfig>; 2] = [None, None];
     let total = spec.buckets.len() * 2;
-    let step = |tokens, routing, seed| MoeStep {
-        shape: spec.shape,
-        experts_total: spec.experts_total,
-        expert_begin: spec.expert_begin,
-        tokens,
-        routing,
-        seed,
-    };
-    let draws = |tokens| {
-        let seed = routing_seed(tokens);
-        [step(tokens, Routing::Uniform, seed), step(tokens, Routing::Skewed, seed + 1)]
-    };
     // One upload of the layer's weights for every step, with the rotation copies the step that
     // touches the fewest experts needs.
-    let steps = spec.buckets.iter().flat_map(|&b| draws(b));
+    let steps = spec.buckets.iter().flat_map(|&b| spec.draws(b));
     let weights = Arc::new(LayerWeights::for_steps(gpu, spec.shape, steps, &spec.policy)?);
     for (bi, &tokens) in spec.buckets.iter().enumerate() {
-        let [uniform, skewed] = draws(tokens);
+        let [uniform, skewed] = spec.draws(tokens);
         let seed = uniform.seed;
         let data = |s| StepData::with_weights(gpu, s, spec.a_type, &spec.policy, weights.clone());
         let uniform = data(uniform)?;
@@ -274,7 +325,6 @@ pub fn tune_moe(
 mod tests {
     use super::*;
     use crate::bench::moe::{Measured, Outcome};
-    use crate::template::Family;
 
     /// Every screened candidate becomes one line that carries the schema version, the key, the
     /// candidate, the device, the key's family's grouped template hash and the time.
@@ -344,5 +394,48 @@ mod tests {
         let cand: Measured = serde_json::from_value(old["candidate"].clone()).unwrap();
         assert_eq!(cand, Measured { ptxas: None, ..measured[0].clone() });
         assert_eq!(log_lines(&[], ("x", (9, 0)), "13.0", 0).unwrap(), "");
+    }
+
+    /// The first pools are each bucket's screen of its uniform draw without a carried pick, each
+    /// configuration once and legal for the layer: on the GLM-5 TP8 layer the streamed spread and
+    /// seeds of both ops, the tiled and wgmma configurations from the sizes that screen them;
+    /// sm120 W4A4 its own kernels.
+    #[test]
+    fn first_pools_hold_every_screen_of_the_uniform_draws() {
+        let spec = MoeTuneSpec::for_layer(MoeShape::GLM5_TP8, AType::Bf16, 256, &[]);
+        let pools = first_pools(Family::Sm90, &spec);
+        let distinct: std::collections::HashSet<_> = pools.iter().collect();
+        assert_eq!(distinct.len(), pools.len(), "each configuration once");
+        for &tokens in &spec.buckets {
+            let [uniform, _] = spec.draws(tokens);
+            let schedule = RouteSchedule::build(&uniform.ids(), 0, spec.shape.experts);
+            for op in MoeOp::ALL {
+                let screen = screen_candidates(
+                    (Family::Sm90, AType::Bf16, op),
+                    &schedule,
+                    &spec.shape,
+                    DEFAULT_SCREEN,
+                    &[],
+                    |_| true,
+                );
+                assert!(!screen.is_empty());
+                for c in screen {
+                    assert!(distinct.contains(&c), "B = {tokens}: {c} missing");
+                }
+            }
+        }
+        assert!(pools.iter().all(|c| c.check(&spec.shape).is_ok()));
+        for op in MoeOp::ALL {
+            assert!(pools.iter().any(|c| c.op == op && !c.tiled));
+            assert!(pools.iter().any(|c| c.op == op && c.tiled && !c.wgmma));
+            assert!(pools.iter().any(|c| c.op == op && c.wgmma));
+        }
+        // decode buckets only: no tiled kernels
+        let decode = MoeTuneSpec::for_layer(MoeShape::GLM5_TP8, AType::Bf16, 256, &[1, 8]);
+        assert!(first_pools(Family::Sm90, &decode).iter().all(|c| !c.tiled));
+        let w4a4 = MoeTuneSpec::for_layer(MoeShape::GLM5_TP8, AType::Nvfp4, 256, &[1, 64]);
+        let sm120 = first_pools(Family::Sm120, &w4a4);
+        assert!(!sm120.is_empty());
+        assert!(sm120.iter().all(|c| c.family == Family::Sm120 && c.a_type == AType::Nvfp4));
     }
 }

@@ -136,6 +136,10 @@ pub struct TuneSpec {
     /// Wall-time budget of the whole campaign (racing only): keys that would overrun their share
     /// get smaller pools and are named in the result ([`TuneOutput::short_keys`]).
     pub time_budget: Option<Duration>,
+    /// Kernels of the phase after the campaign (the grouped phase's first screens,
+    /// `tune::moe::first_pools`), compiled into the cubin cache in the background after the
+    /// racing pools while the GPUs measure.
+    pub ahead: Vec<crate::template::KernelSource>,
 }
 
 /// How a racing campaign screens.
@@ -748,6 +752,7 @@ mod tests {
             composite_min_m: None,
             race: Some(RaceSpec::default()),
             time_budget: None,
+            ahead: Vec::new(),
         };
         let all = campaign_keys(&mk(Shard::all()), Family::Sm90, AType::Bf16);
         assert_eq!(all.len(), 56);
