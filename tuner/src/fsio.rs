@@ -72,11 +72,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// every target as it was, removes the temporary files and names the path. Two paths that land
 /// in the same file (the same path, a link to the other) are refused before anything is
 /// written. A rename that fails after others succeeded (the folder removed underneath) stops
-/// there and removes the remaining temporary files.
+/// there and removes the remaining temporary files: the one case where some files are replaced
+/// and others not.
 pub fn write_atomic_all(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
     for (i, (a, _)) in files.iter().enumerate() {
         for (b, _) in &files[i + 1..] {
-            if same_file(a, b)? {
+            if same_file(a, b).map_err(|e| {
+                naming(a, std::io::Error::new(e.kind(), format!("or {}: {e}", b.display())))
+            })? {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
                     format!("{} and {} are the same file", a.display(), b.display()),
@@ -94,13 +97,28 @@ pub fn write_atomic_all(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
             }
         }
     }
+    // Every rename first, then each folder synced once: a folder that cannot be synced (some
+    // network file systems) leaves every file replaced, and says so.
+    let mut dirs: Vec<PathBuf> = Vec::new();
     let mut staged = staged.into_iter();
     while let Some(s) = staged.next() {
-        let target = s.target.clone();
-        if let Err(e) = s.commit() {
+        if let Err(e) = std::fs::rename(&s.tmp, &s.target) {
+            let target = s.target.clone();
+            s.discard();
             staged.for_each(Staged::discard);
             return Err(naming(&target, e));
         }
+        if !dirs.contains(&s.dir) {
+            dirs.push(s.dir);
+        }
+    }
+    for d in &dirs {
+        sync_dir(d).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("every file written, but syncing the folder {} failed: {e}", d.display()),
+            )
+        })?;
     }
     Ok(())
 }
@@ -122,17 +140,30 @@ pub fn same_file(a: &Path, b: &Path) -> std::io::Result<bool> {
     Ok(landing(a)? == landing(b)?)
 }
 
-/// The file a write to `path` lands in, with its folder made absolute where it exists.
+/// The file a write to `path` lands in: its links resolved, its longest existing ancestor made
+/// absolute (links resolved) and the rest of it normalized by name (`missing/../x` is `x`: the
+/// writer creates `missing/` and lands there).
 fn landing(path: &Path) -> std::io::Result<PathBuf> {
+    use std::path::Component;
     let target = resolve_links(path)?;
-    let (dir, name) = match (target.parent(), target.file_name()) {
-        (Some(d), Some(n)) => (if d.as_os_str().is_empty() { Path::new(".") } else { d }, n),
-        _ => return Ok(target),
-    };
-    Ok(match std::fs::canonicalize(dir) {
-        Ok(d) => d.join(name),
-        Err(_) => target,
-    })
+    let target = if target.is_absolute() { target } else { std::env::current_dir()?.join(target) };
+    let parts: Vec<Component> = target.components().collect();
+    let mut n = parts.len();
+    while n > 0 && std::fs::symlink_metadata(parts[..n].iter().collect::<PathBuf>()).is_err() {
+        n -= 1;
+    }
+    let existing: PathBuf = parts[..n].iter().collect();
+    let mut out = std::fs::canonicalize(&existing).unwrap_or(existing);
+    for c in &parts[n..] {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    Ok(out)
 }
 
 /// One file written to its temporary name and synced, waiting for its rename.
@@ -262,6 +293,7 @@ fn unique() -> u64 {
 mod tests {
     use super::*;
 
+    #[cfg(unix)]
     #[test]
     fn atomic_write_goes_through_links_and_refuses_other_files() {
         let dir = tempfile::tempdir().unwrap();
@@ -346,6 +378,7 @@ mod tests {
 
     /// Several files are replaced together or not at all: a folder where the second goes leaves
     /// the first as it was (and no temporary file behind); two paths of one file are refused.
+    #[cfg(unix)]
     #[test]
     fn several_files_are_replaced_together_or_not_at_all() {
         let dir = tempfile::tempdir().unwrap();
@@ -381,7 +414,14 @@ mod tests {
         }
         assert!(same_file(&log, &d.join("./merged.jsonl")).unwrap());
         assert!(!same_file(&log, &table).unwrap());
-        // A path whose folder does not exist yet is compared by its spelling.
+        // A path whose folder does not exist yet is compared by its normalized spelling: the
+        // writer creates `missing/`, so `missing/../t.ron` lands in `t.ron`.
         assert!(!same_file(&d.join("new/a.ron"), &table).unwrap());
+        assert!(same_file(&d.join("missing/../t.ron"), &table).unwrap());
+        assert!(same_file(&d.join("missing/deeper/../../t.ron"), &table).unwrap());
+        assert!(!same_file(&d.join("missing/../missing/t.ron"), &table).unwrap());
+        // through a link to a folder
+        std::os::unix::fs::symlink(d, d.join("here")).unwrap();
+        assert!(same_file(&d.join("here/t.ron"), &table).unwrap());
     }
 }

@@ -516,6 +516,13 @@ fn compile_says_which_filter_left_no_kernel() {
         &err,
         &["no sm120 kernel computes W4A16 (bf16 activations): sm120 computes W4A4 (nvfp4 activations) only"],
     );
+    // tiny.ron has a routed gate_up but no down: no grouped layer
+    let (ok, err) = run(
+        &fp4tune(),
+        &["compile", "--arch", "sm_120a", "--ops", "moe", "--shapes", s, "--emit", e],
+        d,
+    );
+    assert_clean_error(ok, &err, &["no set of", "tiny.ron has a routed expert layer"]);
     let (ok, err) =
         run(&fp4tune(), &["compile", "--arch", "sm_90a", "--names", "nope", "--emit", e], d);
     assert_clean_error(ok, &err, &["(activations: all, --names nope): --names nope left none"]);
@@ -675,6 +682,15 @@ fn failed_commands_keep_what_they_were_given() {
         assert_clean_error(ok, &err, &[flag, "is the log good.jsonl being merged"]);
         assert_eq!(std::fs::read(d.join("good.jsonl")).unwrap(), good);
     }
+    // through a folder the merge would create
+    let (ok, err) = run(
+        &fp4tune(),
+        &["merge", "good.jsonl", "--out", "m3.jsonl", "--table", "missing/../good.jsonl"],
+        d,
+    );
+    assert_clean_error(ok, &err, &["--table", "is the log good.jsonl being merged"]);
+    assert_eq!(std::fs::read(d.join("good.jsonl")).unwrap(), good);
+    assert!(!d.join("missing").exists());
 
     // bench --moe --render of a CSV without rows keeps the report it would replace.
     std::fs::create_dir(d.join("bench")).unwrap();

@@ -1,8 +1,8 @@
 //! `fp4tune check`: the CI gate on kernel timings. Re-verifies and re-times every entry of a
 //! table on this GPU (GEMM entries through the measuring worker, then the grouped MoE entries),
 //! compares with a baseline by the noise-aware rule (`fp4tune::check`), writes `check.md` and
-//! `check.json` (together, or neither; a run that cannot check keeps an earlier report of the
-//! folder), and exits 0 (no regression), 1 (regression or failed kernel) or 2 (cannot check),
+//! `check.json` (together, or neither; a run that cannot check at all keeps an earlier report
+//! of the folder), and exits 0 (no regression), 1 (regression or failed kernel) or 2 (cannot check),
 //! with a one-line reason on stderr. It exits itself, whatever happens: any error (an
 //! unreadable table included) is exit 2.
 //!
@@ -303,9 +303,10 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Written)> {
     report.notes.extend(notes);
     let md = a.out.join("check.md");
     let json = a.out.join("check.json");
-    // A run that could not check (no GPU, an unusable baseline) does not replace the report of
-    // one that could: the earlier result stays where it is.
-    if check::exit_status(&report).code == 2 && (md.exists() || json.exists()) {
+    // A run that could not check at all (no GPU, another GPU, an unusable baseline: a blocker)
+    // does not replace the report of one that could: the earlier result stays where it is. A
+    // run that measured entries writes its report, whatever its exit status.
+    if !report.blockers.is_empty() && (md.exists() || json.exists()) {
         return Ok((report, Written::Kept(a.out.display().to_string())));
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;

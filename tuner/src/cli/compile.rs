@@ -148,16 +148,19 @@ pub fn run(args: CompileArgs) -> Result<()> {
             vec![ShapeFile::glm5()?.into_set(fp4tune::shapes::DEFAULT_SET, "<embedded GLM-5>")?]
         }
     };
+    let layers: Vec<(MoeShape, u32)> = sets.iter().filter_map(MoeShape::from_set).collect();
+    if ops == CompileOps::Moe && layers.is_empty() {
+        let origin = shapes.as_ref().map_or("<embedded GLM-5>".into(), |p| p.display().to_string());
+        bail!("no set of {origin} has a routed expert layer (routed gate_up and down shapes) for the grouped kernels");
+    }
     let mut variants: Vec<Variant> = Vec::new();
     for t in requested.iter().copied().filter(|t| supported.contains(t)) {
         if gemm {
             variants.extend(gemm_configs(family, t, set, file.is_some().then_some(&sets))?);
         }
         if grouped && grouped_a_types(family).contains(&t) {
-            for s in &sets {
-                if let Some((shape, total)) = MoeShape::from_set(s) {
-                    variants.extend(grouped_configs(family, t, set, shape, total));
-                }
+            for &(shape, total) in &layers {
+                variants.extend(grouped_configs(family, t, set, shape, total));
             }
         }
     }

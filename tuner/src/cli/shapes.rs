@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct ShapesArgs {
-    /// The model's config.json (GLM-5, DeepSeek-V3, Qwen3-MoE, Mixtral key names).
+    /// The model's config.json (GLM-5, DeepSeek-V2/V3, GLM-4.5, Qwen2/Qwen3-MoE, Qwen3-Next, Mixtral key names).
     #[arg(long)]
     pub from_config: PathBuf,
     /// Tensor-parallel degree (GPUs per replica).

@@ -312,6 +312,22 @@ mod tests {
         }
     }
 
+    /// A cache folder under a file, or a link to a folder that does not exist, is a one-line
+    /// error naming it.
+    #[cfg(unix)]
+    #[test]
+    fn cache_folders_that_cannot_be_made_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"x").unwrap();
+        let e = DiskCache::new(file.join("cubin")).unwrap_err().to_string();
+        assert!(e.contains("plain exists and is not a folder"), "{e}");
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+        let e = DiskCache::new(&dangling).unwrap_err().to_string();
+        assert!(e.contains("dangling is a link to a folder that does not exist"), "{e}");
+    }
+
     /// Opening the cache folder sweeps the temporary files a killed writer left in it.
     #[test]
     fn opening_the_folder_removes_stale_temp_files() {

@@ -14,6 +14,7 @@ use cache::{CacheMeta, DiskCache, CACHE_SCHEMA_VERSION};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -209,18 +210,31 @@ impl Compiler {
     /// already stored and how many were compiled now (failures are left for the caller that
     /// compiles them for real to report). Without a usable disk cache nothing is done.
     pub fn precompile(&self, sources: &[KernelSource]) -> Precompiled {
+        self.precompile_until(sources, &AtomicBool::new(false))
+    }
+
+    /// [`Compiler::precompile`] that compiles nothing more once `stop` is set (kernels being
+    /// compiled then finish): a background compile that its campaign's end stops soon.
+    pub fn precompile_until(&self, sources: &[KernelSource], stop: &AtomicBool) -> Precompiled {
         let Some(disk) = self.disk.as_ref().filter(|d| d.warning().is_none()) else {
             return Precompiled::default();
         };
-        let cached: Vec<bool> = sources.par_iter().map(|s| disk.contains(&self.key(s))).collect();
-        let todo: Vec<&KernelSource> =
-            sources.iter().zip(&cached).filter(|(_, c)| !**c).map(|(s, _)| s).collect();
+        let keys: Vec<String> = sources.par_iter().map(|s| self.key(s)).collect();
+        let cached: Vec<bool> = keys.par_iter().map(|k| disk.contains(k)).collect();
+        // each key once (sources that are one kernel, e.g. walk variants, compile once)
+        let mut seen = std::collections::HashSet::new();
+        let todo: Vec<(&KernelSource, &String)> = sources
+            .iter()
+            .zip(&keys)
+            .zip(&cached)
+            .filter(|((_, k), c)| !**c && seen.insert(k.as_str()))
+            .map(|(sk, _)| sk)
+            .collect();
         let compiled = todo
             .par_iter()
-            .filter(|s| {
-                let key = self.key(s);
+            .filter(|(s, key)| {
                 // Another process may have stored it meanwhile.
-                if disk.contains(&key) {
+                if stop.load(Ordering::Relaxed) || disk.contains(key) {
                     return false;
                 }
                 let t0 = Instant::now();
@@ -236,18 +250,30 @@ impl Compiler {
                     compile_ms: t0.elapsed().as_secs_f64() * 1e3,
                     log: out.log,
                 };
-                disk.put(&key, &meta, &out.cubin).is_ok()
+                disk.put(key, &meta, &out.cubin).is_ok()
             })
             .count();
         Precompiled { cached: cached.iter().filter(|c| **c).count(), compiled }
     }
 
     /// Compile many kernels in parallel; results come back in input order, each on its own.
+    /// Sources that are one kernel (one cache key, e.g. walk variants of a grouped kernel)
+    /// compile once and share the result.
     pub fn compile_many(
         &self,
         sources: &[KernelSource],
     ) -> Vec<Result<Arc<CompiledKernel>, CompileError>> {
-        sources.par_iter().map(|s| self.compile(s)).collect()
+        let keys: Vec<String> = sources.par_iter().map(|s| self.key(s)).collect();
+        let mut slot_of: HashMap<&str, usize> = HashMap::new();
+        let mut distinct: Vec<usize> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            slot_of.entry(k.as_str()).or_insert_with(|| {
+                distinct.push(i);
+                distinct.len() - 1
+            });
+        }
+        let results: Vec<_> = distinct.par_iter().map(|&i| self.compile(&sources[i])).collect();
+        keys.iter().map(|k| results[slot_of[k.as_str()]].clone()).collect()
     }
 }
 
@@ -266,6 +292,20 @@ mod tests {
             "#include \"common/params.cuh\"\nextern \"C\" __global__ void probe_kernel(const fp4tune::GemmParams p) {{ {body} }}\n"
         );
         KernelSource::from_unit("probe_kernel".into(), arch, &unit).unwrap()
+    }
+
+    /// Sources that are one kernel (one key) compile once in a batch and share the result.
+    #[test]
+    fn one_kernel_twice_in_a_batch_compiles_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = compiler(dir.path());
+        let a = probe(Arch::Sm90a, "if (p.m < 0) p.y[0] = 1;");
+        let b = probe(Arch::Sm90a, "if (p.m < 0) p.y[0] = 2;");
+        let out = c.compile_many(&[a.clone(), b, a]);
+        let (first, last) = (out[0].as_ref().unwrap(), out[2].as_ref().unwrap());
+        assert!(Arc::ptr_eq(first, last), "the same compiled kernel");
+        assert!(!Arc::ptr_eq(first, out[1].as_ref().unwrap()));
+        assert_eq!(first.origin, Origin::Compiled);
     }
 
     /// Issue 14, item 14: a cache folder others can write is not used, and the compiler says

@@ -67,14 +67,20 @@ impl std::fmt::Display for NvrtcBuild {
 }
 
 /// The loaded NVRTC's build: its version, and the release and build of the header of an empty
-/// kernel's PTX (absent parts stay `None`: the key then holds the version alone).
+/// kernel's PTX (absent parts stay `None`: the key then holds the version alone). Asked once per
+/// process.
 pub fn build() -> Result<NvrtcBuild, NvrtcError> {
-    let version = version()?;
-    let (release, build_id) = match empty_kernel_ptx() {
-        Ok(ptx) => parse_ptx_header(&ptx),
-        Err(_) => (None, None),
-    };
-    Ok(NvrtcBuild { version, release, build_id })
+    static BUILD: std::sync::OnceLock<Result<NvrtcBuild, NvrtcError>> = std::sync::OnceLock::new();
+    BUILD
+        .get_or_init(|| {
+            let version = version()?;
+            let (release, build_id) = match empty_kernel_ptx() {
+                Ok(ptx) => parse_ptx_header(&ptx),
+                Err(_) => (None, None),
+            };
+            Ok(NvrtcBuild { version, release, build_id })
+        })
+        .clone()
 }
 
 fn empty_kernel_ptx() -> Result<String, NvrtcError> {

@@ -1,5 +1,5 @@
 //! Derivation of shape sets from a Hugging Face MoE `config.json` (GLM-5, DeepSeek-V2/V3, GLM-4.5,
-//! Qwen2/Qwen3-MoE, Mixtral), with the sharding rules of the module docs.
+//! Qwen2/Qwen3-MoE, Qwen3-Next, Mixtral), with the sharding rules of the module docs.
 //!
 //! Keys read, per `model_type`:
 //! - `glm_moe_dsa`, `deepseek_v3`, `deepseek_v2`, `glm4_moe`: `hidden_size`, `moe_intermediate_size`,
@@ -8,7 +8,7 @@
 //!   `first_k_dense_replace`, `moe_layer_freq` (optional, default 1; layer i is MoE when
 //!   `i >= first_k_dense_replace && i % moe_layer_freq == 0`), and `intermediate_size` for the dense
 //!   layers when there are any.
-//! - `qwen3_moe`, `qwen2_moe`: `hidden_size`, `moe_intermediate_size`, `num_experts`,
+//! - `qwen3_moe`, `qwen2_moe`, `qwen3_next`: `hidden_size`, `moe_intermediate_size`, `num_experts`,
 //!   `num_experts_per_tok`, `num_hidden_layers`, `decoder_sparse_step` (optional, default 1),
 //!   `mlp_only_layers` (optional, default none; layer i is MoE when it is not listed and
 //!   `(i + 1) % decoder_sparse_step == 0`), `shared_expert_intermediate_size` (optional; absent or 0:
@@ -26,8 +26,16 @@ use std::collections::HashSet;
 use std::path::Path;
 
 /// The `model_type` values [`HfMoeConfig::from_json`] understands.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["glm_moe_dsa", "deepseek_v3", "deepseek_v2", "glm4_moe", "qwen3_moe", "qwen2_moe", "mixtral"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "glm_moe_dsa",
+    "deepseek_v3",
+    "deepseek_v2",
+    "glm4_moe",
+    "qwen3_moe",
+    "qwen2_moe",
+    "qwen3_next",
+    "mixtral",
+];
 
 /// One MLP kind of the model: its intermediate size and the config key it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,7 +270,7 @@ impl HfMoeConfig {
                 let moe = (0..num_layers).filter(|&i| i >= first_dense && i % freq == 0).count();
                 (routed, experts, shared, moe as u32)
             }
-            "qwen3_moe" | "qwen2_moe" => {
+            "qwen3_moe" | "qwen2_moe" | "qwen3_next" => {
                 let key = "moe_intermediate_size";
                 let routed = MlpSize { intermediate: keys.size(key)?, key };
                 let experts = experts("num_experts")?;

@@ -84,6 +84,38 @@ fn qwen3_moe_has_no_shared_expert_and_no_dense_layers() {
     assert_eq!(set.routing, Routing { routed_experts: 128, experts_per_token: 8 });
 }
 
+/// Qwen3-Next-80B-A3B: 512 routed experts (top-10) of 2048 x 512 and a shared expert of the
+/// same size in every one of its 48 layers; at TP 8 the expert's K of 64 (512 / 8).
+#[test]
+fn qwen3_next_routes_ten_of_512_experts_beside_a_shared_one() {
+    let config = HfMoeConfig::load(&testdata("qwen3-next-config.json")).unwrap();
+    assert_eq!((config.moe_layers, config.dense_layers), (48, 0));
+    let set = config.shape_set(Parallelism::new(8, 1), &[1, 8]).unwrap();
+    assert_eq!(set.routing, Routing { routed_experts: 512, experts_per_token: 10 });
+    assert_eq!(nk(&set, Op::RoutedGateUp), Some((128, 2048, 512, 48)));
+    assert_eq!(nk(&set, Op::RoutedDown), Some((2048, 64, 512, 48)));
+    assert_eq!(nk(&set, Op::SharedGateUp), Some((128, 2048, 1, 48)));
+    assert_eq!(nk(&set, Op::DenseGateUp), None);
+    // the grouped layer: every expert on each GPU (TP), within moe_align's 512 local experts
+    let (layer, total) = crate::moe::MoeShape::from_set(&set).unwrap();
+    assert_eq!(
+        (layer.experts, layer.top_k, layer.hidden, layer.inter, total),
+        (512, 10, 2048, 64, 512)
+    );
+    for op in crate::moe::MoeOp::ALL {
+        assert!(
+            !crate::moe::space::search_space_for(
+                crate::template::Family::Sm90,
+                crate::problem::AType::Bf16,
+                op,
+                &layer
+            )
+            .is_empty(),
+            "{op}"
+        );
+    }
+}
+
 #[test]
 fn qwen_mlp_only_layers_sparse_step_and_shared_expert() {
     let text = edited("qwen3-moe-config.json", |o| {

@@ -321,6 +321,10 @@ mod tests {
         let err = ShapeFile::from_ron_str(text, "f.ron").unwrap_err();
         assert!(matches!(err, ShapeError::Ron { .. }), "{err:?}");
         assert!(err.to_string().contains("schema_version"), "{err}");
+        let empty = ShapeFile::from_ron_str("\n", "f.ron").unwrap_err().to_string();
+        assert_eq!(empty, "f.ron:1:1: malformed RON: the file is empty");
+        let list = ShapeFile::from_ron_str("[1]", "f.ron").unwrap_err().to_string();
+        assert!(!list.contains("VersionProbe"), "{list}");
     }
 
     #[test]

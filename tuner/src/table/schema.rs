@@ -674,7 +674,11 @@ pub(crate) mod tests {
         assert!(e.contains("malformed dispatch table"), "{e}");
         let line: usize = e.split(':').nth(1).unwrap().parse().unwrap();
         assert!(line > 5, "points into the file: {e}");
-        assert!(err("").contains("results/h200.ron:1:"), "empty file is a syntax error");
+        assert!(err("")
+            .contains("results/h200.ron:1:1: malformed dispatch table (RON): the file is empty"));
+        assert!(err(" \n").contains("the file is empty"));
+        // no internal names in the message of a file that is not a table at all
+        assert!(!err("[1, 2]").contains("VersionProbe"), "{}", err("[1, 2]"));
     }
 
     #[test]

@@ -199,7 +199,7 @@ impl Table {
                 return Err(invalid(
                     at(),
                     format!(
-                        "top_k {} is not in 1..={} (the model's routed experts)",
+                        "top_k {} is not in 1..={} (the routed experts)",
                         key.top_k,
                         e.routed_experts()
                     ),

@@ -412,10 +412,15 @@ pub fn run(
         let cached = compiler.count_cached(&distinct);
         precompiled = Precompiled { cached, compiled: distinct.len() - cached.min(distinct.len()) };
     }
-    // then the next phase's kernels (not counted: the phase reports its own)
+    // then, racing (other strategies' workers compile on demand: no competing with them), the
+    // next phase's kernels (not counted: the phase reports its own); those not reached when the
+    // campaign ends are compiled by their phase
     let mut background = distinct;
-    let mut names: HashSet<String> = background.iter().map(|s| s.kernel_name.clone()).collect();
-    background.extend(spec.ahead.iter().filter(|s| names.insert(s.kernel_name.clone())).cloned());
+    if spec.race.is_some() {
+        let mut names: HashSet<String> = background.iter().map(|s| s.kernel_name.clone()).collect();
+        background
+            .extend(spec.ahead.iter().filter(|s| names.insert(s.kernel_name.clone())).cloned());
+    }
 
     let sink = Sink { inner: Mutex::new((log::Writer::open(&log_path)?, Vec::new())) };
     let dispatch = Dispatch {
@@ -432,15 +437,18 @@ pub fn run(
         if !background.is_empty() {
             let (stop, background) = (&stop, &background);
             scope.spawn(move || {
-                // In key order, a chunk at a time so a finished campaign stops it soon.
-                for chunk in background.chunks(16) {
+                // Near key order: a chunk of two kernels per core at a time; each kernel checks
+                // `stop`, so a finished campaign stops it after the kernels being compiled.
+                for chunk in background.chunks(2 * rayon::current_num_threads()) {
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }
-                    let _ = compiler.precompile(chunk);
+                    let _ = compiler.precompile_until(chunk, stop);
                 }
             });
         }
+        // Set when the GPUs are done, or when one of their threads panicked (unwinding).
+        let _stop = StopOnDrop(&stop);
         let handles: Vec<_> = workers
             .into_iter()
             .enumerate()
@@ -485,12 +493,10 @@ pub fn run(
         for (o, e) in rx {
             progress(o, e);
         }
-        let results = handles
+        handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        results
+            .collect::<Vec<GpuResult>>()
     });
     let mut stats = CampaignStats { cache: precompiled, ..CampaignStats::default() };
     let mut new_records = 0;
@@ -559,6 +565,15 @@ pub fn run(
 }
 
 /// One GPU's share of the campaign: its keys, then keys failed GPUs left, until none is left
+/// Sets its flag when dropped: on every way out of the scope that holds it, a panic included.
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// anywhere; a worker that cannot be brought back hands its keys on.
 fn gpu_thread(
     mut c: Campaign<'_>,

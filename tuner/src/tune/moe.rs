@@ -75,6 +75,25 @@ impl MoeTuneSpec {
         };
         [step(Routing::Uniform, seed), step(Routing::Skewed, seed + 1)]
     }
+
+    /// What a bucket screens for `op`: the screen of its uniform draw's `schedule`
+    /// (`bench::moe::screen_candidates`), then `extra` (the previous bucket's pick).
+    fn screen_of(
+        &self,
+        family: Family,
+        schedule: &RouteSchedule,
+        op: MoeOp,
+        extra: &[GroupedConfig],
+    ) -> Vec<GroupedConfig> {
+        screen_candidates(
+            (family, self.a_type, op),
+            schedule,
+            &self.shape,
+            self.screen,
+            extra,
+            |_| true,
+        )
+    }
 }
 
 /// The candidates the tune screens first, over its buckets and both ops: each bucket's screen of
@@ -86,20 +105,15 @@ pub fn first_pools(family: Family, spec: &MoeTuneSpec) -> Vec<GroupedConfig> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for &tokens in &spec.buckets {
-        let [uniform, _] = spec.draws(tokens);
-        let schedule = RouteSchedule::build(&uniform.ids(), spec.expert_begin, spec.shape.experts);
-        if schedule.rows() == 0 {
+        // the tune's schedules of the bucket's two draws; it skips a bucket where one is empty
+        let [uniform, skewed] = spec
+            .draws(tokens)
+            .map(|step| RouteSchedule::build(&step.ids(), spec.expert_begin, spec.shape.experts));
+        if uniform.rows() == 0 || skewed.rows() == 0 {
             continue;
         }
         for op in MoeOp::ALL {
-            let screen = screen_candidates(
-                (family, spec.a_type, op),
-                &schedule,
-                &spec.shape,
-                spec.screen,
-                &[],
-                |_| true,
-            );
+            let screen = spec.screen_of(family, &uniform, op, &[]);
             out.extend(screen.into_iter().filter(|c| seen.insert(*c)));
         }
     }
@@ -234,14 +248,7 @@ pub fn tune_moe(
             };
             progress(MoeTuneEvent::Key { index: bi * 2 + oi, total, key });
             let extra: Vec<_> = carried[oi].into_iter().collect();
-            let space = screen_candidates(
-                (family, spec.a_type, op),
-                &uniform.schedule,
-                &spec.shape,
-                spec.screen,
-                &extra,
-                |_| true,
-            );
+            let space = spec.screen_of(family, &uniform.schedule, op, &extra);
             let screened = measure_op(
                 gpu,
                 compiler,
@@ -410,14 +417,7 @@ mod tests {
             let [uniform, _] = spec.draws(tokens);
             let schedule = RouteSchedule::build(&uniform.ids(), 0, spec.shape.experts);
             for op in MoeOp::ALL {
-                let screen = screen_candidates(
-                    (Family::Sm90, AType::Bf16, op),
-                    &schedule,
-                    &spec.shape,
-                    DEFAULT_SCREEN,
-                    &[],
-                    |_| true,
-                );
+                let screen = spec.screen_of(Family::Sm90, &schedule, op, &[]);
                 assert!(!screen.is_empty());
                 for c in screen {
                     assert!(distinct.contains(&c), "B = {tokens}: {c} missing");
