@@ -279,9 +279,21 @@ pub fn tune_phase(
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
     // Progress lines before the entries are saved are best effort: one that cannot be written
     // (a closed standard output) must not stop the measuring; the last line reports the error.
+    // How many of its first screens' kernels the cubin cache holds (compiled ahead in the GEMM
+    // keys' background, by `compile --configs pools`, or by an earlier run).
+    let mut names = std::collections::HashSet::new();
+    let distinct: Vec<_> =
+        fp4tune::tune::moe::first_pools(fp4tune::runtime::family_for(&info)?, &spec)
+            .iter()
+            .map(|c| c.source())
+            .filter(|s| names.insert(s.kernel_name.clone()))
+            .collect();
     let _ = outln!(
-        "grouped MoE phase: {shape}, buckets {:?}, read bandwidth {read_gbps:.0} GB/s",
-        spec.buckets
+        "grouped MoE phase: {shape}, buckets {:?}, read bandwidth {read_gbps:.0} GB/s, {} of the {} \
+         kernels of its first screens in the cubin cache",
+        spec.buckets,
+        compiler.count_cached(&distinct),
+        distinct.len()
     );
     let (entries, logs) = tune_moe(&gpu, &compiler, &launcher, &spec, read_gbps, &|e| match e {
         MoeTuneEvent::Key { .. } => {}
