@@ -77,9 +77,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub fn write_atomic_all(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
     for (i, (a, _)) in files.iter().enumerate() {
         for (b, _) in &files[i + 1..] {
-            if same_file(a, b).map_err(|e| {
-                naming(a, std::io::Error::new(e.kind(), format!("or {}: {e}", b.display())))
-            })? {
+            if same_file(a, b)? {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
                     format!("{} and {} are the same file", a.display(), b.display()),
@@ -133,11 +131,19 @@ fn naming(path: &Path, e: std::io::Error) -> std::io::Error {
     }
 }
 
-/// Whether writes to `a` and to `b` land in the same file: the same path, a link to the other,
-/// or two spellings of one path (`x` and `./d/../x`). Paths that do not exist yet are compared
-/// by their folder (when it exists) and name.
+/// Whether writes to `a` and to `b` land in the same file: the same path, a symbolic or hard link
+/// to the other, or two spellings of one path (`x` and `./d/../x`). Paths that do not exist yet
+/// are compared by their normalized spelling. An error names the path it came from.
 pub fn same_file(a: &Path, b: &Path) -> std::io::Result<bool> {
-    Ok(landing(a)? == landing(b)?)
+    // two names of one file (hard links): the same device and inode
+    #[cfg(unix)]
+    if let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+        use std::os::unix::fs::MetadataExt;
+        if (ma.dev(), ma.ino()) == (mb.dev(), mb.ino()) {
+            return Ok(true);
+        }
+    }
+    Ok(landing(a).map_err(|e| naming(a, e))? == landing(b).map_err(|e| naming(b, e))?)
 }
 
 /// The file a write to `path` lands in: its links resolved, its longest existing ancestor made
@@ -420,8 +426,15 @@ mod tests {
         assert!(same_file(&d.join("missing/../t.ron"), &table).unwrap());
         assert!(same_file(&d.join("missing/deeper/../../t.ron"), &table).unwrap());
         assert!(!same_file(&d.join("missing/../missing/t.ron"), &table).unwrap());
-        // through a link to a folder
+        // through a link to a folder; a hard link
         std::os::unix::fs::symlink(d, d.join("here")).unwrap();
         assert!(same_file(&d.join("here/t.ron"), &table).unwrap());
+        std::fs::hard_link(&table, d.join("hard.ron")).unwrap();
+        assert!(same_file(&d.join("hard.ron"), &table).unwrap());
+        let e = write_atomic_all(&[(&table, b"a"), (&d.join("hard.ron"), b"b")]).unwrap_err();
+        assert!(e.to_string().contains("are the same file"), "{e}");
+        // an error names the path that caused it
+        let e = same_file(&table, &d.join("merged.jsonl/x.ron")).unwrap_err().to_string();
+        assert!(e.contains("merged.jsonl/x.ron"), "{e}");
     }
 }

@@ -516,6 +516,16 @@ fn compile_says_which_filter_left_no_kernel() {
         &err,
         &["no sm120 kernel computes W4A16 (bf16 activations): sm120 computes W4A4 (nvfp4 activations) only"],
     );
+    // a name list with a typo among real names
+    let seed = fp4tune::template::default_config(
+        fp4tune::template::Family::Sm90,
+        fp4tune::problem::AType::Bf16,
+    )
+    .name();
+    let list = format!("{seed},bogus");
+    let (ok, err) =
+        run(&fp4tune(), &["compile", "--arch", "sm_90a", "--names", &list, "--emit", e], d);
+    assert_clean_error(ok, &err, &["--names: no sm90 variant", "is named bogus"]);
     // tiny.ron has a routed gate_up but no down: no grouped layer
     let (ok, err) = run(
         &fp4tune(),
@@ -682,6 +692,11 @@ fn failed_commands_keep_what_they_were_given() {
         assert_clean_error(ok, &err, &[flag, "is the log good.jsonl being merged"]);
         assert_eq!(std::fs::read(d.join("good.jsonl")).unwrap(), good);
     }
+    // a hard link to the log
+    std::fs::hard_link(d.join("good.jsonl"), d.join("hard.jsonl")).unwrap();
+    let (ok, err) = run(&fp4tune(), &["merge", "good.jsonl", "--out", "hard.jsonl"], d);
+    assert_clean_error(ok, &err, &["--out hard.jsonl is the log good.jsonl being merged"]);
+    assert_eq!(std::fs::read(d.join("good.jsonl")).unwrap(), good);
     // through a folder the merge would create
     let (ok, err) = run(
         &fp4tune(),
@@ -696,9 +711,10 @@ fn failed_commands_keep_what_they_were_given() {
     std::fs::create_dir(d.join("bench")).unwrap();
     let md = std::fs::read(results.join("h200/bench-moe.md")).unwrap();
     std::fs::write(d.join("bench/bench-moe.md"), &md).unwrap();
-    std::fs::write(d.join("header.csv"), "op,N,K,experts,top_k,B,impl,median_us\n").unwrap();
+    std::fs::write(d.join("header.csv"), format!("{}\n", fp4tune::bench::moe_report::CSV_HEADER))
+        .unwrap();
     let (ok, err) =
         run(&fp4tune(), &["bench", "--moe", "--render", "header.csv", "--out", "bench"], d);
-    assert_clean_error(ok, &err, &["header.csv", "no fp4tune rows"]);
+    assert_clean_error(ok, &err, &["header.csv", "holds no fp4tune rows"]);
     assert_eq!(std::fs::read(d.join("bench/bench-moe.md")).unwrap(), md);
 }

@@ -91,4 +91,22 @@ fn report_renders_the_committed_results() {
     let out = Command::new(fp4tune()).args(["report", "--out"]).arg(dir.path()).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to plot"));
+    // a benchmark CSV of a header alone, beside a table: refused, the figures kept
+    let header = dir.path().join("header.csv");
+    let bench = std::fs::read_to_string(r.join("h200/bench-w4a16.csv")).unwrap();
+    std::fs::write(&header, format!("{}\n", bench.lines().next().unwrap())).unwrap();
+    let before = std::fs::read(dir.path().join("time-vs-m-n512-k6144-w4a16.svg")).unwrap();
+    let out = Command::new(fp4tune())
+        .arg("report")
+        .arg("--out")
+        .arg(dir.path())
+        .arg("--table")
+        .arg(r.join("nvidia-h200.ron"))
+        .arg("--bench")
+        .arg(&header)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("header.csv: holds no rows"), "{err}");
+    assert_eq!(std::fs::read(dir.path().join("time-vs-m-n512-k6144-w4a16.svg")).unwrap(), before);
 }

@@ -92,6 +92,13 @@ pub fn screen_csv(a_type: &str, logs: &[OpLog]) -> String {
 /// Rows of a CSV in the format above (peers written by scripts/moe_peers.py); lines that do not
 /// parse are returned as errors naming their line.
 pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
+    // the columns are read by position: a file with other columns (renamed, reordered) is refused
+    let header = text.lines().next().unwrap_or("").trim_start_matches('\u{feff}').trim_end();
+    if header != CSV_HEADER {
+        return Err(format!(
+            "{origin}:1: not a bench-moe CSV: its header must be `{CSV_HEADER}`, found `{header}`"
+        ));
+    }
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if i == 0 || line.trim().is_empty() || line.starts_with('#') {
@@ -354,8 +361,13 @@ mod tests {
         assert_eq!(back.len(), 2);
         assert_eq!(back[1].implementation, "torch_grouped_mm_bf16");
         assert_eq!(back[0].median_us, 8.5);
-        let err = parse_csv("h\nmoe_gate_up,1,2\n", "p.csv").unwrap_err();
+        let err = parse_csv(&format!("{CSV_HEADER}\nmoe_gate_up,1,2\n"), "p.csv").unwrap_err();
         assert!(err.starts_with("p.csv:2:"), "{err}");
+        // another header (columns renamed or reordered) is refused: they are read by position
+        let swapped = text.replacen("median_us,lo_us,hi_us", "hi_us,lo_us,median_us", 1);
+        let err = parse_csv(&swapped, "s.csv").unwrap_err();
+        assert!(err.starts_with("s.csv:1: not a bench-moe CSV"), "{err}");
+        assert!(parse_csv("h\n", "h.csv").unwrap_err().contains("found `h`"));
         // a negative or non-finite time is refused with its line
         for bad in ["-8.5", "NaN"] {
             let text = csv(&rows).replacen("8.500", bad, 1);

@@ -170,7 +170,20 @@ pub fn run(args: CompileArgs) -> Result<()> {
     let a_type_name = a_type.to_possible_value().map_or("?".into(), |v| v.get_name().to_string());
     let mut filters = vec![(format!("activations: {a_type_name}"), variants.len())];
     if !names.is_empty() {
-        variants.retain(|c| names.iter().any(|n| *n == c.name() || *n == c.kernel_name()));
+        let named = |n: &String, c: &Variant| *n == c.name() || *n == c.kernel_name();
+        let unknown: Vec<&str> = names
+            .iter()
+            .filter(|n| !variants.iter().any(|c| named(n, c)))
+            .map(String::as_str)
+            .collect();
+        variants.retain(|c| names.iter().any(|n| named(n, c)));
+        // a list that names some variants and misses others is a typo, not a filter
+        if !variants.is_empty() && !unknown.is_empty() {
+            bail!(
+                "--names: no {family} variant of these filters is named {} (configuration or kernel names; --emit prints them)",
+                unknown.join(", ")
+            );
+        }
         filters.push((format!("--names {}", names.join(",")), variants.len()));
     }
     if let (Some(file), Some(path)) = (&file, &shapes) {

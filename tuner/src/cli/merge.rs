@@ -57,9 +57,8 @@ pub fn run(args: MergeArgs) -> Result<()> {
     use fp4tune::tune::select::SelectRules;
     let logs = expand(&logs)?;
     // The outputs must not land on each other nor on a log being merged (the log would be lost).
-    let same = |a: &std::path::Path, b: &std::path::Path| {
-        fp4tune::fsio::same_file(a, b).with_context(|| format!("resolving {}", a.display()))
-    };
+    // (its errors name the path they came from)
+    let same = |a: &std::path::Path, b: &std::path::Path| fp4tune::fsio::same_file(a, b);
     if let Some(t) = &table {
         if same(&out, t)? {
             bail!("--out {} and --table {} are the same file", out.display(), t.display());

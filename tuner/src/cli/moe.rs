@@ -201,7 +201,7 @@ fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
     let md_path = out.join("bench-moe.md");
     if !rows.iter().any(|r| r.implementation.starts_with("fp4tune_")) {
         bail!(
-            "{}: no fp4tune rows (an empty or header-only CSV): nothing to render, {} left as it was",
+            "{}: holds no fp4tune rows: nothing to render, {} left as it was",
             csv.display(),
             md_path.display()
         );

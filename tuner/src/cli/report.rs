@@ -39,7 +39,14 @@ pub fn run(a: ReportArgs) -> Result<()> {
     let mut gemm = Vec::new();
     let mut moe = Vec::new();
     for p in &a.bench {
-        match figures::read_bench(p)? {
+        let (n, file) = match figures::read_bench(p)? {
+            BenchFile::Gemm(rows) => (rows.len(), BenchFile::Gemm(rows)),
+            BenchFile::Moe(rows) => (rows.len(), BenchFile::Moe(rows)),
+        };
+        if n == 0 {
+            bail!("{}: holds no rows (a header alone): nothing of it to plot", p.display());
+        }
+        match file {
             BenchFile::Gemm(rows) => gemm.extend(rows),
             BenchFile::Moe(rows) => moe.extend(rows),
         }
