@@ -1,44 +1,137 @@
 #!/usr/bin/env bash
-# Reproduces the GPU results in results/ on a machine with an NVIDIA GPU (see results/README.md
-# for which file each step writes): the tune of the GLM-5 TP8 routed shapes (fused kernels, then
-# the dequantize-then-cuBLAS method on M >= 128), the dispatch-table check, the runtime and
-# composite GPU tests, the Rust/Python/C examples and the W4A16 benchmark; then (SUITE=1) the
-# whole GPU correctness suite, one activation type per step (a cold cubin cache needs minutes of
-# NVRTC per type); then (EXTRA=1) the EP tune and the W4A4 and prefill benchmarks.
+# Reproduces the GPU evidence in results/ on a machine with an NVIDIA GPU, in phases that each fit
+# a 10-minute call (results/README.md says which file each command writes):
+#   tests  the self-test, the library's GPU tests (grouped suites W4A16 and W4A4, routing forms,
+#          order kernels, routes, two-stream workspaces, the committed grouped entries, the CI
+#          gate's slowed-kernel test), a foreign table refused, the Python layer example
+#          (results/h200/gpu-tests.md, example-moe-layer.txt)
+#   moe    the torch peers and the grouped benchmark, W4A16 TP8 and EP8 (bench-moe.md, .csv,
+#          screen), then W4A4 (bench-moe-w4a4.*), each set's CSV merged with the peers once and
+#          rendered as one report
+#   tune   the README's main job from an empty cubin cache, timed (tune-default.md)
+#   gemm   the table check, the GEMM benchmarks (bench-w4a16*, bench-w4a4*), the C, Rust and
+#          Python GEMM examples
+#   suite  the GPU correctness suite of every GEMM variant, one activation type per step
+# Usage: OUT=<folder> scripts/gpu-run.sh [phase ...]   (no phase: all of them, in this order)
 #
-# Binaries come prebuilt in $B (default .device-bin/), so the GPU machine needs CUDA and a C
-# compiler but no cargo:
+# Binaries come prebuilt in $B (default .device-bin/), so the GPU machine needs CUDA, Python with
+# torch (the peers, the Python examples) and a C compiler, but no cargo:
 #   cargo build --release && cargo build --release --example gemm
-#   cargo test --release -p fp4tune --features gpu --no-run      # prints the test executables
+#   cargo test --release -p fp4tune --features gpu --no-run   # prints the test executables
 #   cp target/release/{fp4tune,libfp4tune.so,examples/gemm} .device-bin/
 #   cp <unittests src/lib.rs executable> .device-bin/fp4tune_lib
 #   cp <tests/gpu_gemm.rs executable> .device-bin/gpu_gemm
-# Every step has its own time limit so that one slow step cannot take the others' results with
-# it; SUITE=0 / EXTRA=0 skip those parts (e.g. to fit a per-call limit). Writes into $OUT; the
-# whole output of every step goes to $OUT/logs.txt.
+# Every step has its own time limit, so one slow step cannot take the others' results with it;
+# the whole output of every step goes to $OUT/log.txt. The cubin cache is $FP4TUNE_CACHE (default
+# /tmp/fp4tune-cache; kernels compiled on another machine are used only if its NVRTC build, which
+# `fp4tune compile` prints, is this machine's).
 set -u
-OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
 export FP4TUNE_CACHE=${FP4TUNE_CACHE:-/tmp/fp4tune-cache}
-B=${B:-.device-bin}; LOG=$OUT/logs.txt
-step() { local t=$1; shift; echo "== $* (limit ${t}s, at ${SECONDS}s)" >> "$LOG"; timeout "$t" "$@" >> "$LOG" 2>&1; echo "== exit $? at ${SECONDS}s" >> "$LOG"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv >> "$LOG" 2>&1
-step 200 "$B/fp4tune" tune --only routed --max-m 1024 --strategy model --budget 0.02 --out "$OUT"
-TABLE=$(ls "$OUT"/*.ron 2>/dev/null | head -n 1)
-step 20 "$B/fp4tune" table --check "$TABLE" --device 0
-step 60 "$B/fp4tune_lib" --test-threads 1 gpu_tests
-step 20 "$B/gemm" "$TABLE" 4
-step 40 python3 examples/python/glm5_expert.py --table "$TABLE" --lib "$B/libfp4tune.so"
-step 30 sh -c "cc examples/c/gemm.c -I include -L $B -lfp4tune -l:libcuda.so.1 -Wl,-rpath,\$PWD/$B -o /tmp/gemm_c && /tmp/gemm_c $TABLE"
-mkdir -p "$OUT/bench"
-step 190 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --m 1,4,16,1024 --max-candidates 150 --out "$OUT/bench"
-if [ "${SUITE:-1}" = 1 ]; then
+B=${B:-.device-bin}
+LOG=$OUT/log.txt
+TABLES=results/nvidia-h200.ron,results/nvidia-h200-ep8.ron
+step() {
+  local t=$1
+  shift
+  echo "== $* (limit ${t}s, at ${SECONDS}s)" >> "$LOG"
+  timeout "$t" "$@" >> "$LOG" 2>&1
+  echo "== exit $? at ${SECONDS}s" >> "$LOG"
+}
+
+# One bench-moe.csv of both sets: each set's fp4tune rows, the peers once; rendered with the TP8
+# report's title and provenance, its command line naming both runs.
+merge_moe() { # <tp8 dir> <ep8 dir> <peers csv> <out dir> <command of both runs>
+  mkdir -p "$4"
+  {
+    head -n 1 "$1/bench-moe.csv"
+    tail -n +2 "$1/bench-moe.csv" | awk -F, '$7 !~ /^torch_/'
+    tail -n +2 "$2/bench-moe.csv" | awk -F, '$7 !~ /^torch_/'
+    tail -n +2 "$3"
+  } > "$4/bench-moe.csv"
+  sed "s|^Command: .*|Command: \`$5\`|" "$1/bench-moe.md" > "$4/bench-moe.md"
+  step 20 "$B/fp4tune" bench --moe --render "$4/bench-moe.csv" --out "$4"
+}
+
+phase_tests() {
+  step 90 "$B/fp4tune" selftest
+  step 130 "$B/fp4tune_lib" --test-threads 1 grouped_moe_matches_the_cpu_reference
+  step 140 "$B/fp4tune_lib" --test-threads 1 grouped_moe_w4a4_matches
+  step 50 "$B/fp4tune_lib" --test-threads 1 grouped_moe_takes_a_down_k
+  step 150 "$B/fp4tune_lib" --test-threads 1 the_order_kernels_match both_routing_forms \
+    grouped_routes_name mma_probe_is_bit_exact selftest_passes_on split_k_launches_on_two \
+    dequantize_then_cublas_on_two gemm_through_the_table untuned_dispatcher_runs \
+    dequantize_then_cublas_entries dequant_then_cublas_matches committed_grouped_entries \
+    the_per_expert_loop_is slowed_kernel_is_correct
+  # a table of another GPU: one line each, no panic
+  sed 's/name: "NVIDIA H200", compute_capability: (9, 0), sm_count: 132/name: "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", compute_capability: (12, 0), sm_count: 188/' \
+    results/nvidia-h200.ron > "$OUT/foreign-sm120.ron"
+  step 10 "$B/fp4tune" table --check "$OUT/foreign-sm120.ron" --device 0
+  step 20 "$B/fp4tune" selftest --table "$OUT/foreign-sm120.ron"
+  step 60 python3 examples/python/glm5_moe_layer.py --table results/nvidia-h200.ron \
+    --lib "$B/libfp4tune.so" --tokens 1 8 64
+}
+
+phase_moe() {
+  local ms=1,2,4,8,16,32,64,128,256,512,1024,4096 set
+  step 90 python3 scripts/moe_peers.py --sets tp8,ep8 --m "$ms" --out "$OUT/moe-peers.csv"
+  for set in tp8 ep8; do
+    mkdir -p "$OUT/moe-$set"
+    step 300 "$B/fp4tune" bench --moe --set "$set" --m "$ms" --a-type w4a16 --quick \
+      --max-candidates 1 --peers "$OUT/moe-peers.csv" --table "$TABLES" --out "$OUT/moe-$set"
+  done
+  merge_moe "$OUT/moe-tp8" "$OUT/moe-ep8" "$OUT/moe-peers.csv" "$OUT/moe" \
+    "fp4tune bench --moe --set tp8 --m $ms --a-type w4a16 --quick --max-candidates 1 --peers moe-peers.csv --table $TABLES\` and the same with \`--set ep8"
+  ms=1,8,64,256,1024
+  step 60 python3 scripts/moe_peers.py --sets tp8,ep8 --m "$ms" --out "$OUT/moe-peers-w4a4.csv"
+  for set in tp8 ep8; do
+    mkdir -p "$OUT/moe-w4a4-$set"
+    step 250 "$B/fp4tune" bench --moe --set "$set" --m "$ms" --a-type w4a4 --quick \
+      --max-candidates 12 --peers "$OUT/moe-peers-w4a4.csv" --table "$TABLES" \
+      --out "$OUT/moe-w4a4-$set"
+  done
+  merge_moe "$OUT/moe-w4a4-tp8" "$OUT/moe-w4a4-ep8" "$OUT/moe-peers-w4a4.csv" "$OUT/moe-w4a4" \
+    "fp4tune bench --moe --set tp8 --m $ms --a-type w4a4 --quick --max-candidates 12 --peers moe-peers-w4a4.csv --table $TABLES\` and the same with \`--set ep8"
+}
+
+phase_tune() {
+  local cold
+  cold=$(mktemp -d)
+  mkdir -p "$OUT/tune-default"
+  FP4TUNE_CACHE=$cold step 590 "$B/fp4tune" tune --out "$OUT/tune-default"
+  rm -rf "$cold"
+}
+
+phase_gemm() {
+  step 20 "$B/fp4tune" table --check results/nvidia-h200.ron --device 0
+  mkdir -p "$OUT/bench" "$OUT/w4a4" "$OUT/prefill"
+  step 190 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --m 1,4,16,1024 \
+    --max-candidates 150 --out "$OUT/bench"
+  step 150 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --a-type w4a4 --m 1,16 \
+    --max-candidates 100 --out "$OUT/w4a4"
+  step 150 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --m 256,1024 --max-candidates 60 \
+    --out "$OUT/prefill"
+  step 20 "$B/gemm" results/nvidia-h200.ron 4
+  step 40 python3 examples/python/glm5_expert.py --table results/nvidia-h200.ron \
+    --lib "$B/libfp4tune.so"
+  step 30 sh -c "cc examples/c/gemm.c -I include -L $B -lfp4tune -l:libcuda.so.1 -Wl,-rpath,\$PWD/$B -o /tmp/gemm_c && /tmp/gemm_c results/nvidia-h200.ron"
+}
+
+phase_suite() {
   step 580 "$B/gpu_gemm" --test-threads 1 --nocapture every_variant_matches_the_cpu_reference_w4a16
   step 580 "$B/gpu_gemm" --test-threads 1 --nocapture every_variant_matches_the_cpu_reference_w4a4
-fi
-if [ "${EXTRA:-1}" = 1 ]; then
-  mkdir -p "$OUT/ep8" "$OUT/w4a4" "$OUT/prefill"
-  step 200 "$B/fp4tune" tune --set ep8 --only routed --max-m 1024 --strategy model --budget 0.02 --out "$OUT/ep8"
-  step 150 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --a-type w4a4 --m 1,16 --max-candidates 100 --out "$OUT/w4a4"
-  step 150 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --m 256,1024 --max-candidates 60 --out "$OUT/prefill"
-fi
-grep -v "running for over" "$LOG" | tail -60
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >> "$LOG" 2>&1
+[ $# -eq 0 ] && set -- tests moe tune gemm suite
+for phase in "$@"; do
+  case $phase in
+    tests | moe | tune | gemm | suite) "phase_$phase" ;;
+    *)
+      echo "unknown phase $phase (tests, moe, tune, gemm, suite)" >&2
+      exit 2
+      ;;
+  esac
+done
+grep -v "running for over" "$LOG" | grep -v "^test .* ok$" | tail -80
