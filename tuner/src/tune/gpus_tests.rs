@@ -4,6 +4,7 @@
 //! two models are refused; shards cover the campaign and merge into a one-run key set.
 use super::*;
 use crate::tune::fake_worker::install;
+use crate::tune::planner::Planner;
 use crate::tune::run::run;
 use crate::tune::select::{select, SelectRules};
 

@@ -8,6 +8,7 @@ pub(crate) mod fake_worker;
 pub mod log;
 pub mod merge;
 pub mod moe;
+pub mod planner;
 pub mod policy;
 pub mod race;
 pub mod race_replay;

@@ -1,7 +1,7 @@
 //! Tuning policy: which configurations every key measures first (the seeds), how a key's search
 //! strategy is driven (its step), and how many candidates one worker request carries.
 
-use super::run::{Planner, PlannerFactory};
+use super::planner::{Planner, PlannerFactory};
 use crate::problem::{AType, GemmProblem};
 use crate::search::{Budget, CostModel, DeviceModel, StrategyKind};
 use crate::template::{self, Family, GemmConfig};

@@ -4,6 +4,7 @@
 //! resume without measuring anything again.
 use super::*;
 use crate::tune::fake_worker::install;
+use crate::tune::planner::Planner;
 use crate::tune::select::{select, SelectRules};
 
 const FAKE: &str = r#"
