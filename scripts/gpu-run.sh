@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Reproduces the GPU evidence in results/ on a machine with an NVIDIA GPU, in phases that each fit
-# a 10-minute call (results/README.md says which file each command writes):
-#   tests  the self-test, the library's GPU tests (grouped suites W4A16 and W4A4, routing forms,
-#          order kernels, routes, two-stream workspaces, the committed grouped entries, the CI
-#          gate's slowed-kernel test), a foreign table refused, the Python layer example
-#          (results/h200/gpu-tests.md, example-moe-layer.txt)
-#   moe    the torch peers and the grouped benchmark, W4A16 TP8 and EP8 (bench-moe.md, .csv,
-#          screen), then W4A4 (bench-moe-w4a4.*), each set's CSV merged with the peers once and
-#          rendered as one report
-#   tune   the README's main job from an empty cubin cache, timed (tune-default.md)
-#   gemm   the table check, the GEMM benchmarks (bench-w4a16*, bench-w4a4*), the C, Rust and
-#          Python GEMM examples
-#   suite  the GPU correctness suite of every GEMM variant, one activation type per step
+# Reproduces the GPU evidence in results/ on a machine with an NVIDIA GPU, in phases whose step
+# limits add up to at most 590 s, so each fits one 10-minute call (results/README.md says which
+# file each command writes):
+#   tests        the self-test, the library's GPU tests (grouped suites W4A16 and W4A4, routing
+#                forms, order kernels, routes, two-stream workspaces, the committed grouped
+#                entries, the CI gate's slowed-kernel test), a foreign table refused, the Python
+#                layer example (results/h200/gpu-tests.md, example-moe-layer.txt)
+#   moe-w4a16    the torch peers and the grouped benchmark, W4A16, TP8 and EP8: $OUT/moe/ holds
+#                bench-moe.md, .csv and bench-moe-w4a16-screen.csv (both sets' fp4tune rows, the
+#                peers once: results/h200/bench-moe.*)
+#   moe-w4a4     the same for W4A4: $OUT/moe-w4a4/bench-moe.md, .csv, bench-moe-w4a4-screen.csv
+#                (results/h200/bench-moe-w4a4.md, .csv, bench-moe-w4a4-screen.csv)
+#   tune         the README's main job from an empty cubin cache, timed (tune-default.md)
+#   gemm         the table check, the GEMM benchmarks (bench-w4a16*, bench-w4a4*), the C, Rust
+#                and Python GEMM examples
+#   suite-w4a16, suite-w4a4   the GPU correctness suite of every GEMM variant
 # Usage: OUT=<folder> scripts/gpu-run.sh [phase ...]   (no phase: all of them, in this order)
 #
 # Binaries come prebuilt in $B (default .device-bin/), so the GPU machine needs CUDA, Python with
@@ -36,30 +39,35 @@ step() {
   local t=$1
   shift
   echo "== $* (limit ${t}s, at ${SECONDS}s)" >> "$LOG"
-  timeout "$t" "$@" >> "$LOG" 2>&1
+  timeout -k 10 "$t" "$@" >> "$LOG" 2>&1
   echo "== exit $? at ${SECONDS}s" >> "$LOG"
 }
 
-# One bench-moe.csv of both sets: each set's fp4tune rows, the peers once; rendered with the TP8
-# report's title and provenance, its command line naming both runs.
-merge_moe() { # <tp8 dir> <ep8 dir> <peers csv> <out dir> <command of both runs>
+# One bench-moe.csv of both sets: each set's fp4tune rows, the peers once (and one screen CSV,
+# its header once); rendered with the TP8 report's title and provenance, its command line naming
+# both runs.
+merge_moe() { # <tp8 dir> <ep8 dir> <peers csv> <out dir> <a_type> <command of both runs>
+  local screen=bench-moe-$5-screen.csv
   mkdir -p "$4"
   {
-    head -n 1 "$1/bench-moe.csv"
-    tail -n +2 "$1/bench-moe.csv" | awk -F, '$7 !~ /^torch_/'
-    tail -n +2 "$2/bench-moe.csv" | awk -F, '$7 !~ /^torch_/'
-    tail -n +2 "$3"
-  } > "$4/bench-moe.csv"
-  sed "s|^Command: .*|Command: \`$5\`|" "$1/bench-moe.md" > "$4/bench-moe.md"
+    {
+      head -n 1 "$1/bench-moe.csv"
+      tail -n +2 "$1/bench-moe.csv" | awk -F, '$7 !~ /^torch_/'
+      tail -n +2 "$2/bench-moe.csv" | awk -F, '$7 !~ /^torch_/'
+      tail -n +2 "$3"
+    } > "$4/bench-moe.csv"
+    { cat "$1/$screen"; tail -n +2 "$2/$screen"; } > "$4/$screen"
+    sed "s|^Command: .*|Command: \`$6\`|" "$1/bench-moe.md" > "$4/bench-moe.md"
+  } >> "$LOG" 2>&1
   step 20 "$B/fp4tune" bench --moe --render "$4/bench-moe.csv" --out "$4"
 }
 
-phase_tests() {
+phase_tests() { # 580 s
   step 90 "$B/fp4tune" selftest
-  step 130 "$B/fp4tune_lib" --test-threads 1 grouped_moe_matches_the_cpu_reference
-  step 140 "$B/fp4tune_lib" --test-threads 1 grouped_moe_w4a4_matches
-  step 50 "$B/fp4tune_lib" --test-threads 1 grouped_moe_takes_a_down_k
-  step 150 "$B/fp4tune_lib" --test-threads 1 the_order_kernels_match both_routing_forms \
+  step 110 "$B/fp4tune_lib" --test-threads 1 grouped_moe_matches_the_cpu_reference
+  step 130 "$B/fp4tune_lib" --test-threads 1 grouped_moe_w4a4_matches
+  step 40 "$B/fp4tune_lib" --test-threads 1 grouped_moe_takes_a_down_k
+  step 140 "$B/fp4tune_lib" --test-threads 1 the_order_kernels_match both_routing_forms \
     grouped_routes_name mma_probe_is_bit_exact selftest_passes_on split_k_launches_on_two \
     dequantize_then_cublas_on_two gemm_through_the_table untuned_dispatcher_runs \
     dequantize_then_cublas_entries dequant_then_cublas_matches committed_grouped_entries \
@@ -68,22 +76,25 @@ phase_tests() {
   sed 's/name: "NVIDIA H200", compute_capability: (9, 0), sm_count: 132/name: "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", compute_capability: (12, 0), sm_count: 188/' \
     results/nvidia-h200.ron > "$OUT/foreign-sm120.ron"
   step 10 "$B/fp4tune" table --check "$OUT/foreign-sm120.ron" --device 0
-  step 20 "$B/fp4tune" selftest --table "$OUT/foreign-sm120.ron"
-  step 60 python3 examples/python/glm5_moe_layer.py --table results/nvidia-h200.ron \
+  step 10 "$B/fp4tune" selftest --table "$OUT/foreign-sm120.ron"
+  step 50 python3 examples/python/glm5_moe_layer.py --table results/nvidia-h200.ron \
     --lib "$B/libfp4tune.so" --tokens 1 8 64
 }
 
-phase_moe() {
+phase_moe-w4a16() { # 580 s
   local ms=1,2,4,8,16,32,64,128,256,512,1024,4096 set
-  step 90 python3 scripts/moe_peers.py --sets tp8,ep8 --m "$ms" --out "$OUT/moe-peers.csv"
+  step 60 python3 scripts/moe_peers.py --sets tp8,ep8 --m "$ms" --out "$OUT/moe-peers.csv"
   for set in tp8 ep8; do
     mkdir -p "$OUT/moe-$set"
-    step 300 "$B/fp4tune" bench --moe --set "$set" --m "$ms" --a-type w4a16 --quick \
+    step 250 "$B/fp4tune" bench --moe --set "$set" --m "$ms" --a-type w4a16 --quick \
       --max-candidates 1 --peers "$OUT/moe-peers.csv" --table "$TABLES" --out "$OUT/moe-$set"
   done
-  merge_moe "$OUT/moe-tp8" "$OUT/moe-ep8" "$OUT/moe-peers.csv" "$OUT/moe" \
+  merge_moe "$OUT/moe-tp8" "$OUT/moe-ep8" "$OUT/moe-peers.csv" "$OUT/moe" w4a16 \
     "fp4tune bench --moe --set tp8 --m $ms --a-type w4a16 --quick --max-candidates 1 --peers moe-peers.csv --table $TABLES\` and the same with \`--set ep8"
-  ms=1,8,64,256,1024
+}
+
+phase_moe-w4a4() { # 580 s
+  local ms=1,8,64,256,1024 set
   step 60 python3 scripts/moe_peers.py --sets tp8,ep8 --m "$ms" --out "$OUT/moe-peers-w4a4.csv"
   for set in tp8 ep8; do
     mkdir -p "$OUT/moe-w4a4-$set"
@@ -91,26 +102,26 @@ phase_moe() {
       --max-candidates 12 --peers "$OUT/moe-peers-w4a4.csv" --table "$TABLES" \
       --out "$OUT/moe-w4a4-$set"
   done
-  merge_moe "$OUT/moe-w4a4-tp8" "$OUT/moe-w4a4-ep8" "$OUT/moe-peers-w4a4.csv" "$OUT/moe-w4a4" \
+  merge_moe "$OUT/moe-w4a4-tp8" "$OUT/moe-w4a4-ep8" "$OUT/moe-peers-w4a4.csv" "$OUT/moe-w4a4" w4a4 \
     "fp4tune bench --moe --set tp8 --m $ms --a-type w4a4 --quick --max-candidates 12 --peers moe-peers-w4a4.csv --table $TABLES\` and the same with \`--set ep8"
 }
 
-phase_tune() {
+phase_tune() { # 570 s
   local cold
   cold=$(mktemp -d)
   mkdir -p "$OUT/tune-default"
-  FP4TUNE_CACHE=$cold step 590 "$B/fp4tune" tune --out "$OUT/tune-default"
+  FP4TUNE_CACHE=$cold step 570 "$B/fp4tune" tune --out "$OUT/tune-default"
   rm -rf "$cold"
 }
 
-phase_gemm() {
+phase_gemm() { # 560 s
   step 20 "$B/fp4tune" table --check results/nvidia-h200.ron --device 0
   mkdir -p "$OUT/bench" "$OUT/w4a4" "$OUT/prefill"
-  step 190 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --m 1,4,16,1024 \
+  step 170 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --m 1,4,16,1024 \
     --max-candidates 150 --out "$OUT/bench"
-  step 150 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --a-type w4a4 --m 1,16 \
+  step 130 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --a-type w4a4 --m 1,16 \
     --max-candidates 100 --out "$OUT/w4a4"
-  step 150 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --m 256,1024 --max-candidates 60 \
+  step 130 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --m 256,1024 --max-candidates 60 \
     --out "$OUT/prefill"
   step 20 "$B/gemm" results/nvidia-h200.ron 4
   step 40 python3 examples/python/glm5_expert.py --table results/nvidia-h200.ron \
@@ -118,20 +129,28 @@ phase_gemm() {
   step 30 sh -c "cc examples/c/gemm.c -I include -L $B -lfp4tune -l:libcuda.so.1 -Wl,-rpath,\$PWD/$B -o /tmp/gemm_c && /tmp/gemm_c results/nvidia-h200.ron"
 }
 
-phase_suite() {
+phase_suite-w4a16() { # 580 s
   step 580 "$B/gpu_gemm" --test-threads 1 --nocapture every_variant_matches_the_cpu_reference_w4a16
+}
+
+phase_suite-w4a4() { # 580 s
   step 580 "$B/gpu_gemm" --test-threads 1 --nocapture every_variant_matches_the_cpu_reference_w4a4
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >> "$LOG" 2>&1
-[ $# -eq 0 ] && set -- tests moe tune gemm suite
-for phase in "$@"; do
-  case $phase in
-    tests | moe | tune | gemm | suite) "phase_$phase" ;;
+PHASES="tests moe-w4a16 moe-w4a4 tune gemm suite-w4a16 suite-w4a4"
+# shellcheck disable=SC2086 # the list splits into its names
+[ $# -eq 0 ] && set -- $PHASES
+for phase in "$@"; do # every name checked before anything runs
+  case " $PHASES " in
+    *" $phase "*) ;;
     *)
-      echo "unknown phase $phase (tests, moe, tune, gemm, suite)" >&2
+      echo "unknown phase $phase ($PHASES)" >&2
       exit 2
       ;;
   esac
+done
+for phase in "$@"; do
+  "phase_$phase"
 done
 grep -v "running for over" "$LOG" | grep -v "^test .* ok$" | tail -80

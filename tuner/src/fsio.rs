@@ -131,19 +131,23 @@ fn naming(path: &Path, e: std::io::Error) -> std::io::Error {
     }
 }
 
-/// Whether writes to `a` and to `b` land in the same file: the same path, a symbolic or hard link
-/// to the other, or two spellings of one path (`x` and `./d/../x`). Paths that do not exist yet
-/// are compared by their normalized spelling. An error names the path it came from.
+/// Whether writes to `a` and to `b` land in the same file: the same path, a symbolic link to the
+/// other, or two spellings of one path (`x` and `./d/../x`; paths that do not exist yet are
+/// compared by their normalized spelling); and, as a policy, two names of one existing file (a
+/// hard link: a write would rename over one name and leave the other). An error names the path
+/// it came from.
 pub fn same_file(a: &Path, b: &Path) -> std::io::Result<bool> {
-    // two names of one file (hard links): the same device and inode
-    #[cfg(unix)]
-    if let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-        use std::os::unix::fs::MetadataExt;
-        if (ma.dev(), ma.ino()) == (mb.dev(), mb.ino()) {
-            return Ok(true);
-        }
+    let la = landing(a).map_err(|e| naming(a, e))?;
+    let lb = landing(b).map_err(|e| naming(b, e))?;
+    if la == lb {
+        return Ok(true);
     }
-    Ok(landing(a).map_err(|e| naming(a, e))? == landing(b).map_err(|e| naming(b, e))?)
+    #[cfg(unix)]
+    if let (Ok(ma), Ok(mb)) = (std::fs::metadata(&la), std::fs::metadata(&lb)) {
+        use std::os::unix::fs::MetadataExt;
+        return Ok((ma.dev(), ma.ino()) == (mb.dev(), mb.ino()));
+    }
+    Ok(false)
 }
 
 /// The file a write to `path` lands in: its links resolved, its longest existing ancestor made
@@ -431,6 +435,7 @@ mod tests {
         assert!(same_file(&d.join("here/t.ron"), &table).unwrap());
         std::fs::hard_link(&table, d.join("hard.ron")).unwrap();
         assert!(same_file(&d.join("hard.ron"), &table).unwrap());
+        assert!(same_file(&d.join("missing/../hard.ron"), &table).unwrap());
         let e = write_atomic_all(&[(&table, b"a"), (&d.join("hard.ron"), b"b")]).unwrap_err();
         assert!(e.to_string().contains("are the same file"), "{e}");
         // an error names the path that caused it

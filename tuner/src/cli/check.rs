@@ -303,7 +303,8 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Written)> {
     report.notes.extend(notes);
     let md = a.out.join("check.md");
     let json = a.out.join("check.json");
-    // A run that could not check at all (no GPU, another GPU, an unusable baseline: a blocker)
+    // A run that could not check at all (a blocker: no GPU, another GPU or kernel family, stale
+    // template hashes, an unusable baseline)
     // does not replace the report of one that could: the earlier result stays where it is. A
     // run that measured entries writes its report, whatever its exit status.
     if !report.blockers.is_empty() && (md.exists() || json.exists()) {

@@ -277,8 +277,6 @@ pub fn tune_phase(
     let read_gbps = Floors::new(&gpu, &compiler)?.read_bandwidth(&spec.policy, 2 << 30)?;
     let kernels = MoeKernels::load(&gpu, &compiler)?;
     let launcher = MoeLauncher { gpu: &gpu, kernels: &kernels };
-    // Progress lines before the entries are saved are best effort: one that cannot be written
-    // (a closed standard output) must not stop the measuring; the last line reports the error.
     // How many of its first screens' kernels the cubin cache holds (compiled ahead in the GEMM
     // keys' background, by `compile --configs pools`, or by an earlier run).
     let mut names = std::collections::HashSet::new();
@@ -288,12 +286,19 @@ pub fn tune_phase(
             .map(|c| c.source())
             .filter(|s| names.insert(s.kernel_name.clone()))
             .collect();
+    let cached = match (compiler.cache_dir(), compiler.cache_warning()) {
+        (Some(_), None) => format!(
+            "{} of the {} kernels of its first screens in the cubin cache",
+            compiler.count_cached(&distinct),
+            distinct.len()
+        ),
+        _ => "no cubin cache in use".to_string(),
+    };
+    // Progress lines before the entries are saved are best effort: one that cannot be written
+    // (a closed standard output) must not stop the measuring; the last line reports the error.
     let _ = outln!(
-        "grouped MoE phase: {shape}, buckets {:?}, read bandwidth {read_gbps:.0} GB/s, {} of the {} \
-         kernels of its first screens in the cubin cache",
-        spec.buckets,
-        compiler.count_cached(&distinct),
-        distinct.len()
+        "grouped MoE phase: {shape}, buckets {:?}, read bandwidth {read_gbps:.0} GB/s, {cached}",
+        spec.buckets
     );
     let (entries, logs) = tune_moe(&gpu, &compiler, &launcher, &spec, read_gbps, &|e| match e {
         MoeTuneEvent::Key { .. } => {}

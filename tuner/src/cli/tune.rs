@@ -199,11 +199,15 @@ pub fn run(args: TuneArgs) -> Result<()> {
         let info = fp4tune::gpu::Gpu::open(first_gpu)?.info().clone();
         let moe_a_type = super::moe::phase_a_type(&shape, a_type, &info, &layer)
             .map_err(|e| anyhow::anyhow!("{e} (--no-moe tunes the GEMM keys alone)"))?;
-        let family = fp4tune::runtime::family_for(&info)?;
-        let phase =
-            fp4tune::tune::moe::MoeTuneSpec::for_layer(shape, moe_a_type, total, &moe_buckets);
-        ahead =
-            fp4tune::tune::moe::first_pools(family, &phase).iter().map(|c| c.source()).collect();
+        if racing {
+            let family = fp4tune::runtime::family_for(&info)?;
+            let phase =
+                fp4tune::tune::moe::MoeTuneSpec::for_layer(shape, moe_a_type, total, &moe_buckets);
+            ahead = fp4tune::tune::moe::first_pools(family, &phase)
+                .iter()
+                .map(|c| c.source())
+                .collect();
+        }
     }
     let selection = gpus.unwrap_or(GpuSelection::List(vec![device]));
     let spec = TuneSpec {

@@ -220,16 +220,13 @@ impl Compiler {
             return Precompiled::default();
         };
         let keys: Vec<String> = sources.par_iter().map(|s| self.key(s)).collect();
-        let cached: Vec<bool> = keys.par_iter().map(|k| disk.contains(k)).collect();
-        // each key once (sources that are one kernel, e.g. walk variants, compile once)
+        // each key once (sources that are one kernel, e.g. walk variants, are one entry)
         let mut seen = std::collections::HashSet::new();
-        let todo: Vec<(&KernelSource, &String)> = sources
-            .iter()
-            .zip(&keys)
-            .zip(&cached)
-            .filter(|((_, k), c)| !**c && seen.insert(k.as_str()))
-            .map(|(sk, _)| sk)
-            .collect();
+        let distinct: Vec<(&KernelSource, &String)> =
+            sources.iter().zip(&keys).filter(|(_, k)| seen.insert(k.as_str())).collect();
+        let cached: Vec<bool> = distinct.par_iter().map(|(_, k)| disk.contains(k)).collect();
+        let todo: Vec<(&KernelSource, &String)> =
+            distinct.iter().zip(&cached).filter(|(_, c)| !**c).map(|(sk, _)| *sk).collect();
         let compiled = todo
             .par_iter()
             .filter(|(s, key)| {

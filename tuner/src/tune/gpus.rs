@@ -437,9 +437,10 @@ pub fn run(
         if !background.is_empty() {
             let (stop, background) = (&stop, &background);
             scope.spawn(move || {
-                // Near key order: a chunk of two kernels per core at a time; each kernel checks
+                // Near key order: a chunk of one kernel per core at a time (a refinement round's
+                // compile on the same cores waits for one chunk at most); each kernel checks
                 // `stop`, so a finished campaign stops it after the kernels being compiled.
-                for chunk in background.chunks(2 * rayon::current_num_threads()) {
+                for chunk in background.chunks(rayon::current_num_threads()) {
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }
@@ -564,7 +565,6 @@ pub fn run(
     })
 }
 
-/// One GPU's share of the campaign: its keys, then keys failed GPUs left, until none is left
 /// Sets its flag when dropped: on every way out of the scope that holds it, a panic included.
 struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
 
@@ -574,6 +574,7 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
+/// One GPU's share of the campaign: its keys, then keys failed GPUs left, until none is left
 /// anywhere; a worker that cannot be brought back hands its keys on.
 fn gpu_thread(
     mut c: Campaign<'_>,

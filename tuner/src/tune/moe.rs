@@ -415,9 +415,19 @@ mod tests {
         assert_eq!(distinct.len(), pools.len(), "each configuration once");
         for &tokens in &spec.buckets {
             let [uniform, _] = spec.draws(tokens);
-            let schedule = RouteSchedule::build(&uniform.ids(), 0, spec.shape.experts);
+            let schedule =
+                RouteSchedule::build(&uniform.ids(), spec.expert_begin, spec.shape.experts);
             for op in MoeOp::ALL {
-                let screen = spec.screen_of(Family::Sm90, &schedule, op, &[]);
+                // what the tune screens, spelled out: the space's spread, its tiled kernels by
+                // size, the seeds (no carried pick)
+                let screen = screen_candidates(
+                    (Family::Sm90, AType::Bf16, op),
+                    &schedule,
+                    &spec.shape,
+                    DEFAULT_SCREEN,
+                    &[],
+                    |_| true,
+                );
                 assert!(!screen.is_empty());
                 for c in screen {
                     assert!(distinct.contains(&c), "B = {tokens}: {c} missing");
