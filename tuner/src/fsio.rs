@@ -100,14 +100,14 @@ pub fn write_atomic_all(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     let mut staged = staged.into_iter();
     while let Some(s) = staged.next() {
-        if let Err(e) = std::fs::rename(&s.tmp, &s.target) {
-            let target = s.target.clone();
-            s.discard();
-            staged.for_each(Staged::discard);
-            return Err(naming(&target, e));
-        }
-        if !dirs.contains(&s.dir) {
-            dirs.push(s.dir);
+        let target = s.target.clone();
+        match s.rename() {
+            Ok(dir) if !dirs.contains(&dir) => dirs.push(dir),
+            Ok(_) => {}
+            Err(e) => {
+                staged.for_each(Staged::discard);
+                return Err(naming(&target, e));
+            }
         }
     }
     for d in &dirs {
@@ -230,11 +230,18 @@ impl Staged {
 
     /// Rename into place, then make the rename durable.
     fn commit(self) -> std::io::Result<()> {
-        if let Err(e) = std::fs::rename(&self.tmp, &self.target) {
-            self.discard();
-            return Err(e);
+        sync_dir(&self.rename()?)
+    }
+
+    /// Rename into place (the temporary file removed if that fails); the folder to sync.
+    fn rename(self) -> std::io::Result<PathBuf> {
+        match std::fs::rename(&self.tmp, &self.target) {
+            Ok(()) => Ok(self.dir),
+            Err(e) => {
+                self.discard();
+                Err(e)
+            }
         }
-        sync_dir(&self.dir)
     }
 
     fn discard(self) {

@@ -156,7 +156,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
     let mut variants: Vec<Variant> = Vec::new();
     for t in requested.iter().copied().filter(|t| supported.contains(t)) {
         if gemm {
-            variants.extend(gemm_configs(family, t, set, file.is_some().then_some(&sets))?);
+            variants.extend(gemm_configs(family, t, set, &sets));
         }
         if grouped && grouped_a_types(family).contains(&t) {
             for &(shape, total) in &layers {
@@ -292,14 +292,14 @@ pub fn run(args: CompileArgs) -> Result<()> {
     Ok(())
 }
 
-/// The GEMM configurations of `set` for activations `t` (the pools: of `sets`, the file's, else
-/// of the embedded GLM-5 TP8 set).
+/// The GEMM configurations of `set` for activations `t` (the pools: of `sets`, the shape file's
+/// or the embedded GLM-5 TP8 set).
 fn gemm_configs(
     family: Family,
     t: AType,
     set: CompileSet,
-    file_sets: Option<&Vec<fp4tune::shapes::ShapeSet>>,
-) -> Result<Vec<Variant>> {
+    sets: &[fp4tune::shapes::ShapeSet],
+) -> Vec<Variant> {
     let configs: Vec<GemmConfig> = match set {
         CompileSet::Space => template::search_space(family, t),
         CompileSet::Seeds => {
@@ -309,11 +309,6 @@ fn gemm_configs(
         }
         CompileSet::Representative => template::representative_configs(family, t),
         CompileSet::Pools => {
-            let sets = match file_sets {
-                Some(s) => s.clone(),
-                None => vec![ShapeFile::glm5()?
-                    .into_set(fp4tune::shapes::DEFAULT_SET, "<embedded GLM-5>")?],
-            };
             let device = match family {
                 Family::Sm90 => "NVIDIA H200",
                 Family::Sm120 => "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
@@ -322,7 +317,7 @@ fn gemm_configs(
             let opts = fp4tune::tune::race::RaceOptions::default();
             let space = template::search_space(family, t);
             let mut out = Vec::new();
-            for set in &sets {
+            for set in sets {
                 for (_, p) in set.problems(t) {
                     let legal: Vec<GemmConfig> =
                         space.iter().copied().filter(|c| c.check_problem(&p).is_ok()).collect();
@@ -342,7 +337,7 @@ fn gemm_configs(
             out
         }
     };
-    Ok(configs.into_iter().map(Variant::Gemm).collect())
+    configs.into_iter().map(Variant::Gemm).collect()
 }
 
 /// The grouped MoE configurations of `set` for the routed layer `shape` (`total` routed experts

@@ -39,16 +39,10 @@ pub fn run(a: ReportArgs) -> Result<()> {
     let mut gemm = Vec::new();
     let mut moe = Vec::new();
     for p in &a.bench {
-        let (n, file) = match figures::read_bench(p)? {
-            BenchFile::Gemm(rows) => (rows.len(), BenchFile::Gemm(rows)),
-            BenchFile::Moe(rows) => (rows.len(), BenchFile::Moe(rows)),
-        };
-        if n == 0 {
-            bail!("{}: holds no rows (a header alone): nothing of it to plot", p.display());
-        }
-        match file {
-            BenchFile::Gemm(rows) => gemm.extend(rows),
-            BenchFile::Moe(rows) => moe.extend(rows),
+        match figures::read_bench(p)? {
+            BenchFile::Gemm(rows) if !rows.is_empty() => gemm.extend(rows),
+            BenchFile::Moe(rows) if !rows.is_empty() => moe.extend(rows),
+            _ => bail!("{}: holds no rows (a header alone): nothing of it to plot", p.display()),
         }
     }
     let tables: Vec<(fp4tune::table::Table, String)> = a

@@ -85,19 +85,13 @@ pub fn build() -> Result<NvrtcBuild, NvrtcError> {
 
 fn empty_kernel_ptx() -> Result<String, NvrtcError> {
     let name = "fp4tune_nvrtc_build";
-    let api = |call: &'static str| {
-        move |e: result::NvrtcError| NvrtcError::Api { name: name.to_string(), call, code: e.0 }
-    };
-    let src = CString::new("extern \"C\" __global__ void fp4tune_nvrtc_build() {}")
-        .expect("no NUL in the probe");
-    let cname = CString::new(name).expect("no NUL in the name");
-    let prog = result::create_program(&src, Some(&cname)).map_err(api("nvrtcCreateProgram"))?;
-    let guard = Program(prog);
-    // SAFETY: `prog` was created above and is destroyed only by `guard`'s drop.
-    unsafe { result::compile_program(guard.0, &["--gpu-architecture=compute_80"]) }
-        .map_err(api("nvrtcCompileProgram"))?;
-    // SAFETY: as above; the program compiled.
-    let ptx = unsafe { result::get_ptx(guard.0) }.map_err(api("nvrtcGetPTX"))?;
+    let (program, _) = compile(
+        name,
+        "extern \"C\" __global__ void fp4tune_nvrtc_build() {}",
+        &["--gpu-architecture=compute_80".to_string()],
+    )?;
+    // SAFETY: the program compiled; `program` destroys it only when dropped.
+    let ptx = unsafe { result::get_ptx(program.0) }.map_err(api(name, "nvrtcGetPTX"))?;
     Ok(c_chars_to_string(&ptx))
 }
 
@@ -122,28 +116,40 @@ pub fn parse_ptx_header(ptx: &str) -> (Option<String>, Option<String>) {
     (release, build_id)
 }
 
+/// An NVRTC API failure of `call` on the program `name`.
+fn api<'a>(name: &'a str, call: &'static str) -> impl Fn(result::NvrtcError) -> NvrtcError + 'a {
+    move |e| NvrtcError::Api { name: name.to_string(), call, code: e.0 }
+}
+
+/// Create and compile one program (`name` in diagnostics): the program, destroyed when dropped,
+/// and its log; a failed compile is `NvrtcError::Compile` with the options and the full log.
+fn compile(name: &str, code: &str, options: &[String]) -> Result<(Program, String), NvrtcError> {
+    load_nvrtc()?;
+    let src = CString::new(code).map_err(|_| NvrtcError::NulInSource(name.to_string()))?;
+    let cname = CString::new(name).map_err(|_| NvrtcError::NulInSource(name.to_string()))?;
+    let prog =
+        result::create_program(&src, Some(&cname)).map_err(api(name, "nvrtcCreateProgram"))?;
+    let guard = Program(prog);
+    // SAFETY: `prog` was created above and is destroyed only by `guard`'s drop.
+    let compiled = unsafe { result::compile_program(guard.0, options) };
+    // SAFETY: as above.
+    let log =
+        unsafe { result::get_program_log(guard.0) }.map_err(api(name, "nvrtcGetProgramLog"))?;
+    let log = c_chars_to_string(&log);
+    if compiled.is_err() {
+        return Err(NvrtcError::Compile { name: name.to_string(), options: options.to_vec(), log });
+    }
+    Ok((guard, log))
+}
+
 /// Compile `code` (named `name` in diagnostics) to a CUBIN for the architecture in `options`.
 pub fn compile_cubin(
     name: &str,
     code: &str,
     options: &[String],
 ) -> Result<NvrtcOutput, NvrtcError> {
-    load_nvrtc()?;
-    let src = CString::new(code).map_err(|_| NvrtcError::NulInSource(name.to_string()))?;
-    let cname = CString::new(name).map_err(|_| NvrtcError::NulInSource(name.to_string()))?;
-    let api = |call: &'static str| {
-        move |e: result::NvrtcError| NvrtcError::Api { name: name.to_string(), call, code: e.0 }
-    };
-    let prog = result::create_program(&src, Some(&cname)).map_err(api("nvrtcCreateProgram"))?;
-    let guard = Program(prog);
-    // SAFETY: `prog` was created above and is destroyed only by `guard`'s drop.
-    let compiled = unsafe { result::compile_program(guard.0, options) };
-    // SAFETY: as above.
-    let log = unsafe { result::get_program_log(guard.0) }.map_err(api("nvrtcGetProgramLog"))?;
-    let log = c_chars_to_string(&log);
-    if compiled.is_err() {
-        return Err(NvrtcError::Compile { name: name.to_string(), options: options.to_vec(), log });
-    }
+    let (guard, log) = compile(name, code, options)?;
+    let api = |call| api(name, call);
     let mut size = 0usize;
     // SAFETY: `prog` compiled successfully; `size` is valid for writes.
     unsafe { sys::nvrtcGetCUBINSize(guard.0, &mut size) }

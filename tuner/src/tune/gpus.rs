@@ -417,9 +417,8 @@ pub fn run(
     // campaign ends are compiled by their phase
     let mut background = distinct;
     if spec.race.is_some() {
-        let mut names: HashSet<String> = background.iter().map(|s| s.kernel_name.clone()).collect();
-        background
-            .extend(spec.ahead.iter().filter(|s| names.insert(s.kernel_name.clone())).cloned());
+        // a kernel listed twice is compiled once (`Compiler::precompile_until`, the disk cache)
+        background.extend(spec.ahead.iter().cloned());
     }
 
     let sink = Sink { inner: Mutex::new((log::Writer::open(&log_path)?, Vec::new())) };
