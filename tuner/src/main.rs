@@ -135,8 +135,47 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Parse the command line. Help and version print as clap writes them; a usage error (an unknown
+/// argument, an invalid value) is one line on standard error, its parts joined, and exit status 2.
+fn parse() -> Result<Cli, std::process::ExitCode> {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr().lock(), "{}", one_line(&e.render().to_string()));
+            Err(std::process::ExitCode::from(2))
+        }
+    }
+}
+
+/// clap's rendering of a usage error on one line: its non-empty lines trimmed and joined with
+/// "; ", without the closing pointer to `--help`.
+fn one_line(rendered: &str) -> String {
+    rendered
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => std::process::ExitCode::from(EXIT_BROKEN_PIPE),
         Err(e) => {

@@ -718,3 +718,40 @@ fn failed_commands_keep_what_they_were_given() {
     assert_clean_error(ok, &err, &["header.csv", "holds no fp4tune rows"]);
     assert_eq!(std::fs::read(d.join("bench/bench-moe.md")).unwrap(), md);
 }
+
+/// A usage error (an unknown argument or subcommand, a value clap refuses, a missing value) is one
+/// line with exit status 2; help and version still print in full on standard output.
+#[test]
+fn usage_errors_are_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    for args in [
+        &["tune", "--a-type", "foo"][..],
+        &["tune", "--bogus"],
+        &["bench", "--m"],
+        &["nosuchcommand"],
+        &["tune", "--gpus", "0,0"],
+    ] {
+        let out = Command::new(fp4tune())
+            .args(args)
+            .current_dir(d.path())
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .expect("the binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("For more information"), "{err}");
+    }
+    let out = Command::new(fp4tune())
+        .args(["tune", "--a-type", "foo"])
+        .output()
+        .expect("the binary runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("'foo'") && err.contains("w4a16"), "{err}");
+    for args in [&["--help"][..], &["tune", "--help"], &["--version"]] {
+        let out = Command::new(fp4tune()).args(args).output().expect("the binary runs");
+        assert!(out.status.success(), "{args:?}");
+        assert!(!out.stdout.is_empty() && out.stderr.is_empty(), "{args:?}");
+    }
+}
