@@ -16,6 +16,7 @@
 #                and Python GEMM examples
 #   suite-w4a16, suite-w4a4   the GPU correctness suite of every GEMM variant
 # Usage: OUT=<folder> scripts/gpu-run.sh [phase ...]   (no phase: all of them, in this order)
+# (TABLES=<tp8 table>,<ep8 table> benchmarks other tables than the committed ones)
 #
 # Binaries come prebuilt in $B (default .device-bin/), so the GPU machine needs CUDA, Python with
 # torch (the peers, the Python examples) and a C compiler, but no cargo:
@@ -34,7 +35,7 @@ mkdir -p "$OUT"
 export FP4TUNE_CACHE=${FP4TUNE_CACHE:-/tmp/fp4tune-cache}
 B=${B:-.device-bin}
 LOG=$OUT/log.txt
-TABLES=results/nvidia-h200.ron,results/nvidia-h200-ep8.ron
+TABLES=${TABLES:-results/nvidia-h200.ron,results/nvidia-h200-ep8.ron} # the grouped benchmarks' tables
 step() {
   local t=$1
   shift
