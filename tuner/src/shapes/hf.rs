@@ -11,8 +11,9 @@
 //! - `qwen3_moe`, `qwen2_moe`, `qwen3_next`: `hidden_size`, `moe_intermediate_size`, `num_experts`,
 //!   `num_experts_per_tok`, `num_hidden_layers`, `decoder_sparse_step` (optional, default 1),
 //!   `mlp_only_layers` (optional, default none; layer i is MoE when it is not listed and
-//!   `(i + 1) % decoder_sparse_step == 0`), `shared_expert_intermediate_size` (optional; absent or 0:
-//!   no shared expert), and `intermediate_size` for dense layers when there are any.
+//!   `(i + 1) % decoder_sparse_step == 0`), `shared_expert_intermediate_size` (`qwen2_moe` and
+//!   `qwen3_next` only, required: their layers always hold a shared expert; `qwen3_moe` layers have
+//!   none), and `intermediate_size` for dense layers when there are any.
 //! - `mixtral`: `hidden_size`, `intermediate_size` (the expert size), `num_local_experts`,
 //!   `num_experts_per_tok`, `num_hidden_layers`; every layer is MoE, no shared expert.
 
@@ -274,14 +275,14 @@ impl HfMoeConfig {
                 let key = "moe_intermediate_size";
                 let routed = MlpSize { intermediate: keys.size(key)?, key };
                 let experts = experts("num_experts")?;
-                let shared = match keys.opt_u32("shared_expert_intermediate_size")? {
-                    None | Some(0) => None,
-                    Some(i) => {
-                        let key = "shared_expert_intermediate_size";
-                        let i =
-                            keys.at_most(key, i, MAX_DIM, "a size of at most 1048576 (2^20)")?;
-                        Some(MlpSize { intermediate: i, key })
-                    }
+                // Qwen2-MoE and Qwen3-Next layers always hold a shared expert (a config without
+                // its size would get the library's default, which this derivation does not guess);
+                // Qwen3-MoE layers never do, whatever the config says.
+                let shared = if model_type == "qwen3_moe" {
+                    None
+                } else {
+                    let key = "shared_expert_intermediate_size";
+                    Some(MlpSize { intermediate: keys.size(key)?, key })
                 };
                 let step = keys.positive_or("decoder_sparse_step", 1)?;
                 // A set: one pass over the layers, one lookup each (a list scan per layer was

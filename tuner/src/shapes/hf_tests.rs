@@ -116,6 +116,7 @@ fn qwen3_next_routes_ten_of_512_experts_beside_a_shared_one() {
 #[test]
 fn qwen_mlp_only_layers_sparse_step_and_shared_expert() {
     let text = edited("qwen3-moe-config.json", |o| {
+        o.insert("model_type".into(), "qwen2_moe".into());
         o.insert("mlp_only_layers".into(), serde_json::json!([0, 1]));
         o.insert("decoder_sparse_step".into(), 2.into());
         o.insert("shared_expert_intermediate_size".into(), 1024.into());
@@ -127,6 +128,33 @@ fn qwen_mlp_only_layers_sparse_step_and_shared_expert() {
     assert_eq!(nk(&set, Op::SharedGateUp), Some((1024, 2048, 1, 23)));
     assert_eq!(nk(&set, Op::DenseGateUp), Some((6144, 2048, 1, 25)));
     assert_eq!(nk(&set, Op::DenseDown), Some((2048, 3072, 1, 25)));
+}
+
+/// Qwen2-MoE and Qwen3-Next configs must size their shared expert (their layers always hold one;
+/// the library's default is not guessed); a Qwen3-MoE config's key is not read (no shared expert).
+#[test]
+fn qwen_shared_expert_size_by_model_type() {
+    for model_type in ["qwen2_moe", "qwen3_next"] {
+        for value in [None, Some(Value::Null), Some(Value::from(0))] {
+            let text = edited("qwen3-moe-config.json", |o| {
+                o.insert("model_type".into(), model_type.into());
+                if let Some(v) = value.clone() {
+                    o.insert("shared_expert_intermediate_size".into(), v);
+                }
+            });
+            let e = HfMoeConfig::from_json(&text, "cfg.json").unwrap_err().to_string();
+            assert!(e.starts_with("cfg.json: ") && !e.contains('\n'), "{e}");
+            assert!(e.contains("shared_expert_intermediate_size"), "{e}");
+        }
+    }
+    let text = edited("qwen3-moe-config.json", |o| {
+        o.insert("shared_expert_intermediate_size".into(), 1024.into());
+    });
+    let set = HfMoeConfig::from_json(&text, "q")
+        .unwrap()
+        .shape_set(Parallelism::new(1, 1), &[1])
+        .unwrap();
+    assert_eq!(nk(&set, Op::SharedGateUp), None);
 }
 
 #[test]
@@ -384,6 +412,8 @@ fn huge_counts_and_sizes_are_refused_and_derivation_is_linear() {
         ("shared_expert_intermediate_size", 1 << 31),
     ] {
         let text = edited("qwen3-moe-config.json", |o| {
+            o.insert("model_type".into(), "qwen2_moe".into());
+            o.insert("shared_expert_intermediate_size".into(), 512.into());
             o.insert(key.into(), Value::from(value));
         });
         let e = HfMoeConfig::from_json(&text, "cfg.json").unwrap_err().to_string();
