@@ -20,7 +20,12 @@
  *
  * Errors: every function returning int returns an fp4tune_status; on failure
  * fp4tune_last_error() holds a message for the calling thread. Thread safety: a dispatcher may be
- * used by several threads at once; close it once, after all other calls returned.
+ * used by several threads at once; close it once, after all other calls returned. A call that
+ * touches the device makes the device's primary context current on the calling thread and leaves
+ * it current (the context cudaSetDevice(device) selects): a thread that drives several devices
+ * selects its device again after calling into another device's dispatcher. The void calls
+ * (fp4tune_close, the workspace destroys) report nothing: call fp4tune_synchronize first to see
+ * an asynchronous kernel error.
  *
  * Streams: split-K kernels and dequantize-then-cuBLAS entries need scratch memory. Give every
  * stream that launches GEMMs a workspace of its own (fp4tune_gemm_workspace_create, sized at
@@ -125,8 +130,11 @@ FP4TUNE_API void fp4tune_gemm_workspace_destroy(fp4tune_gemm_workspace* ws);
 /* Device bytes the workspace occupies (0 for NULL). */
 FP4TUNE_API size_t fp4tune_gemm_workspace_bytes(const fp4tune_gemm_workspace* ws);
 
-/* fp4tune_gemm with `ws` (a workspace of `d`) as the scratch: no allocation, no synchronization,
- * no exclusive lock (capturable; codes prepared for the grouped layer are refused). A launch that
+/* fp4tune_gemm with `ws` (a workspace of `d`) as the scratch: no allocation, no synchronization
+ * (capturable; codes prepared for the grouped layer are refused). It reads the list of prepared
+ * codes under a shared lock, which fp4tune_moe_prepare_weights and fp4tune_moe_restore_weights
+ * hold exclusively while they run (load time), and a shape outside the table counts its fallback
+ * launches under a short lock. A launch that
  * needs more than ws holds (M above its max_m on a split-K or
  * dequantize-then-cuBLAS route, or a shape outside the table whose fallback uses split-K), or a
  * workspace of another dispatcher, returns FP4TUNE_ERR_INVALID_ARGUMENT before anything is
@@ -223,7 +231,8 @@ FP4TUNE_API int fp4tune_moe_forget_weights(const fp4tune_dispatcher* d, int32_t 
                                            int32_t experts, uint32_t projection, uint64_t codes);
 
 /* A workspace for up to max_tokens tokens of the layer; the table must have grouped entries for
- * it. On failure *out is NULL. */
+ * it, and max_tokens is at most (65535 - experts) * 8 / top_k (the grouped kernels' tile grid).
+ * Launches through `d` refuse a workspace of another dispatcher. On failure *out is NULL. */
 FP4TUNE_API int fp4tune_moe_workspace_create(const fp4tune_dispatcher* d, int32_t hidden,
                                              int32_t inter, int32_t experts, int32_t top_k,
                                              int32_t max_tokens, fp4tune_moe_workspace** out);
@@ -236,7 +245,9 @@ FP4TUNE_API int fp4tune_moe_layer(const fp4tune_dispatcher* d, fp4tune_moe_works
                                   const fp4tune_moe_args* args, uint64_t stream);
 
 /* The steps alone, in this order on one stream: the routed-row schedule of topk_ids; gate_up
- * (H in the workspace); down and the weighted sum into y. */
+ * (H in the workspace); down and the weighted sum into y. gate_up and down refuse a call whose
+ * routing (topk_ids pointer, tokens, expert_begin) is not the one the workspace's last align
+ * (alone or in fp4tune_moe_layer) was enqueued for. */
 FP4TUNE_API int fp4tune_moe_align(const fp4tune_dispatcher* d, fp4tune_moe_workspace* ws,
                                   const fp4tune_moe_args* args, uint64_t stream);
 FP4TUNE_API int fp4tune_moe_gate_up(const fp4tune_dispatcher* d, fp4tune_moe_workspace* ws,

@@ -92,7 +92,9 @@ thread_local! {
 
 fn set_error(message: &str) {
     let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    // `try_with`: a call from a thread-exit destructor, after this thread's storage is gone,
+    // must not panic inside an `extern "C"` function (that aborts the process).
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
 }
 
 type Failure = (Status, String);
@@ -171,7 +173,17 @@ fn dims(m: i32, n: i32, k: i32) -> Result<(u32, u32, u32), Failure> {
     Ok((m as u32, n as u32, k as u32))
 }
 
-/// Copy `text` into `buf` (at most `len` bytes, always NUL-terminated when `len > 0`).
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+fn prefix_within(text: &str, max: usize) -> &str {
+    let mut n = text.len().min(max);
+    while !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    &text[..n]
+}
+
+/// Copy `text` into `buf` (at most `len` bytes, always NUL-terminated when `len > 0`; a text
+/// longer than `len - 1` bytes is cut at a character boundary, so what is written stays UTF-8).
 ///
 /// # Safety
 /// `buf` must be NULL (then `len` must be 0) or valid for `len` bytes of writes.
@@ -179,7 +191,8 @@ unsafe fn write_str(text: &str, buf: *mut c_char, len: usize) -> Result<(), Fail
     if buf.is_null() || len == 0 {
         return Err(invalid("output buffer is NULL or empty"));
     }
-    let n = text.len().min(len - 1);
+    let text = prefix_within(text, len - 1);
+    let n = text.len();
     // SAFETY: `buf` holds `len` > n bytes per the contract; source and destination do not overlap.
     unsafe {
         std::ptr::copy_nonoverlapping(text.as_ptr() as *const c_char, buf, n);
@@ -205,7 +218,8 @@ pub extern "C" fn fp4tune_abi_version() -> u32 {
 /// valid until the next failing fp4tune call on this thread.
 #[no_mangle]
 pub extern "C" fn fp4tune_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    // At thread exit, after this thread's storage is gone: "" (a static, always valid).
+    LAST_ERROR.try_with(|e| e.borrow().as_ptr()).unwrap_or(c"".as_ptr())
 }
 
 /// Open `device` with the table at `table_path` (NULL: no table, family defaults), default
@@ -696,6 +710,26 @@ mod tests {
         let (status, message) = fail(e, true);
         assert_eq!(status, Status::InvalidArgument);
         assert!(message.contains("16-byte aligned"), "{message}");
+    }
+
+    /// Text written into a caller's buffer is cut at a character boundary (what a caller
+    /// decodes as UTF-8 stays valid) and always NUL-terminated.
+    #[test]
+    fn written_text_is_cut_at_a_character_boundary() {
+        assert_eq!(prefix_within("abc", 10), "abc");
+        assert_eq!(prefix_within("abc", 2), "ab");
+        assert_eq!(prefix_within("x\u{b5}y", 2), "x");
+        assert_eq!(prefix_within("x\u{b5}y", 3), "x\u{b5}");
+        assert_eq!(prefix_within("\u{20ac}", 2), "");
+        for len in 1..=6 {
+            let mut buf = vec![0x7f as c_char; len];
+            // SAFETY: `buf` holds `len` bytes.
+            unsafe { write_str("a\u{20ac}b", buf.as_mut_ptr(), len) }.unwrap();
+            // SAFETY: write_str NUL-terminated it inside `buf`.
+            let got = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+            let got = got.to_str().expect("UTF-8");
+            assert!("a\u{20ac}b".starts_with(got) && got.len() < len, "{len}: {got:?}");
+        }
     }
 
     #[test]

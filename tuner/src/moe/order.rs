@@ -63,8 +63,9 @@ impl CodeStack {
         u64::from(self.n) * u64::from(self.k) / 2
     }
 
+    /// The whole stack's bytes (saturated: `check` refuses stacks that large).
     pub fn bytes(&self) -> u64 {
-        u64::from(self.experts) * self.expert_bytes()
+        u64::from(self.experts).saturating_mul(self.expert_bytes())
     }
 
     /// Whether the grouped layout takes the stack: whole groups of 16 rows and whole 16-k
@@ -75,6 +76,17 @@ impl CodeStack {
                 "{} codes of {} experts of {} x {}: the grouped layout needs rows and k that are \
                  positive multiples of 16",
                 self.op, self.experts, self.n, self.k
+            ));
+        }
+        let max = 2 * crate::shapes::MAX_DIM;
+        if self.n > max || self.k > max || self.experts > crate::shapes::MAX_EXPERTS {
+            return Err(format!(
+                "{} codes of {} experts of {} x {}: at most {max} rows and k and {} experts",
+                self.op,
+                self.experts,
+                self.n,
+                self.k,
+                crate::shapes::MAX_EXPERTS
             ));
         }
         Ok(())

@@ -288,7 +288,9 @@ impl Dispatcher {
     /// none (no table, no grouped entries, or entries this device cannot run).
     pub fn moe(&self) -> Result<super::moe::MoeOps<'_>, RuntimeError> {
         match (&self.moe, &self.moe_routes) {
-            (Some(runtime), _) => Ok(super::moe::MoeOps { gpu: &self.gpu, runtime }),
+            (Some(runtime), _) => {
+                Ok(super::moe::MoeOps { gpu: &self.gpu, runtime, owner: self.id })
+            }
             (None, Err(why)) => Err(RuntimeError::InvalidArgument(why.clone())),
             (None, Ok(_)) => Err(RuntimeError::InvalidArgument(
                 "the dispatch table has no grouped MoE entries (tune them with `fp4tune tune`)"

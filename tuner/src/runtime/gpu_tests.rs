@@ -603,6 +603,46 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     assert!(gpu.download(&codes).unwrap() == want, "forget leaves the layout");
     // SAFETY: `codes` as above (forgotten, so preparing again is allowed).
     unsafe { ops.prepare_weights(&small, down, codes.ptr(), stream) }.unwrap();
+    // The workspace's schedule: gate_up and down alone take only the routing its last align was
+    // enqueued for; an align reads only topk_ids (aligned, non-null).
+    let ids = gpu.upload(&[0i32, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]).unwrap();
+    let routed = crate::runtime::moe::MoeArgs { topk_ids: ids.ptr(), tokens: 2, ..args };
+    assert!(ws.check_aligned(&routed).unwrap_err().to_string().contains("no schedule"));
+    for bad in [
+        crate::runtime::moe::MoeArgs { topk_ids: ids.ptr() + 2, ..routed },
+        crate::runtime::moe::MoeArgs { topk_ids: 0, ..routed },
+        crate::runtime::moe::MoeArgs { tokens: 5, ..routed },
+        crate::runtime::moe::MoeArgs { w4a4: 2, ..routed },
+    ] {
+        // SAFETY: refused before any launch.
+        let e = unsafe { ops.align(&bad, &ws, stream) }.unwrap_err();
+        assert!(matches!(e, RuntimeError::InvalidArgument(_)), "{e}");
+    }
+    // SAFETY: `ids` holds 2 tokens x top_k 8 ids on this device; `ws` is this stream's.
+    unsafe { ops.align(&routed, &ws, stream) }.unwrap();
+    ws.check_aligned(&routed).unwrap();
+    for other in [
+        crate::runtime::moe::MoeArgs { tokens: 1, ..routed },
+        crate::runtime::moe::MoeArgs { topk_ids: ids.ptr() + 16, ..routed },
+        crate::runtime::moe::MoeArgs { expert_begin: 8, ..routed },
+    ] {
+        let e = ws.check_aligned(&other).unwrap_err().to_string();
+        assert!(e.contains("another routing"), "{e}");
+    }
+    // SAFETY: the dispatcher's own stream.
+    unsafe { gpu.synchronize_stream(stream) }.unwrap();
+    // A workspace is launched in only by the dispatcher that created it, and its tile grid bounds
+    // the tokens it takes.
+    let other = Dispatcher::open_with(Some((&table, path.as_path())), &options).unwrap();
+    // SAFETY: refused before any launch.
+    let e = unsafe { other.moe().unwrap().align(&routed, &ws, stream) }.unwrap_err();
+    assert!(matches!(e, RuntimeError::ForeignWorkspace), "{e}");
+    // SAFETY: as above.
+    let e = unsafe { other.moe().unwrap().layer(&args, &ws, stream) }.unwrap_err();
+    assert!(matches!(e, RuntimeError::ForeignWorkspace), "{e}");
+    let most = crate::runtime::moe::max_tokens_of(&shape);
+    let e = ops.workspace(shape, most + 1).unwrap_err().to_string();
+    assert!(e.contains(&format!("1..={most}")), "{e}");
     // Without grouped entries: no route, and the reason.
     let (gemm_only, _, _) = table_for(&gpu);
     let disp = Dispatcher::open_with(Some((&gemm_only, Path::new("t.ron"))), &options).unwrap();

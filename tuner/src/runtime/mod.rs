@@ -34,8 +34,10 @@
 //! Scratch lives in a [`GemmWorkspace`] (one device buffer for all of it): the caller creates one
 //! per stream ([`Dispatcher::gemm_workspace`], sized at creation for every route of the table up
 //! to a largest M) and passes it to [`Dispatcher::gemm_in`], so launches on different streams
-//! (two micro-batches on two streams) never share scratch, and a launch allocates, synchronizes
-//! and locks nothing (capturable into a CUDA graph). [`Dispatcher::gemm`] uses the dispatcher's
+//! (two micro-batches on two streams) never share scratch, and a launch allocates and
+//! synchronizes nothing and takes no exclusive lock (capturable into a CUDA graph; it reads the
+//! prepared grouped codes under a shared lock, which only preparing or restoring them takes
+//! exclusively). [`Dispatcher::gemm`] uses the dispatcher's
 //! own workspace instead, for callers on one stream: sized at open for `Options::max_m`, it grows
 //! under a lock when a launch needs more, which waits for the device and is therefore refused
 //! while the stream is being captured.

@@ -184,7 +184,7 @@ fn finalize_ctas_per_sm(registers: u32, (sm_threads, sm_registers): (u32, u32)) 
 
 #[path = "moe_args.rs"]
 mod args;
-pub use args::{MoeArgs, MoeWorkspace, WorkspaceLayout};
+pub use args::{max_tokens_of, MoeArgs, MoeWorkspace, WorkspaceLayout};
 #[path = "moe_routes.rs"]
 mod routes;
 pub use routes::{nearest_bucket, MoeOps, MoeRoutes, MoeRuntime};

@@ -99,14 +99,46 @@ pub struct MoeWorkspace {
     pub shape: MoeShape,
     pub layout: WorkspaceLayout,
     buf: DeviceBuf<u8>,
+    /// The dispatcher that created it (`MoeOps::workspace`), 0 for one made directly.
+    pub(in crate::runtime) owner: u64,
+    /// The routing whose schedule the last align enqueued into it wrote (host side, in the
+    /// order of the calls), so gate_up and down alone refuse another routing's tokens.
+    aligned: std::sync::Mutex<Option<Routed>>,
+}
+
+/// What a schedule in a workspace was built from: the routing's ids buffer, tokens and expert
+/// range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::runtime) struct Routed {
+    topk_ids: u64,
+    tokens: u32,
+    expert_begin: i32,
+}
+
+impl Routed {
+    pub(in crate::runtime) fn of(args: &MoeArgs) -> Self {
+        Routed { topk_ids: args.topk_ids, tokens: args.tokens, expert_begin: args.expert_begin }
+    }
+}
+
+/// The most tokens a workspace of `shape` takes: the grouped kernels that launch one CTA row per
+/// tile of a list take up to `max_tiles` rows (at most experts + tokens * top_k / 8, the list of
+/// `TILE_BLOCK_M`'s smallest tiles), and a grid's y dimension holds at most 65535 (the CUDA
+/// limit).
+pub fn max_tokens_of(shape: &MoeShape) -> u32 {
+    const GRID_Y: u64 = 65_535;
+    let rows = GRID_Y.saturating_sub(u64::from(shape.experts)) * TILE_BLOCK_M[0] as u64;
+    u32::try_from(rows / u64::from(shape.top_k.max(1))).unwrap_or(u32::MAX)
 }
 
 impl MoeWorkspace {
     pub fn new(gpu: &Gpu, shape: MoeShape, max_tokens: u32) -> Result<Self, RuntimeError> {
-        if max_tokens == 0 {
-            return Err(RuntimeError::InvalidArgument(
-                "a MoE workspace needs max_tokens >= 1".into(),
-            ));
+        let most = max_tokens_of(&shape);
+        if max_tokens == 0 || max_tokens > most {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "a MoE workspace of the layer {shape} takes max_tokens 1..={most} (the grouped \
+                 kernels' tile grid), not {max_tokens}"
+            )));
         }
         let layout =
             WorkspaceLayout::new(&shape, max_tokens, crate::runtime::family_for(gpu.info())?);
@@ -114,7 +146,32 @@ impl MoeWorkspace {
         // The zeroing runs on the dispatcher's own stream: finish it before the caller's stream
         // can launch into the workspace.
         gpu.synchronize()?;
-        Ok(Self { shape, layout, buf })
+        Ok(Self { shape, layout, buf, owner: 0, aligned: std::sync::Mutex::new(None) })
+    }
+
+    /// Record that an align of `args`' routing was enqueued into this workspace.
+    pub(in crate::runtime) fn set_aligned(&self, args: &MoeArgs) {
+        *self.aligned.lock().unwrap_or_else(|e| e.into_inner()) = Some(Routed::of(args));
+    }
+
+    /// `Ok` when the last align enqueued into this workspace was of `args`' routing (the same
+    /// ids buffer, tokens and expert range): gate_up and down read its schedule.
+    pub(in crate::runtime) fn check_aligned(&self, args: &MoeArgs) -> Result<(), RuntimeError> {
+        let last = *self.aligned.lock().unwrap_or_else(|e| e.into_inner());
+        match last {
+            Some(r) if r == Routed::of(args) => Ok(()),
+            Some(r) => Err(RuntimeError::InvalidArgument(format!(
+                "the workspace holds the schedule of another routing ({} tokens, topk_ids {:#x}, \
+                 expert_begin {}) than this call's ({} tokens, topk_ids {:#x}, expert_begin {}): \
+                 align this routing first",
+                r.tokens, r.topk_ids, r.expert_begin, args.tokens, args.topk_ids, args.expert_begin
+            ))),
+            None => Err(RuntimeError::InvalidArgument(
+                "the workspace holds no schedule yet: align the routing first (or launch the \
+                 whole layer)"
+                    .into(),
+            )),
+        }
     }
 
     /// The whole scratch buffer (for verification downloads).
@@ -250,6 +307,32 @@ impl MoeArgs {
         self.check(ws.layout.max_tokens)
     }
 
+    /// What an align alone reads: `topk_ids` (non-null, 4-byte aligned), the token count, the
+    /// activation type and `reserved`.
+    pub fn check_routing(&self, max_tokens: u32) -> Result<(), RuntimeError> {
+        crate::runtime::error::check_pointer("topk_ids", self.topk_ids, 4, "topk_ids 4-byte")?;
+        self.check_scalars(max_tokens)
+    }
+
+    fn check_scalars(&self, max_tokens: u32) -> Result<(), RuntimeError> {
+        if self.tokens == 0 || self.tokens > max_tokens {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "{} tokens: the workspace holds 1..={max_tokens}",
+                self.tokens
+            )));
+        }
+        if self.reserved != 0 {
+            return Err(RuntimeError::InvalidArgument("`reserved` must be 0".into()));
+        }
+        if self.w4a4 > 1 {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "w4a4 {}: 0 (W4A16) or 1 (W4A4)",
+                self.w4a4
+            )));
+        }
+        Ok(())
+    }
+
     /// Null pointers, alignment, scales and sizes for a workspace of `max_tokens` tokens.
     pub fn check(&self, max_tokens: u32) -> Result<(), RuntimeError> {
         let rule = "x, y, the weight codes and x_fp4 16-byte aligned, ids, router weights, scales \
@@ -274,15 +357,7 @@ impl MoeArgs {
         for (what, p, a) in pointers {
             crate::runtime::error::check_pointer(what, p, a, rule)?;
         }
-        if self.tokens == 0 || self.tokens > max_tokens {
-            return Err(RuntimeError::InvalidArgument(format!(
-                "{} tokens: the workspace holds 1..={max_tokens}",
-                self.tokens
-            )));
-        }
-        if self.reserved != 0 {
-            return Err(RuntimeError::InvalidArgument("`reserved` must be 0".into()));
-        }
+        self.check_scalars(max_tokens)?;
         if self.w4a4 != 0 {
             let good = |s: f32| s.is_finite() && s > 0.0;
             if !good(self.h_scale) || (self.x_fp4 == 0 && !good(self.x_scale)) {
@@ -343,6 +418,22 @@ mod tests {
         assert_eq!(sm120.split_counter_words, 128 * 4 * 512 / 256);
         assert!(sm120.split_counters + sm120.split_counter_words * 4 <= sm120.bytes);
         assert!(sm120.split_partials % 256 == 0 && sm120.split_counters % 256 == 0);
+    }
+
+    #[test]
+    fn workspaces_stop_where_the_tile_grid_would_pass_the_grid_limit() {
+        // GLM-5 TP8: 256 experts + tokens * 8 / 8 rows of 8-row tiles <= 65535
+        assert_eq!(max_tokens_of(&MoeShape::GLM5_TP8), 65_535 - 256);
+        let ep8 = MoeShape { experts: 32, ..MoeShape::GLM5_TP8 };
+        assert_eq!(max_tokens_of(&ep8), 65_535 - 32);
+        let top1 = MoeShape { top_k: 1, ..MoeShape::GLM5_TP8 };
+        assert_eq!(max_tokens_of(&top1), (65_535 - 256) * 8);
+        // the bound of the longest list at max_tokens fits; a tile's rows more would not
+        for shape in [MoeShape::GLM5_TP8, ep8, top1, MoeShape { top_k: 10, experts: 512, ..ep8 }] {
+            let t = max_tokens_of(&shape);
+            assert!(max_tiles(t, shape.top_k, shape.experts) <= 65_535, "{shape}");
+            assert!(max_tiles(t + 8, shape.top_k, shape.experts) > 65_535, "{shape}");
+        }
     }
 
     #[test]
@@ -413,6 +504,15 @@ mod tests {
         let err = |a: MoeArgs| a.check(8).unwrap_err().to_string();
         assert!(err(MoeArgs { tokens: 9, ..base }).contains("1..=8"));
         assert!(err(MoeArgs { reserved: 1, ..base }).contains("reserved"));
+        assert!(err(MoeArgs { w4a4: 2, ..base }).contains("w4a4 2"));
+        // an align reads the ids only: they must be there and aligned, the other pointers not
+        let ids = MoeArgs { topk_ids: 0x2000, tokens: 4, ..MoeArgs::default() };
+        ids.check_routing(8).unwrap();
+        let e = MoeArgs { topk_ids: 0x2002, ..ids }.check_routing(8).unwrap_err().to_string();
+        assert!(e.contains("`topk_ids`"), "{e}");
+        assert!(MoeArgs { topk_ids: 0, ..ids }.check_routing(8).is_err());
+        assert!(MoeArgs { tokens: 9, ..ids }.check_routing(8).is_err());
+        assert!(MoeArgs { reserved: 1, ..ids }.check_routing(8).is_err());
         let w4a4 = MoeArgs { w4a4: 1, x_scale: 0.01, h_scale: 0.5, ..base };
         w4a4.check(8).unwrap();
         assert_eq!((w4a4.a_type(), w4a4.quantizes_x()), (AType::Nvfp4, true));

@@ -240,6 +240,8 @@ impl MoeRuntime {
 pub struct MoeOps<'a> {
     pub(in crate::runtime) gpu: &'a Gpu,
     pub(in crate::runtime) runtime: &'a MoeRuntime,
+    /// The dispatcher's id: the owner of the workspaces it creates, the only ones it launches in.
+    pub(in crate::runtime) owner: u64,
 }
 
 impl MoeOps<'_> {
@@ -260,7 +262,18 @@ impl MoeOps<'_> {
                 self.runtime.shapes().iter().map(|s| s.to_string()).collect::<Vec<_>>().join("; ")
             )));
         }
-        MoeWorkspace::new(self.gpu, shape, max_tokens)
+        let mut ws = MoeWorkspace::new(self.gpu, shape, max_tokens)?;
+        ws.owner = self.owner;
+        Ok(ws)
+    }
+
+    /// Refuse a workspace another dispatcher created (another device's memory, or scratch that
+    /// another dispatcher's streams use).
+    fn check_owner(&self, ws: &MoeWorkspace) -> Result<(), RuntimeError> {
+        if ws.owner != self.owner {
+            return Err(RuntimeError::ForeignWorkspace);
+        }
+        Ok(())
     }
 
     /// The configurations the W4A16 layer launches for `tokens` (gate_up, down), no launch.
@@ -442,6 +455,7 @@ impl MoeOps<'_> {
         ws: &MoeWorkspace,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
+        self.check_owner(ws)?;
         let r = self.runtime.routes(&ws.shape, args.a_type())?;
         self.check_prepared(MoeOp::GateUp, args, &ws.shape)?;
         self.check_prepared(MoeOp::Down, args, &ws.shape)?;
@@ -454,7 +468,9 @@ impl MoeOps<'_> {
                 ws,
                 stream,
             )
-        }
+        }?;
+        ws.set_aligned(args);
+        Ok(())
     }
 
     /// moe_align alone: the routed-row schedule of `args.topk_ids` into `ws`.
@@ -467,19 +483,20 @@ impl MoeOps<'_> {
         ws: &MoeWorkspace,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        if args.tokens == 0 || args.tokens > ws.layout.max_tokens || args.topk_ids == 0 {
-            return Err(RuntimeError::InvalidArgument(format!(
-                "{} tokens (the workspace holds 1..={}) with topk_ids {:#x}",
-                args.tokens, ws.layout.max_tokens, args.topk_ids
-            )));
-        }
+        self.check_owner(ws)?;
+        args.check_routing(ws.layout.max_tokens)?;
         // SAFETY: forwarded to the caller (see the function's contract).
-        unsafe { self.launcher().align(args, ws, stream) }
+        unsafe { self.launcher().align(args, ws, stream) }?;
+        ws.set_aligned(args);
+        Ok(())
     }
 
     /// gate_up alone over the schedule `align` wrote into `ws` for the same tokens: H (sorted
     /// order, `[rows, inter]` bf16; W4A4 also NVFP4) in the workspace (`MoeWorkspace::h`,
     /// `MoeWorkspace::h_fp4`). W4A4 with bf16 X quantizes X first.
+    ///
+    /// Refused when the last align enqueued into `ws` (alone or in `layer`) was not of this
+    /// call's routing (its `topk_ids` buffer, tokens and expert range), or when there was none.
     ///
     /// # Safety
     /// As `layer`; `align` ran on `ws` for these tokens earlier on `stream`.
@@ -490,8 +507,10 @@ impl MoeOps<'_> {
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
         args.validate(ws)?;
+        self.check_owner(ws)?;
         let r = self.runtime.routes(&ws.shape, args.a_type())?;
         self.check_prepared(MoeOp::GateUp, args, &ws.shape)?;
+        ws.check_aligned(args)?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe {
             if args.quantizes_x() {
@@ -501,7 +520,8 @@ impl MoeOps<'_> {
         }
     }
 
-    /// down and the router-weighted sum into `args.y`, from the H in `ws`.
+    /// down and the router-weighted sum into `args.y`, from the H in `ws` (refused as `gate_up`
+    /// is when `ws` holds another routing's schedule).
     ///
     /// # Safety
     /// As `gate_up`; `gate_up` (or a caller's writes of H) happened on `ws` earlier on `stream`.
@@ -512,8 +532,10 @@ impl MoeOps<'_> {
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
         args.validate(ws)?;
+        self.check_owner(ws)?;
         let r = self.runtime.routes(&ws.shape, args.a_type())?;
         self.check_prepared(MoeOp::Down, args, &ws.shape)?;
+        ws.check_aligned(args)?;
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe {
             self.launcher().grouped(r.pick(MoeOp::Down, args.tokens), args, ws, stream)?;
