@@ -177,8 +177,10 @@ FP4TUNE_API size_t fp4tune_scale_bytes(int32_t rows, int32_t k);
  * x and y are bf16 [tokens, hidden] (16-byte aligned); topk_ids int32 [tokens, top_k] (global
  * expert ids; local experts are expert_begin .. expert_begin + E - 1, others are skipped);
  * topk_weights float [tokens, top_k]. All pointers are device addresses. Launches allocate and
- * synchronize nothing (capturable in a CUDA graph); scratch lives in a workspace: use one
- * workspace per stream. The shared expert can join as expert E with weight 1 in every row.
+ * synchronize nothing (capturable in a CUDA graph) and take no exclusive lock (a shared read of
+ * the prepared weights' list, which preparing or restoring weights holds exclusively while it
+ * runs, and a short lock of the workspace's record of its routing); scratch lives in a workspace:
+ * use one workspace per stream. The shared expert can join as expert E with weight 1 in every row.
  * W4A16 (w4a4 = 0): alphas are weight_scale_2. W4A4 (w4a4 = 1): both projections take NVFP4
  * activations; alpha13 = x_scale * weight_scale_2 and alpha2 = h_scale * weight_scale_2 per
  * expert. X comes as x_fp4 / x_sf (codes [tokens, hidden/2] and fp4tune_scale_bytes(tokens,
@@ -231,8 +233,9 @@ FP4TUNE_API int fp4tune_moe_forget_weights(const fp4tune_dispatcher* d, int32_t 
                                            int32_t experts, uint32_t projection, uint64_t codes);
 
 /* A workspace for up to max_tokens tokens of the layer; the table must have grouped entries for
- * it, and max_tokens is at most (65535 - experts) * 8 / top_k (the grouped kernels' tile grid).
- * Launches through `d` refuse a workspace of another dispatcher. On failure *out is NULL. */
+ * it; max_tokens x top_k stays within INT32_MAX. Launches through `d` refuse a workspace of
+ * another dispatcher, and a call of more tokens than a chosen kernel's grid of CTAs can take
+ * (65535 rows of tiles), before anything is enqueued. On failure *out is NULL. */
 FP4TUNE_API int fp4tune_moe_workspace_create(const fp4tune_dispatcher* d, int32_t hidden,
                                              int32_t inter, int32_t experts, int32_t top_k,
                                              int32_t max_tokens, fp4tune_moe_workspace** out);
@@ -247,7 +250,8 @@ FP4TUNE_API int fp4tune_moe_layer(const fp4tune_dispatcher* d, fp4tune_moe_works
 /* The steps alone, in this order on one stream: the routed-row schedule of topk_ids; gate_up
  * (H in the workspace); down and the weighted sum into y. gate_up and down refuse a call whose
  * routing (topk_ids pointer, tokens, expert_begin) is not the one the workspace's last align
- * (alone or in fp4tune_moe_layer) was enqueued for. */
+ * (alone or in fp4tune_moe_layer) was enqueued for: last in the order of these calls on the host,
+ * captures into a CUDA graph included (replays of a graph are not seen). */
 FP4TUNE_API int fp4tune_moe_align(const fp4tune_dispatcher* d, fp4tune_moe_workspace* ws,
                                   const fp4tune_moe_args* args, uint64_t stream);
 FP4TUNE_API int fp4tune_moe_gate_up(const fp4tune_dispatcher* d, fp4tune_moe_workspace* ws,

@@ -160,14 +160,19 @@ fn parse() -> Result<Cli, std::process::ExitCode> {
 }
 
 /// clap's rendering of a usage error on one line: its non-empty lines trimmed and joined with
-/// "; ", without the closing pointer to `--help`.
+/// "; " (a space after a line that ends in ':'), without the closing pointer to `--help`.
 fn one_line(rendered: &str) -> String {
-    rendered
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
-        .collect::<Vec<_>>()
-        .join("; ")
+    let mut out = String::new();
+    for l in rendered.lines().map(str::trim) {
+        if l.is_empty() || l.starts_with("For more information") {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(if out.ends_with(':') { " " } else { "; " });
+        }
+        out.push_str(l);
+    }
+    out
 }
 
 fn main() -> std::process::ExitCode {

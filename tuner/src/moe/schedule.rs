@@ -19,8 +19,10 @@ pub fn max_tiles(tokens: u32, top_k: u32, experts: u32) -> u32 {
 /// rows / block_m (each non-empty expert adds at most one partial tile). A one-tile-per-CTA
 /// grid of this height leaves no CTA of a full list without its tile and launches few empty ones.
 pub fn list_tiles(tokens: u32, top_k: u32, experts: u32, block_m: u32) -> u32 {
-    let rows = tokens * top_k;
-    experts.min(rows) + rows / block_m
+    // in u64 and saturated: a bound past u32 is refused by every use, never wrapped
+    let rows = u64::from(tokens) * u64::from(top_k);
+    let tiles = u64::from(experts).min(rows) + rows / u64::from(block_m.max(1));
+    u32::try_from(tiles).unwrap_or(u32::MAX)
 }
 
 /// One tile: up to BLOCK_M consecutive sorted rows of one expert.

@@ -463,8 +463,9 @@ impl Dispatcher {
 
     /// [`Dispatcher::gemm`] with `ws` as the scratch memory: launches on different streams, each
     /// with its own workspace, never share scratch and may run at the same time. No allocation,
-    /// no synchronization, no lock but a read of the prepared grouped weights' list: capturable
-    /// into a CUDA graph. A launch that needs more than
+    /// no synchronization, no exclusive lock (a shared read of the prepared grouped weights'
+    /// list, and a short lock counting launches of shapes outside the table): capturable into a
+    /// CUDA graph. A launch that needs more than
     /// `ws` holds (M above its `max_m` on a split-K or dequantize-then-cuBLAS route, or a shape
     /// outside the table whose fallback uses split-K) is refused before anything is enqueued
     /// ([`RuntimeError::WorkspaceTooSmall`]), as is a workspace of another dispatcher.

@@ -607,7 +607,7 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     // enqueued for; an align reads only topk_ids (aligned, non-null).
     let ids = gpu.upload(&[0i32, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]).unwrap();
     let routed = crate::runtime::moe::MoeArgs { topk_ids: ids.ptr(), tokens: 2, ..args };
-    assert!(ws.check_aligned(&routed).unwrap_err().to_string().contains("no schedule"));
+    assert!(ws.check_aligned(&routed).unwrap_err().to_string().contains("no complete schedule"));
     for bad in [
         crate::runtime::moe::MoeArgs { topk_ids: ids.ptr() + 2, ..routed },
         crate::runtime::moe::MoeArgs { topk_ids: 0, ..routed },

@@ -174,6 +174,30 @@ pub fn check_codes(codes: u64, stack: CodeStack) -> Result<u64, RuntimeError> {
     Ok(codes + bytes)
 }
 
+/// The grid of grouped kernel `c` for `tokens` tokens of `shape`: grid y is the bound of the
+/// kernel's own tile list, not the workspace's capacity (the 8-row list's: a one-tile-per-CTA
+/// kernel of 64-row tiles at B = 4096 would otherwise launch 8x the CTAs it can use, the rest only
+/// to read tile_count and exit). Refused when it passes CUDA's 65535 rows of CTAs (a call of more
+/// tokens than a one-tile-per-CTA kernel of small tiles can take in one launch).
+pub fn grouped_grid(
+    c: &GroupedConfig,
+    shape: &MoeShape,
+    tokens: u32,
+    sm_count: u32,
+) -> Result<(u32, u32, u32), RuntimeError> {
+    const MAX_GRID_Y: u32 = 65_535;
+    let bound = list_tiles(tokens, shape.top_k, shape.experts, c.block_m);
+    let grid = c.grid(shape, bound, sm_count);
+    if grid.1 > MAX_GRID_Y {
+        return Err(RuntimeError::InvalidArgument(format!(
+            "{c}: {tokens} tokens x top_k {} over {} experts need {} rows of CTAs, past CUDA's \
+             {MAX_GRID_Y}; launch fewer tokens per call",
+            shape.top_k, shape.experts, grid.1
+        )));
+    }
+    Ok(grid)
+}
+
 /// CTAs of a finalize kernel (FINALIZE_THREADS threads, `registers` per thread, no shared
 /// memory) that one SM holds, given the SM's (threads, registers); registers are allocated per
 /// thread in multiples of 8.
@@ -455,12 +479,8 @@ impl MoeLauncher<'_> {
             k: k as i32,
             top_k: shape.top_k as i32,
         };
-        // grid y: the bound of the kernel's own tile list, not the workspace's capacity (the
-        // 8-row list's): a one-tile-per-CTA kernel of 64-row tiles at B = 4096 would otherwise
-        // launch 8x the CTAs it can use, the rest only to read tile_count and exit.
-        let bound = list_tiles(args.tokens, shape.top_k, shape.experts, c.block_m);
         let dims = LaunchDims {
-            grid: c.grid(shape, bound, self.gpu.info().sm_count),
+            grid: grouped_grid(c, shape, args.tokens, self.gpu.info().sm_count)?,
             block: (c.threads(), 1, 1),
             smem_bytes: c.smem_bytes(),
         };
@@ -584,6 +604,22 @@ impl MoeLauncher<'_> {
         Ok(())
     }
 
+    /// What `layer` refuses before it enqueues anything: the arguments against `ws`, and either
+    /// projection's grid.
+    pub fn check_layer(
+        &self,
+        gate_up: &GroupedKernel,
+        down: &GroupedKernel,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+    ) -> Result<(), RuntimeError> {
+        args.validate(ws)?;
+        for k in [gate_up, down] {
+            grouped_grid(&k.config, &ws.shape, args.tokens, self.gpu.info().sm_count)?;
+        }
+        Ok(())
+    }
+
     /// The whole layer: align, (W4A4 with bf16 X) the quantization of X, gate_up, down,
     /// finalize, in order on `stream`; align and the quantization of X in one launch where
     /// `fused_launch` allows it.
@@ -598,7 +634,7 @@ impl MoeLauncher<'_> {
         ws: &MoeWorkspace,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        args.validate(ws)?;
+        self.check_layer(gate_up, down, args, ws)?;
         // SAFETY: forwarded (see the function's contract).
         unsafe {
             if let Some(launch) = self.fused_launch(args, ws) {
@@ -619,6 +655,21 @@ impl MoeLauncher<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grouped_grids_stay_within_the_grid_y_limit() {
+        let shape = MoeShape::GLM5_TP8;
+        let one_tile = GroupedConfig::tiled(MoeOp::GateUp, [16, 64, 128], [1, 2], 2, 1);
+        let small = GroupedConfig { block_m: 8, ..one_tile };
+        // 8-row tiles: 256 + tokens rows of CTAs at top_k 8
+        assert_eq!(grouped_grid(&small, &shape, 65_279, 132).unwrap().1, 65_535);
+        let e = grouped_grid(&small, &shape, 65_280, 132).unwrap_err().to_string();
+        assert!(e.contains("65536 rows of CTAs") && e.contains("65535"), "{e}");
+        // 16-row tiles take twice the tokens; a persistent walk is clamped to the SMs
+        assert!(grouped_grid(&one_tile, &shape, 65_536, 132).is_ok());
+        let walk = GroupedConfig { walk: 2, ..small };
+        assert!(grouped_grid(&walk, &shape, 1 << 20, 132).unwrap().1 <= 2 * 132);
+    }
 
     #[test]
     fn finalize_ctas_per_sm_follow_registers_and_threads() {

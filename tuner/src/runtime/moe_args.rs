@@ -121,14 +121,10 @@ impl Routed {
     }
 }
 
-/// The most tokens a workspace of `shape` takes: the grouped kernels that launch one CTA row per
-/// tile of a list take up to `max_tiles` rows (at most experts + tokens * top_k / 8, the list of
-/// `TILE_BLOCK_M`'s smallest tiles), and a grid's y dimension holds at most 65535 (the CUDA
-/// limit).
+/// The most tokens a workspace of `shape` takes: the kernels index the `tokens * top_k` routed
+/// rows with int32 (flat id = token * top_k + slot).
 pub fn max_tokens_of(shape: &MoeShape) -> u32 {
-    const GRID_Y: u64 = 65_535;
-    let rows = GRID_Y.saturating_sub(u64::from(shape.experts)) * TILE_BLOCK_M[0] as u64;
-    u32::try_from(rows / u64::from(shape.top_k.max(1))).unwrap_or(u32::MAX)
+    i32::MAX as u32 / shape.top_k.max(1)
 }
 
 impl MoeWorkspace {
@@ -136,8 +132,8 @@ impl MoeWorkspace {
         let most = max_tokens_of(&shape);
         if max_tokens == 0 || max_tokens > most {
             return Err(RuntimeError::InvalidArgument(format!(
-                "a MoE workspace of the layer {shape} takes max_tokens 1..={most} (the grouped \
-                 kernels' tile grid), not {max_tokens}"
+                "a MoE workspace of the layer {shape} takes max_tokens 1..={most} (tokens x \
+                 top_k routed rows are int32 indices), not {max_tokens}"
             )));
         }
         let layout =
@@ -149,9 +145,11 @@ impl MoeWorkspace {
         Ok(Self { shape, layout, buf, owner: 0, aligned: std::sync::Mutex::new(None) })
     }
 
-    /// Record that an align of `args`' routing was enqueued into this workspace.
-    pub(in crate::runtime) fn set_aligned(&self, args: &MoeArgs) {
-        *self.aligned.lock().unwrap_or_else(|e| e.into_inner()) = Some(Routed::of(args));
+    /// Record that an align of `args`' routing was enqueued into this workspace (`Some`), or
+    /// that its schedule is unknown (`None`: set before the launches of an align, which may
+    /// write part of a schedule and then fail).
+    pub(in crate::runtime) fn set_aligned(&self, args: Option<&MoeArgs>) {
+        *self.aligned.lock().unwrap_or_else(|e| e.into_inner()) = args.map(Routed::of);
     }
 
     /// `Ok` when the last align enqueued into this workspace was of `args`' routing (the same
@@ -167,8 +165,8 @@ impl MoeWorkspace {
                 r.tokens, r.topk_ids, r.expert_begin, args.tokens, args.topk_ids, args.expert_begin
             ))),
             None => Err(RuntimeError::InvalidArgument(
-                "the workspace holds no schedule yet: align the routing first (or launch the \
-                 whole layer)"
+                "the workspace holds no complete schedule (none enqueued yet, or the last align \
+                 failed): align the routing first (or launch the whole layer)"
                     .into(),
             )),
         }
@@ -310,7 +308,12 @@ impl MoeArgs {
     /// What an align alone reads: `topk_ids` (non-null, 4-byte aligned), the token count, the
     /// activation type and `reserved`.
     pub fn check_routing(&self, max_tokens: u32) -> Result<(), RuntimeError> {
-        crate::runtime::error::check_pointer("topk_ids", self.topk_ids, 4, "topk_ids 4-byte")?;
+        crate::runtime::error::check_pointer(
+            "topk_ids",
+            self.topk_ids,
+            4,
+            "the router ids are int32",
+        )?;
         self.check_scalars(max_tokens)
     }
 
@@ -421,19 +424,11 @@ mod tests {
     }
 
     #[test]
-    fn workspaces_stop_where_the_tile_grid_would_pass_the_grid_limit() {
-        // GLM-5 TP8: 256 experts + tokens * 8 / 8 rows of 8-row tiles <= 65535
-        assert_eq!(max_tokens_of(&MoeShape::GLM5_TP8), 65_535 - 256);
-        let ep8 = MoeShape { experts: 32, ..MoeShape::GLM5_TP8 };
-        assert_eq!(max_tokens_of(&ep8), 65_535 - 32);
-        let top1 = MoeShape { top_k: 1, ..MoeShape::GLM5_TP8 };
-        assert_eq!(max_tokens_of(&top1), (65_535 - 256) * 8);
-        // the bound of the longest list at max_tokens fits; a tile's rows more would not
-        for shape in [MoeShape::GLM5_TP8, ep8, top1, MoeShape { top_k: 10, experts: 512, ..ep8 }] {
-            let t = max_tokens_of(&shape);
-            assert!(max_tiles(t, shape.top_k, shape.experts) <= 65_535, "{shape}");
-            assert!(max_tiles(t + 8, shape.top_k, shape.experts) > 65_535, "{shape}");
-        }
+    fn workspaces_stop_where_routed_rows_would_pass_int32() {
+        assert_eq!(max_tokens_of(&MoeShape::GLM5_TP8), i32::MAX as u32 / 8);
+        let top10 = MoeShape { top_k: 10, ..MoeShape::GLM5_TP8 };
+        let t = u64::from(max_tokens_of(&top10));
+        assert!(t * 10 <= i32::MAX as u64 && (t + 1) * 10 > i32::MAX as u64);
     }
 
     #[test]
@@ -509,6 +504,7 @@ mod tests {
         let ids = MoeArgs { topk_ids: 0x2000, tokens: 4, ..MoeArgs::default() };
         ids.check_routing(8).unwrap();
         let e = MoeArgs { topk_ids: 0x2002, ..ids }.check_routing(8).unwrap_err().to_string();
+        assert!(e.contains("not 4-byte aligned: the router ids are int32"), "{e}");
         assert!(e.contains("`topk_ids`"), "{e}");
         assert!(MoeArgs { topk_ids: 0, ..ids }.check_routing(8).is_err());
         assert!(MoeArgs { tokens: 9, ..ids }.check_routing(8).is_err());

@@ -459,17 +459,15 @@ impl MoeOps<'_> {
         let r = self.runtime.routes(&ws.shape, args.a_type())?;
         self.check_prepared(MoeOp::GateUp, args, &ws.shape)?;
         self.check_prepared(MoeOp::Down, args, &ws.shape)?;
+        let (gate_up, down) =
+            (r.pick(MoeOp::GateUp, args.tokens), r.pick(MoeOp::Down, args.tokens));
+        // a refused call leaves the workspace's record as it was; one that enqueues clears it
+        // until every launch is in
+        self.launcher().check_layer(gate_up, down, args, ws)?;
+        ws.set_aligned(None);
         // SAFETY: forwarded to the caller (see the function's contract).
-        unsafe {
-            self.launcher().layer(
-                r.pick(MoeOp::GateUp, args.tokens),
-                r.pick(MoeOp::Down, args.tokens),
-                args,
-                ws,
-                stream,
-            )
-        }?;
-        ws.set_aligned(args);
+        unsafe { self.launcher().layer(gate_up, down, args, ws, stream) }?;
+        ws.set_aligned(Some(args));
         Ok(())
     }
 
@@ -485,9 +483,10 @@ impl MoeOps<'_> {
     ) -> Result<(), RuntimeError> {
         self.check_owner(ws)?;
         args.check_routing(ws.layout.max_tokens)?;
+        ws.set_aligned(None);
         // SAFETY: forwarded to the caller (see the function's contract).
         unsafe { self.launcher().align(args, ws, stream) }?;
-        ws.set_aligned(args);
+        ws.set_aligned(Some(args));
         Ok(())
     }
 

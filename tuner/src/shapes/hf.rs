@@ -12,8 +12,8 @@
 //!   `num_experts_per_tok`, `num_hidden_layers`, `decoder_sparse_step` (optional, default 1),
 //!   `mlp_only_layers` (optional, default none; layer i is MoE when it is not listed and
 //!   `(i + 1) % decoder_sparse_step == 0`), `shared_expert_intermediate_size` (`qwen2_moe` and
-//!   `qwen3_next` only, required: their layers always hold a shared expert; `qwen3_moe` layers have
-//!   none), and `intermediate_size` for dense layers when there are any.
+//!   `qwen3_next` only, required; 0: no shared expert, as the serving engines read it; `qwen3_moe`
+//!   layers have none), and `intermediate_size` for dense layers when there are any.
 //! - `mixtral`: `hidden_size`, `intermediate_size` (the expert size), `num_local_experts`,
 //!   `num_experts_per_tok`, `num_hidden_layers`; every layer is MoE, no shared expert.
 
@@ -275,14 +275,26 @@ impl HfMoeConfig {
                 let key = "moe_intermediate_size";
                 let routed = MlpSize { intermediate: keys.size(key)?, key };
                 let experts = experts("num_experts")?;
-                // Qwen2-MoE and Qwen3-Next layers always hold a shared expert (a config without
-                // its size would get the library's default, which this derivation does not guess);
-                // Qwen3-MoE layers never do, whatever the config says.
+                // Qwen2-MoE and Qwen3-Next layers hold a shared expert of this size (the serving
+                // engines skip it at 0); a config without the key would get the library's default,
+                // which this derivation does not guess. Qwen3-MoE layers never hold one.
+                let key = "shared_expert_intermediate_size";
                 let shared = if model_type == "qwen3_moe" {
                     None
                 } else {
-                    let key = "shared_expert_intermediate_size";
-                    Some(MlpSize { intermediate: keys.size(key)?, key })
+                    match keys.opt_u32(key)? {
+                        None => return Err(keys.missing(key)),
+                        Some(0) => None,
+                        Some(i) => Some(MlpSize {
+                            intermediate: keys.at_most(
+                                key,
+                                i,
+                                MAX_DIM,
+                                "a size of at most 1048576 (2^20)",
+                            )?,
+                            key,
+                        }),
+                    }
                 };
                 let step = keys.positive_or("decoder_sparse_step", 1)?;
                 // A set: one pass over the layers, one lookup each (a list scan per layer was

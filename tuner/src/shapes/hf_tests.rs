@@ -130,12 +130,21 @@ fn qwen_mlp_only_layers_sparse_step_and_shared_expert() {
     assert_eq!(nk(&set, Op::DenseDown), Some((2048, 3072, 1, 25)));
 }
 
-/// Qwen2-MoE and Qwen3-Next configs must size their shared expert (their layers always hold one;
-/// the library's default is not guessed); a Qwen3-MoE config's key is not read (no shared expert).
+/// Qwen2-MoE and Qwen3-Next configs must size their shared expert (0: none; absent: the
+/// library's default, not guessed); a Qwen3-MoE config's key is not read (no shared expert).
 #[test]
 fn qwen_shared_expert_size_by_model_type() {
     for model_type in ["qwen2_moe", "qwen3_next"] {
-        for value in [None, Some(Value::Null), Some(Value::from(0))] {
+        let text = edited("qwen3-moe-config.json", |o| {
+            o.insert("model_type".into(), model_type.into());
+            o.insert("shared_expert_intermediate_size".into(), 0.into());
+        });
+        let set = HfMoeConfig::from_json(&text, "q")
+            .unwrap()
+            .shape_set(Parallelism::new(1, 1), &[1])
+            .unwrap();
+        assert_eq!(nk(&set, Op::SharedGateUp), None);
+        for value in [None, Some(Value::Null)] {
             let text = edited("qwen3-moe-config.json", |o| {
                 o.insert("model_type".into(), model_type.into());
                 if let Some(v) = value.clone() {
