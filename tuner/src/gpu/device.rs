@@ -81,6 +81,16 @@ impl Kernel {
     pub(super) fn function(&self) -> &CudaFunction {
         &self.func
     }
+
+    /// Local memory per thread the loaded function uses, as the driver reports it (register
+    /// spills and stack; 0 for a kernel that keeps everything in registers and shared memory).
+    pub fn local_bytes(&self) -> Result<u32, GpuError> {
+        let b = self
+            .func
+            .get_attribute(FnAttr::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+            .map_err(drv("cuFuncGetAttribute"))?;
+        Ok(b.max(0) as u32)
+    }
 }
 
 /// An open device with one stream that all work of this handle goes to.

@@ -50,19 +50,28 @@ impl GroupedKernel {
     }
 
     /// Load `config`'s compiled kernel; one that spills registers is refused (a candidate that
-    /// is not worth timing).
+    /// is not worth timing). Where its compile left no ptxas report (`stats` is `None`), the
+    /// loaded function's local memory stands in for it: the grouped kernels use none.
     pub fn from_compiled(
         gpu: &Gpu,
         config: GroupedConfig,
         compiled: &crate::compile::CompiledKernel,
     ) -> Result<Self, RuntimeError> {
+        let spills = |why: String| RuntimeError::Render { config: config.name(), reason: why };
         if compiled.spills() {
-            return Err(RuntimeError::Render {
-                config: config.name(),
-                reason: "the kernel spills registers to local memory".into(),
-            });
+            return Err(spills("the kernel spills registers to local memory".into()));
         }
-        Self::from_compiled_with_spills(gpu, config, compiled)
+        let k = Self::from_compiled_with_spills(gpu, config, compiled)?;
+        if compiled.stats.is_none() {
+            let local = k.kernel.local_bytes()?;
+            if local > 0 {
+                return Err(spills(format!(
+                    "the kernel uses {local} bytes of local memory per thread (register spills; \
+                     its compile left no ptxas report)"
+                )));
+            }
+        }
+        Ok(k)
     }
 
     /// Load `config`'s compiled kernel whether or not it spills (a table's choice: correct
