@@ -50,28 +50,39 @@ impl GroupedKernel {
     }
 
     /// Load `config`'s compiled kernel; one that spills registers is refused (a candidate that
-    /// is not worth timing). Where its compile left no ptxas report (`stats` is `None`), the
-    /// loaded function's local memory stands in for it: the grouped kernels use none.
+    /// is not worth timing).
     pub fn from_compiled(
         gpu: &Gpu,
         config: GroupedConfig,
         compiled: &crate::compile::CompiledKernel,
     ) -> Result<Self, RuntimeError> {
-        let spills = |why: String| RuntimeError::Render { config: config.name(), reason: why };
-        if compiled.spills() {
-            return Err(spills("the kernel spills registers to local memory".into()));
-        }
         let k = Self::from_compiled_with_spills(gpu, config, compiled)?;
+        match k.spills(compiled)? {
+            Some(why) => Err(RuntimeError::Render { config: config.name(), reason: why }),
+            None => Ok(k),
+        }
+    }
+
+    /// Why this loaded kernel spills registers to local memory, or `None`: ptxas's report of
+    /// its compile, or where the compile left none, the loaded function's local memory (the
+    /// grouped kernels use none).
+    pub fn spills(
+        &self,
+        compiled: &crate::compile::CompiledKernel,
+    ) -> Result<Option<String>, RuntimeError> {
+        if compiled.spills() {
+            return Ok(Some("the kernel spills registers to local memory".into()));
+        }
         if compiled.stats.is_none() {
-            let local = k.kernel.local_bytes()?;
+            let local = self.kernel.local_bytes()?;
             if local > 0 {
-                return Err(spills(format!(
+                return Ok(Some(format!(
                     "the kernel uses {local} bytes of local memory per thread (register spills; \
                      its compile left no ptxas report)"
                 )));
             }
         }
-        Ok(k)
+        Ok(None)
     }
 
     /// Load `config`'s compiled kernel whether or not it spills (a table's choice: correct

@@ -109,14 +109,14 @@ pub struct MoeWorkspace {
 /// What a schedule in a workspace was built from: the routing's ids buffer, tokens and expert
 /// range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::runtime) struct Routed {
+struct Routed {
     topk_ids: u64,
     tokens: u32,
     expert_begin: i32,
 }
 
 impl Routed {
-    pub(in crate::runtime) fn of(args: &MoeArgs) -> Self {
+    fn of(args: &MoeArgs) -> Self {
         Routed { topk_ids: args.topk_ids, tokens: args.tokens, expert_begin: args.expert_begin }
     }
 }

@@ -59,14 +59,15 @@ impl MoeRoutes {
                 config: src.kernel_name.clone(),
                 error,
             })?;
-            if compiled.spills() {
+            let kernel = GroupedKernel::from_compiled_with_spills(gpu, *c, &compiled)?;
+            if let Some(why) = kernel.spills(&compiled)? {
                 warnings.push(format!(
-                    "grouped kernel {} spills registers to local memory with this compiler: it \
-                     runs, slower than its table time (re-tune with `fp4tune tune --moe-only`)",
+                    "grouped kernel {} with this compiler: {why}; it runs, slower than its table \
+                     time (re-tune with `fp4tune tune --moe-only`)",
                     c.name()
                 ));
             }
-            kernels.push(GroupedKernel::from_compiled_with_spills(gpu, *c, &compiled)?);
+            kernels.push(kernel);
         }
         let index =
             |c: &GroupedConfig| configs.iter().position(|x| x == c).expect("collected above");

@@ -134,16 +134,16 @@ fn qwen_mlp_only_layers_sparse_step_and_shared_expert() {
 /// library's default, not guessed); a Qwen3-MoE config's key is not read (no shared expert).
 #[test]
 fn qwen_shared_expert_size_by_model_type() {
+    let shared = |text: &str| {
+        let config = HfMoeConfig::from_json(text, "q").unwrap();
+        nk(&config.shape_set(Parallelism::new(1, 1), &[1]).unwrap(), Op::SharedGateUp)
+    };
     for model_type in ["qwen2_moe", "qwen3_next"] {
         let text = edited("qwen3-moe-config.json", |o| {
             o.insert("model_type".into(), model_type.into());
             o.insert("shared_expert_intermediate_size".into(), 0.into());
         });
-        let set = HfMoeConfig::from_json(&text, "q")
-            .unwrap()
-            .shape_set(Parallelism::new(1, 1), &[1])
-            .unwrap();
-        assert_eq!(nk(&set, Op::SharedGateUp), None);
+        assert_eq!(shared(&text), None);
         for value in [None, Some(Value::Null)] {
             let text = edited("qwen3-moe-config.json", |o| {
                 o.insert("model_type".into(), model_type.into());
@@ -159,11 +159,7 @@ fn qwen_shared_expert_size_by_model_type() {
     let text = edited("qwen3-moe-config.json", |o| {
         o.insert("shared_expert_intermediate_size".into(), 1024.into());
     });
-    let set = HfMoeConfig::from_json(&text, "q")
-        .unwrap()
-        .shape_set(Parallelism::new(1, 1), &[1])
-        .unwrap();
-    assert_eq!(nk(&set, Op::SharedGateUp), None);
+    assert_eq!(shared(&text), None);
 }
 
 #[test]
