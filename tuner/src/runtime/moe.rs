@@ -656,6 +656,23 @@ impl MoeLauncher<'_> {
     ) -> Result<(), RuntimeError> {
         self.check_layer(gate_up, down, args, ws)?;
         // SAFETY: forwarded (see the function's contract).
+        unsafe { self.enqueue_layer(gate_up, down, args, ws, stream) }
+    }
+
+    /// [`MoeLauncher::layer`] for arguments that passed [`MoeLauncher::check_layer`] (a caller
+    /// that must act between the check and the first launch).
+    ///
+    /// # Safety
+    /// As `layer`.
+    pub(in crate::runtime) unsafe fn enqueue_layer(
+        &self,
+        gate_up: &GroupedKernel,
+        down: &GroupedKernel,
+        args: &MoeArgs,
+        ws: &MoeWorkspace,
+        stream: RawStream,
+    ) -> Result<(), RuntimeError> {
+        // SAFETY: forwarded (see the function's contract).
         unsafe {
             if let Some(launch) = self.fused_launch(args, ws) {
                 self.launch_fused(launch, stream)?;

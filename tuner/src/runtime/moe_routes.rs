@@ -464,10 +464,11 @@ impl MoeOps<'_> {
             (r.pick(MoeOp::GateUp, args.tokens), r.pick(MoeOp::Down, args.tokens));
         // a refused call leaves the workspace's record as it was; one that enqueues clears it
         // until every launch is in
-        self.launcher().check_layer(gate_up, down, args, ws)?;
+        let launcher = self.launcher();
+        launcher.check_layer(gate_up, down, args, ws)?;
         ws.set_aligned(None);
         // SAFETY: forwarded to the caller (see the function's contract).
-        unsafe { self.launcher().layer(gate_up, down, args, ws, stream) }?;
+        unsafe { launcher.enqueue_layer(gate_up, down, args, ws, stream) }?;
         ws.set_aligned(Some(args));
         Ok(())
     }

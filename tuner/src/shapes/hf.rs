@@ -138,6 +138,15 @@ impl Keys<'_> {
         self.at_most(key, v, MAX_DIM, "a size of at most 1048576 (2^20)")
     }
 
+    /// A required size where 0 means none (`None`); otherwise as [`Keys::size`].
+    fn size_or_none(&self, key: &str) -> Result<Option<u32>, ShapeError> {
+        match self.opt_u32(key)? {
+            None => Err(self.missing(key)),
+            Some(0) => Ok(None),
+            Some(_) => self.size(key).map(Some),
+        }
+    }
+
     /// A required positive integer.
     fn positive(&self, key: &str) -> Result<u32, ShapeError> {
         match self.opt_u32(key)? {
@@ -282,19 +291,7 @@ impl HfMoeConfig {
                 let shared = if model_type == "qwen3_moe" {
                     None
                 } else {
-                    match keys.opt_u32(key)? {
-                        None => return Err(keys.missing(key)),
-                        Some(0) => None,
-                        Some(i) => Some(MlpSize {
-                            intermediate: keys.at_most(
-                                key,
-                                i,
-                                MAX_DIM,
-                                "a size of at most 1048576 (2^20)",
-                            )?,
-                            key,
-                        }),
-                    }
+                    keys.size_or_none(key)?.map(|intermediate| MlpSize { intermediate, key })
                 };
                 let step = keys.positive_or("decoder_sparse_step", 1)?;
                 // A set: one pass over the layers, one lookup each (a list scan per layer was
