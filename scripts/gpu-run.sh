@@ -6,6 +6,9 @@
 #                forms, order kernels, routes, two-stream workspaces, the committed grouped
 #                entries, the CI gate's slowed-kernel test), a foreign table refused, the Python
 #                layer example (results/h200/gpu-tests.md, example-moe-layer.txt)
+#   retune-w4a4  on an H200: the W4A4 grouped entries of both committed tables re-tuned (B =
+#                1..512) into copies at $OUT/retune-tp8/ and $OUT/retune-ep8/ (with their logs:
+#                results/h200/*-moe-w4a4-retune.jsonl.gz), each new table self-tested
 #   moe-w4a16    the torch peers and the grouped benchmark, W4A16, TP8 and EP8: $OUT/moe/ holds
 #                bench-moe.md, .csv and bench-moe-w4a16-screen.csv (both sets' fp4tune rows, the
 #                peers once: results/h200/bench-moe.*)
@@ -39,9 +42,11 @@ TABLES=${TABLES:-results/nvidia-h200.ron,results/nvidia-h200-ep8.ron} # the grou
 step() {
   local t=$1
   shift
-  echo "== $* (limit ${t}s, at ${SECONDS}s)" >> "$LOG"
-  timeout -k 10 "$t" "$@" >> "$LOG" 2>&1
-  echo "== exit $? at ${SECONDS}s" >> "$LOG"
+  {
+    echo "== $* (limit ${t}s, at ${SECONDS}s)"
+    timeout -k 10 "$t" "$@"
+    echo "== exit $? at ${SECONDS}s"
+  } >> "$LOG" 2>&1
 }
 
 # One bench-moe.csv of both sets: each set's fp4tune rows, the peers once (and one screen CSV,
@@ -107,6 +112,26 @@ phase_moe-w4a4() { # 580 s
     "fp4tune bench --moe --set tp8 --m $ms --a-type w4a4 --quick --max-candidates 12 --peers moe-peers-w4a4.csv --table $TABLES\` and the same with \`--set ep8"
 }
 
+phase_retune-w4a4() { # 400 s, on an H200 only (the committed tables are the H200's)
+  local b=1,2,4,8,16,32,64,128,256,512 set table
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in
+    *H200*) ;;
+    *)
+      echo "== retune-w4a4 skipped: the committed tables are the H200's" >> "$LOG"
+      return
+      ;;
+  esac
+  for set in tp8 ep8; do
+    table=results/nvidia-h200.ron
+    [ "$set" = ep8 ] && table=results/nvidia-h200-ep8.ron
+    mkdir -p "$OUT/retune-$set"
+    cp "$table" "$OUT/retune-$set/nvidia-h200.ron"
+    step 130 "$B/fp4tune" tune --set "$set" --moe-only --a-type w4a4 --moe-buckets "$b" \
+      --out "$OUT/retune-$set"
+    step 70 "$B/fp4tune" selftest --table "$OUT/retune-$set/nvidia-h200.ron"
+  done
+}
+
 phase_tune() { # 570 s
   local cold
   cold=$(mktemp -d)
@@ -139,7 +164,7 @@ phase_suite-w4a4() { # 580 s
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >> "$LOG" 2>&1
-PHASES="tests moe-w4a16 moe-w4a4 tune gemm suite-w4a16 suite-w4a4"
+PHASES="tests retune-w4a4 moe-w4a16 moe-w4a4 tune gemm suite-w4a16 suite-w4a4"
 # shellcheck disable=SC2086 # the list splits into its names
 [ $# -eq 0 ] && set -- $PHASES
 for phase in "$@"; do # every name checked before anything runs
