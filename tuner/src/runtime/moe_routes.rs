@@ -62,8 +62,9 @@ impl MoeRoutes {
             let kernel = GroupedKernel::from_compiled_with_spills(gpu, *c, &compiled)?;
             if let Some(why) = kernel.spills(&compiled)? {
                 warnings.push(format!(
-                    "grouped kernel {} with this compiler: {why}; it runs, slower than its table \
-                     time (re-tune with `fp4tune tune --moe-only`)",
+                    "grouped kernel {} with this compiler: {why}; it runs, perhaps slower than \
+                     its table time (a re-tune, `fp4tune tune --moe-only`, picks one that does \
+                     not spill)",
                     c.name()
                 ));
             }
