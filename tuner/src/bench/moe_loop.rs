@@ -33,7 +33,7 @@ pub const IMPL: &str = "fp4tune_loop";
 
 /// The dispatcher the loop launches through: the GEMM entries of `tables` merged
 /// ([`merge_gemm_entries`]; their grouped entries are not loaded), or the family defaults when
-/// there is none. Device `device`, the default CUBIN cache and mismatch policy (an entry the
+/// there is no table or no table has a GEMM entry (a `tune --moe-only` table). Device `device`, the default CUBIN cache and mismatch policy (an entry the
 /// device or the templates disable runs its fallback, which the rows' configuration names).
 pub fn open_dispatcher(
     tables: &[(PathBuf, Table)],
@@ -43,16 +43,18 @@ pub fn open_dispatcher(
     if tables.is_empty() {
         return Dispatcher::open_untuned(&options);
     }
-    let merged = merge_gemm_entries(tables)?;
+    let Some(merged) = merge_gemm_entries(tables)? else {
+        return Dispatcher::open_untuned(&options);
+    };
     let names: Vec<String> = tables.iter().map(|(p, _)| p.display().to_string()).collect();
     Dispatcher::open_with(Some((&merged, Path::new(&names.join("+")))), &options)
 }
 
 /// One table holding the GEMM entries of every table (the first's identity, toolchain and
 /// policy; a key that an earlier table has is taken from the earlier one), without grouped
-/// entries. Tables of other devices or other template sources are refused: one identity and one
-/// template hash per family must describe every entry.
-pub fn merge_gemm_entries(tables: &[(PathBuf, Table)]) -> Result<Table, RuntimeError> {
+/// entries; `None` when no table has a GEMM entry. Tables of other devices or other template
+/// sources are refused: one identity and one template hash per family must describe every entry.
+pub fn merge_gemm_entries(tables: &[(PathBuf, Table)]) -> Result<Option<Table>, RuntimeError> {
     let Some(((first_path, first), rest)) = tables.split_first() else {
         return Err(RuntimeError::InvalidArgument("no dispatch table to merge".into()));
     };
@@ -87,9 +89,12 @@ pub fn merge_gemm_entries(tables: &[(PathBuf, Table)]) -> Result<Table, RuntimeE
             }
         }
     }
+    if merged.entries.is_empty() {
+        return Ok(None);
+    }
     let origin: Vec<String> = tables.iter().map(|(p, _)| p.display().to_string()).collect();
     merged.validate(&origin.join(" + "))?;
-    Ok(merged)
+    Ok(Some(merged))
 }
 
 /// The loop's GEMMs of one step: per active local expert (expert, first sorted row, rows).
@@ -352,7 +357,7 @@ mod tests {
     #[test]
     fn the_tp8_and_ep8_tables_merge_into_one_gemm_table() {
         let (tp8, ep8) = (committed("nvidia-h200.ron"), committed("nvidia-h200-ep8.ron"));
-        let merged = merge_gemm_entries(&[tp8.clone(), ep8.clone()]).unwrap();
+        let merged = merge_gemm_entries(&[tp8.clone(), ep8.clone()]).unwrap().unwrap();
         assert!(merged.moe.is_empty() && merged.moe_template_hash.is_none());
         for e in tp8.1.entries.iter().chain(&ep8.1.entries) {
             let m = merged.entries.iter().find(|m| m.key == e.key).unwrap();
@@ -367,11 +372,30 @@ mod tests {
         };
         assert!(distinct(&merged) > distinct(&tp8.1));
         // A key the first table has is taken from it.
-        let again = merge_gemm_entries(&[tp8.clone(), tp8.clone()]).unwrap();
+        let again = merge_gemm_entries(&[tp8.clone(), tp8.clone()]).unwrap().unwrap();
         assert_eq!(again.entries, tp8.1.entries);
         // One table alone: its GEMM entries.
-        assert_eq!(merge_gemm_entries(std::slice::from_ref(&tp8)).unwrap().entries, tp8.1.entries);
+        let alone = merge_gemm_entries(std::slice::from_ref(&tp8)).unwrap().unwrap();
+        assert_eq!(alone.entries, tp8.1.entries);
         assert!(merge_gemm_entries(&[]).is_err());
+    }
+
+    #[test]
+    fn tables_of_grouped_entries_alone_leave_the_loop_its_defaults() {
+        // what `fp4tune tune --moe-only` writes: grouped entries, no GEMM entry
+        let mut moe_only = committed("nvidia-h200.ron");
+        moe_only.0 = "moe-only.ron".into();
+        moe_only.1.entries.clear();
+        moe_only.1.template_hashes.clear();
+        assert!(!moe_only.1.moe.is_empty());
+        moe_only.1.validate("moe-only.ron").unwrap();
+        assert!(merge_gemm_entries(std::slice::from_ref(&moe_only)).unwrap().is_none());
+        // beside a table with GEMM entries, those are the merged table's
+        let tp8 = committed("nvidia-h200.ron");
+        let merged = merge_gemm_entries(&[moe_only.clone(), tp8.clone()]).unwrap().unwrap();
+        assert_eq!(merged.entries, tp8.1.entries);
+        assert_eq!(merged.template_hashes, tp8.1.template_hashes);
+        assert!(merged.moe.is_empty());
     }
 
     #[test]

@@ -93,8 +93,9 @@ pub struct BenchArgs {
     pub peers: Option<PathBuf>,
     /// With --moe: dispatch tables whose GEMM entries the per-expert loop peer (`fp4tune_loop`,
     /// one GEMM per active expert) launches, comma separated and merged (e.g.
-    /// results/nvidia-h200.ron,results/nvidia-h200-ep8.ron); without one it runs the family
-    /// defaults. Their grouped entries join the grouped candidates.
+    /// results/nvidia-h200.ron,results/nvidia-h200-ep8.ron); without one, or when none has a GEMM
+    /// entry (a `tune --moe-only` table), it runs the family defaults. Their grouped entries join
+    /// the grouped candidates.
     #[arg(long = "table", value_delimiter = ',')]
     pub tables: Vec<PathBuf>,
     /// With --moe: measure nothing, re-render bench-moe.md at --out from this bench-moe.csv,

@@ -154,7 +154,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if a.tables.is_empty() {
             "no table: the family defaults".to_string()
         } else {
-            a.tables.iter().map(|t| t.display().to_string()).collect::<Vec<_>>().join(" + ")
+            let names = a.tables.iter().map(|t| t.display().to_string()).collect::<Vec<_>>();
+            if tables.iter().all(|(_, t)| t.entries.is_empty()) {
+                format!("{}: no GEMM entries, so the family defaults", names.join(" + "))
+            } else {
+                names.join(" + ")
+            }
         },
     );
     let md = moe_report::markdown(
