@@ -131,16 +131,9 @@ mod committed_tables {
         }
     }
 
-    /// Grouped kernels the committed tables name although they spill: the W4A4 gate_up entries
-    /// were tuned by a build whose filter read a compile without a ptxas report as one without
-    /// spills (results/h200/moe-targets.md, "W4A4"). They run (the runtime warns); the W4A4
-    /// entries need a re-tune on an H200, after which this list is empty.
-    const SPILLING_UNTIL_RETUNED: &[&str] = &["moe_gate_up_w4a4_m8n64k1024_w2x4_p4_s1_o2_walk0"];
-
     /// Every grouped kernel a committed table names compiles with this NVRTC without spilling and
-    /// without touching local memory (`SPILLING_UNTIL_RETUNED` aside, each of which must still
-    /// spill and still be named): tunes, benchmarks and the self-test refuse such a kernel, so a
-    /// table that names one fails its own GPU checks. (A tune whose compile left no ptxas report
+    /// without touching local memory: tunes, benchmarks and the self-test refuse such a kernel,
+    /// so a table that names one fails its own GPU checks. (A tune whose compile left no ptxas report
     /// judges a candidate by the loaded function's local memory; this checks the ptxas report and
     /// the SASS.) Needs NVRTC and cuobjdump (scripts/cuda-tools.sh).
     #[test]
@@ -159,7 +152,6 @@ mod committed_tables {
             crate::compile::Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
         let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
         let mut problems = Vec::new();
-        let mut known = Vec::new();
         // configurations that are one kernel (walk variants) share one disassembly
         let mut local_of = std::collections::HashMap::new();
         for (c, r) in configs.iter().zip(compiler.compile_many(&sources)) {
@@ -168,19 +160,9 @@ mod committed_tables {
                 let sass = dump_sass(&k.kernel_name, &k.cubin).unwrap_or_else(|e| panic!("{e}"));
                 k.spills() || uses_local_memory(&sass)
             });
-            let name = c.name();
-            if SPILLING_UNTIL_RETUNED.contains(&name.as_str()) {
-                assert!(local, "{name} no longer spills: take it off SPILLING_UNTIL_RETUNED");
-                known.push(name);
-            } else if local {
+            if local {
                 problems.push(format!("{c} ({}): {:?}", k.kernel_name, k.stats));
             }
-        }
-        for name in SPILLING_UNTIL_RETUNED {
-            assert!(
-                known.iter().any(|k| k == name),
-                "no committed table names {name} any more: take it off SPILLING_UNTIL_RETUNED"
-            );
         }
         assert!(
             problems.is_empty(),
