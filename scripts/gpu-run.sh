@@ -112,7 +112,7 @@ phase_moe-w4a4() { # 580 s
     "fp4tune bench --moe --set tp8 --m $ms --a-type w4a4 --quick --max-candidates 12 --peers moe-peers-w4a4.csv --table $TABLES\` and the same with \`--set ep8"
 }
 
-phase_retune-w4a4() { # 400 s, on an H200 only (the committed tables are the H200's)
+phase_retune-w4a4() { # 460 s, on an H200 only (the committed tables are the H200's)
   local b=1,2,4,8,16,32,64,128,256,512 set table
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in
     *H200*) ;;
@@ -128,7 +128,7 @@ phase_retune-w4a4() { # 400 s, on an H200 only (the committed tables are the H20
     cp "$table" "$OUT/retune-$set/nvidia-h200.ron"
     step 130 "$B/fp4tune" tune --set "$set" --moe-only --a-type w4a4 --moe-buckets "$b" \
       --out "$OUT/retune-$set"
-    step 70 "$B/fp4tune" selftest --table "$OUT/retune-$set/nvidia-h200.ron"
+    step 100 "$B/fp4tune" selftest --table "$OUT/retune-$set/nvidia-h200.ron" # EP8: about 92 s
   done
 }
 
