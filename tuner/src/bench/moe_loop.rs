@@ -33,8 +33,9 @@ pub const IMPL: &str = "fp4tune_loop";
 
 /// The dispatcher the loop launches through: the GEMM entries of `tables` merged
 /// ([`merge_gemm_entries`]; their grouped entries are not loaded), or the family defaults when
-/// there is no table or no table has a GEMM entry (a `tune --moe-only` table). Device `device`, the default CUBIN cache and mismatch policy (an entry the
-/// device or the templates disable runs its fallback, which the rows' configuration names).
+/// there is no table or no table has a GEMM entry (a `tune --moe-only` table). Device `device`,
+/// the default CUBIN cache and mismatch policy (an entry the device or the templates disable runs
+/// its fallback, which the rows' configuration names).
 pub fn open_dispatcher(
     tables: &[(PathBuf, Table)],
     device: usize,

@@ -109,6 +109,30 @@ fn instruction(line: &str) -> Option<&str> {
     Some(ins)
 }
 
+/// Test support: compile `kernels` (label, source) with the default cubin cache and name each
+/// whose ptxas report shows spills or whose SASS touches local memory (`<label> (<kernel>):
+/// <ptxas stats>`). Sources that are one kernel are compiled and disassembled once.
+#[cfg(test)]
+pub(crate) fn kernels_with_local_memory(
+    kernels: &[(String, crate::template::KernelSource)],
+) -> Vec<String> {
+    let compiler = crate::compile::Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
+    let sources: Vec<_> = kernels.iter().map(|(_, s)| s.clone()).collect();
+    let mut local_of = std::collections::HashMap::new();
+    let mut problems = Vec::new();
+    for ((label, _), r) in kernels.iter().zip(compiler.compile_many(&sources)) {
+        let k = r.unwrap_or_else(|e| panic!("{label}: {e}"));
+        let local = *local_of.entry(k.key.clone()).or_insert_with(|| {
+            let sass = dump_sass(&k.kernel_name, &k.cubin).unwrap_or_else(|e| panic!("{e}"));
+            k.spills() || uses_local_memory(&sass)
+        });
+        if local {
+            problems.push(format!("{label} ({}): {:?}", k.kernel_name, k.stats));
+        }
+    }
+    problems
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -177,28 +177,13 @@ mod tests {
     /// cuobjdump (scripts/cuda-tools.sh).
     #[test]
     fn seeds_compile_without_local_memory() {
-        use crate::compile::sass::{dump_sass, uses_local_memory};
-        let seeds: Vec<GroupedConfig> = [W4A16, W4A4]
+        let kernels: Vec<_> = [W4A16, W4A4]
             .into_iter()
             .flat_map(|a| MoeOp::ALL.into_iter().map(move |op| (a, op)))
             .flat_map(|(a, op)| measured_seeds(Family::Sm90, a, op))
+            .map(|c| (c.to_string(), c.source()))
             .collect();
-        let compiler =
-            crate::compile::Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
-        let sources: Vec<_> = seeds.iter().map(|c| c.source()).collect();
-        let mut seen = std::collections::HashSet::new();
-        let mut problems = Vec::new();
-        for (c, r) in seeds.iter().zip(compiler.compile_many(&sources)) {
-            let k = r.unwrap_or_else(|e| panic!("{c}: {e}"));
-            // configurations that are one kernel (walk variants) share one disassembly
-            if !seen.insert(k.key.clone()) {
-                continue;
-            }
-            let sass = dump_sass(&k.kernel_name, &k.cubin).unwrap_or_else(|e| panic!("{e}"));
-            if k.spills() || uses_local_memory(&sass) {
-                problems.push(format!("{c} ({}): {:?}", k.kernel_name, k.stats));
-            }
-        }
+        let problems = crate::compile::sass::kernels_with_local_memory(&kernels);
         assert!(problems.is_empty(), "seeds with local memory:\n{}", problems.join("\n"));
     }
 }

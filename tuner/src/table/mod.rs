@@ -133,12 +133,11 @@ mod committed_tables {
 
     /// Every grouped kernel a committed table names compiles with this NVRTC without spilling and
     /// without touching local memory: tunes, benchmarks and the self-test refuse such a kernel,
-    /// so a table that names one fails its own GPU checks. (A tune whose compile left no ptxas report
-    /// judges a candidate by the loaded function's local memory; this checks the ptxas report and
-    /// the SASS.) Needs NVRTC and cuobjdump (scripts/cuda-tools.sh).
+    /// so a table that names one fails its own GPU checks. (A tune whose compile left no ptxas
+    /// report judges a candidate by the loaded function's local memory; this checks the ptxas
+    /// report and the SASS.) Needs NVRTC and cuobjdump (scripts/cuda-tools.sh).
     #[test]
     fn committed_grouped_entries_compile_without_local_memory() {
-        use crate::compile::sass::{dump_sass, uses_local_memory};
         let mut configs = Vec::new();
         for (_, t) in committed() {
             for m in &t.moe {
@@ -148,22 +147,8 @@ mod committed_tables {
             }
         }
         assert!(configs.len() >= 20, "{} grouped kernels in the committed tables", configs.len());
-        let compiler =
-            crate::compile::Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
-        let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
-        let mut problems = Vec::new();
-        // configurations that are one kernel (walk variants) share one disassembly
-        let mut local_of = std::collections::HashMap::new();
-        for (c, r) in configs.iter().zip(compiler.compile_many(&sources)) {
-            let k = r.unwrap_or_else(|e| panic!("{c}: {e}"));
-            let local = *local_of.entry(k.key.clone()).or_insert_with(|| {
-                let sass = dump_sass(&k.kernel_name, &k.cubin).unwrap_or_else(|e| panic!("{e}"));
-                k.spills() || uses_local_memory(&sass)
-            });
-            if local {
-                problems.push(format!("{c} ({}): {:?}", k.kernel_name, k.stats));
-            }
-        }
+        let kernels: Vec<_> = configs.iter().map(|c| (c.to_string(), c.source())).collect();
+        let problems = crate::compile::sass::kernels_with_local_memory(&kernels);
         assert!(
             problems.is_empty(),
             "committed grouped kernels with local memory:\n{}",
