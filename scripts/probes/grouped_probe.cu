@@ -21,7 +21,17 @@
 //            memory per SM, more chunks in flight per warp)
 //   floor    the routed experts' codes and scales read once, one CTA row per expert, 16-byte
 //            streaming loads, 8 in flight per thread
+// ./grouped_probe bulk [ep8] [B ...] times, beside pick, the contiguous-codes load and floor, the
+// bulk-copy kernels of grouped_probe_kernels.cu (cp.async.bulk onto mbarriers; their scales laid
+// out per row group, the same bytes as the swizzled ones):
+//   bulk1..5      a producer lane per CTA filling a CTA ring, consumer warps that only read it
+//                 (the loads alone; rows per CTA, k per stage, stages and CTAs per SM vary)
+//   bulk_pick*    the pick's decode, MMAs and epilogue fed by such a CTA ring (stages, CTAs per SM)
+//   warp_bulk*    the pick's own warp rings, each filled by its warp's bulk copies
+// and checks the H of bulk_pick43, warp_bulk33 and warp_bulk34 against the pick's.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -141,10 +151,12 @@ static float time_graph(cudaStream_t s, Launch launch) {
 
 int main(int argc, char** argv) {
     std::vector<int> bs;
-    bool ep8 = false;
+    bool ep8 = false, bulk = false;
     for (int i = 1; i < argc; ++i) {
         if (std::string(argv[i]) == "ep8") {
             ep8 = true;
+        } else if (std::string(argv[i]) == "bulk") {
+            bulk = true;
         } else {
             bs.push_back(atoi(argv[i]));
         }
@@ -167,6 +179,26 @@ int main(int argc, char** argv) {
         for (auto& x : hs) x = static_cast<uint8_t>(0x30 + rng() % 16);  // finite E4M3 scales around 1
         CK(cudaMemcpy(w[c], hw.data(), hw.size(), cudaMemcpyHostToDevice));
         CK(cudaMemcpy(sf[c], hs.data(), hs.size(), cudaMemcpyHostToDevice));
+    }
+    // the same scales laid out per row group (the bulk kernels' copies): per expert, row group T
+    // (paired rows 16T ..) at T * 16 * K/16, in it per 128-k block b 16 rows x 8 bytes at b * 128
+    uint8_t* sfg[2];
+    for (int c = 0; c < 2; ++c) {
+        std::vector<uint8_t> hs(sf_stride * E), hg(w_stride / 8 * E);
+        CK(cudaMemcpy(hs.data(), sf[c], hs.size(), cudaMemcpyDeviceToHost));
+        const int kb16 = K / 16;
+        for (int e = 0; e < E; ++e)
+            for (int rho = 0; rho < N; ++rho) {
+                const int h = (rho >> 3) & 1, row = (rho >> 4) * 8 + (rho & 7) + h * I;
+                for (int b = 0; b < kb16; ++b) {
+                    const size_t sw = ((static_cast<size_t>(row) >> 7) * (ksf_pad >> 2) + (b >> 2)) * 512 +
+                                      (row & 31) * 16 + ((row >> 5) & 3) * 4 + (b & 3);
+                    hg[static_cast<size_t>(e) * N * kb16 + static_cast<size_t>(rho >> 4) * 16 * kb16 + (b >> 3) * 128 +
+                       (rho & 15) * 8 + (b & 7)] = hs[e * sf_stride + sw];
+                }
+            }
+        CK(cudaMalloc(&sfg[c], hg.size()));
+        CK(cudaMemcpy(sfg[c], hg.data(), hg.size(), cudaMemcpyHostToDevice));
     }
     float* alpha;
     CK(cudaMalloc(&alpha, E * sizeof(float)));
@@ -195,6 +227,34 @@ int main(int argc, char** argv) {
     for (GridKernel& k : grid_kernels) {
         CU(cuModuleGetFunction(&k.f, mod, k.name));
         CU(cuFuncSetAttribute(k.f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cfg[k.smem_entry]));
+    }
+    // bulk1..5 (loads alone), then the pick fed by the bulk ring (4 stages at 3 CTAs per SM, 3 at 3, 6 at 2)
+    // and the pick's warp ring filled by bulk copies (3 stages at 3 CTAs per SM, 4 at 3, 3 at 4 with unpadded rows)
+    constexpr int BULK = 11;
+    const char* bulk_names[BULK] = {"bulk1",       "bulk2",       "bulk3",       "bulk4",       "bulk5",      "bulk_pick43",
+                                    "bulk_pick33", "bulk_pick62", "warp_bulk33", "warp_bulk43", "warp_bulk34"};
+    int bcfg[BULK][3];
+    CUfunction f_bulk[BULK];
+    {
+        CUdeviceptr g;
+        size_t gb;
+        CU(cuModuleGetGlobal(&g, &gb, mod, "bulk_cfg"));
+        CU(cuMemcpyDtoH(bcfg, g, 5 * sizeof(bcfg[0])));
+        CU(cuModuleGetGlobal(&g, &gb, mod, "bulk_pick_cfg"));
+        CU(cuMemcpyDtoH(bcfg[5], g, 3 * sizeof(bcfg[0])));
+        CU(cuModuleGetGlobal(&g, &gb, mod, "warp_bulk_cfg"));
+        CU(cuMemcpyDtoH(bcfg[8], g, 3 * sizeof(bcfg[0])));
+    }
+    for (int v = 0; v < BULK; ++v) {
+        const std::string name = bulk_names[v];
+        CU(cuModuleGetFunction(&f_bulk[v], mod, name.c_str()));
+        CU(cuFuncSetAttribute(f_bulk[v], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bcfg[v][2]));
+        int regs = 0, ctas = 0;
+        CU(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, f_bulk[v]));
+        CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, f_bulk[v], bcfg[v][0], bcfg[v][2]));
+        if (bulk)
+            printf("%s: %d threads, %d weight rows per CTA, %d bytes of shared memory, %d registers, %d CTAs per SM\n",
+                   bulk_names[v], bcfg[v][0], bcfg[v][1], bcfg[v][2], regs, ctas);
     }
     CUfunction f_floor;
     CU(cuModuleGetFunction(&f_floor, mod, "floor_read"));
@@ -255,9 +315,9 @@ int main(int argc, char** argv) {
             p[c].top_k = TOP_K;
         }
         const unsigned gx = N / block_n, gy = static_cast<unsigned>(ntiles);
-        float t[GRID_KERNELS];
+        float t[GRID_KERNELS] = {};
         for (int v = 0; v < GRID_KERNELS; ++v)
-            t[v] = time_graph(s, [&](int c, cudaStream_t st) {
+            if (!bulk || v == 0 || v == 2) t[v] = time_graph(s, [&](int c, cudaStream_t st) {
                 void* args[] = {&p[c], &out};
                 CU(cuLaunchKernel(grid_kernels[v].f, gx, gy, 1, threads, 1, 1, cfg[grid_kernels[v].smem_entry],
                                   reinterpret_cast<CUstream>(st), args, nullptr));
@@ -271,6 +331,53 @@ int main(int argc, char** argv) {
         CK(cudaGetLastError());
         CK(cudaStreamSynchronize(s));
         const double mb = active.size() * static_cast<double>(w_stride + sf_stride) / 1e6;
+        if (bulk) {
+            printf("%s B = %d: %zu active experts, %d tiles, %.1f MB of weights | pick %.2f us | load, contiguous codes %.2f us | "
+                   "floor %.2f us (%.0f GB/s)",
+                   ep8 ? "EP8" : "TP8", B, active.size(), ntiles, mb, t[0], t[2], t_floor, mb * 1e3 / t_floor);
+            for (int v = 0; v < BULK; ++v) {
+                const float tb = time_graph(s, [&](int c, cudaStream_t st) {
+                    void* args[] = {&p[c], &sfg[c], &out};
+                    CU(cuLaunchKernel(f_bulk[v], N / bcfg[v][1], gy, 1, bcfg[v][0], 1, 1, bcfg[v][2],
+                                      reinterpret_cast<CUstream>(st), args, nullptr));
+                });
+                printf(" | %s %.2f us", bulk_names[v], tb);
+            }
+            // the pick and the bulk-fed picks on weight copy 0: the same H within the summation order
+            const size_t ny = sorted.size() * I;
+            std::vector<uint16_t> y0(ny), y1(ny);
+            {
+                void* args[] = {&p[0], &out};
+                CK(cudaMemset(y, 0, ny * 2));
+                CU(cuLaunchKernel(grid_kernels[0].f, gx, gy, 1, threads, 1, 1, cfg[3], reinterpret_cast<CUstream>(s), args,
+                                  nullptr));
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(y0.data(), y, ny * 2, cudaMemcpyDeviceToHost));
+            }
+            for (int v : {5, 8, 10}) {
+                void* bargs[] = {&p[0], &sfg[0], &out};
+                CK(cudaMemset(y, 0, ny * 2));
+                CU(cuLaunchKernel(f_bulk[v], N / bcfg[v][1], gy, 1, bcfg[v][0], 1, 1, bcfg[v][2], reinterpret_cast<CUstream>(s),
+                                  bargs, nullptr));
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(y1.data(), y, ny * 2, cudaMemcpyDeviceToHost));
+                size_t off = 0;
+                double worst = 0;
+                for (size_t i = 0; i < ny; ++i) {
+                    const uint32_t ua = static_cast<uint32_t>(y0[i]) << 16, ub = static_cast<uint32_t>(y1[i]) << 16;
+                    float fa, fb;
+                    memcpy(&fa, &ua, 4);
+                    memcpy(&fb, &ub, 4);
+                    const double d = std::fabs(static_cast<double>(fa) - fb) / (std::fabs(static_cast<double>(fa)) + 1e-3);
+                    worst = std::max(worst, d);
+                    if (!(d <= 2e-2)) ++off;
+                }
+                printf(" | %s against the pick: %zu of %zu H elements off by > 2%% (worst %.3g)", bulk_names[v], off, ny, worst);
+            }
+            printf("\n");
+            CK(cudaGetLastError());
+            CK(cudaStreamSynchronize(s));
+        } else
         printf("%s B = %d: %zu active experts, %d tiles, %.1f MB of weights | pick %.2f us | load %.2f us | load, "
                "contiguous codes %.2f us | pick, contiguous codes %.2f us | load, 4 stages at 3 CTAs per SM %.2f us | load, 6 stages at 2 %.2f us | "
                "floor %.2f us (%.0f GB/s)\n",
