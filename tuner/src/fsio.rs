@@ -2,6 +2,8 @@
 //! ([`write_atomic`]) or several that are replaced together or not at all ([`write_atomic_all`]),
 //! through temporary files in the target's folder and renames; the folder a file goes into
 //! ([`create_parent_dir`]); the temporary files a killed writer left ([`remove_stale_temp_files`]).
+//! Reading inputs: only regular files ([`open_input`], [`read_input`]), so that a device, FIFO
+//! or socket given as an input file is an error, not an endless read or a wait.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,6 +11,40 @@ use std::time::Duration;
 
 /// Temporary files of [`write_atomic`] older than this are left by a killed writer and removed.
 pub const STALE_TEMP_AGE: Duration = Duration::from_secs(3600);
+
+/// Open an input file: a regular file (or a link to one); a folder, device, FIFO or socket is an
+/// error of kind `InvalidInput` that says what it is.
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    let meta = std::fs::metadata(path)?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let what = if t.is_dir() {
+            "a folder"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("is {what}, not a file to read"),
+        ));
+    }
+    std::fs::File::open(path)
+}
+
+/// The text of an input file ([`open_input`]; not UTF-8 is an `InvalidData` error).
+pub fn read_input(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    open_input(path)?.read_to_string(&mut text)?;
+    Ok(text)
+}
 
 /// A clearer error for a folder that cannot be created because a component is a file.
 pub(crate) fn explain_create_dir(dir: &Path, e: std::io::Error) -> std::io::Error {
@@ -304,6 +340,29 @@ fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod input_tests {
+    use super::*;
+
+    /// Devices, FIFOs and folders are refused before anything is read; a link to a file is read.
+    #[test]
+    fn inputs_are_regular_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = read_input(Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("a device"), "{e}");
+        assert!(read_input(dir.path()).unwrap_err().to_string().contains("a folder"));
+        let fifo = dir.path().join("f");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        assert!(read_input(&fifo).unwrap_err().to_string().contains("a FIFO"));
+        let file = dir.path().join("t.txt");
+        std::fs::write(&file, "text").unwrap();
+        let link = dir.path().join("l.txt");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_input(&link).unwrap(), "text");
+    }
 }
 
 #[cfg(test)]

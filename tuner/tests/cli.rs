@@ -232,16 +232,101 @@ fn hostile_inputs_of_issue_14() {
     assert_clean_error(ok, &err, &["config.json", "num_hidden_layers", "at most 10000"]);
     assert!(t0.elapsed() < std::time::Duration::from_secs(20));
 
-    // A folder where a file belongs: the OS error once.
+    // A folder where a file belongs: said once.
     let (ok, err) =
         run(&fp4tune(), &["shapes", "--from-config", d.to_str().unwrap(), "--tp", "8"], d);
-    assert_clean_error(ok, &err, &["os error 21"]);
-    assert_eq!(err.matches("os error").count(), 1, "{err}");
+    assert_clean_error(ok, &err, &["is a folder, not a file to read"]);
+    assert_eq!(err.matches("is a folder").count(), 1, "{err}");
 
     // A dispatch table given as a shape file says so.
     let table_path = results.join("nvidia-h200.ron");
     let (ok, err) = run(&fp4tune(), &["tune", "--shapes", table_path.to_str().unwrap()], d);
     assert_clean_error(ok, &err, &["this is a dispatch table, not a shape file"]);
+}
+
+/// Inputs that panicked, hung or were read forever: a template hash that is not ASCII, a time
+/// budget no `Duration` holds, a bootstrap of 2^32 resamples, a device given as a table, a time of
+/// 1e308 us (the report's log axis never ended), a config key given twice, `--render` with
+/// options it would ignore.
+#[test]
+fn hostile_inputs_of_the_second_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let table = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/nvidia-h200.ron"),
+    )
+    .unwrap();
+    let hash_start = table.find("template_hashes: {Sm90: \"").unwrap() + 25;
+    let hash_end = hash_start + table[hash_start..].find('"').unwrap();
+    let euro = d.join("euro.ron");
+    std::fs::write(
+        &euro,
+        format!(
+            "{}aa\u{20ac}\u{20ac}\u{20ac}\u{20ac}\u{20ac}{}",
+            &table[..hash_start],
+            &table[hash_end..]
+        ),
+    )
+    .unwrap();
+    let out = Command::new(fp4tune())
+        .args(["table", "--check", euro.to_str().unwrap()])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("panicked"), "{err}");
+    assert!(err.contains("table aa\u{20ac}\u{20ac}\u{20ac}\u{20ac}\u{20ac}"), "{err}");
+    let status = Command::new(fp4tune())
+        .args(["check", "--table", euro.to_str().unwrap(), "--out", "chk"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(2), "{}", String::from_utf8_lossy(&status.stderr));
+    assert!(d.join("chk/check.md").exists());
+
+    let (ok, err) = run(&fp4tune(), &["tune", "--time-budget", "99999999999999999999m"], d);
+    assert_clean_error(ok, &err, &["--time-budget", "at most a week"]);
+    let (ok, err) = run(
+        &fp4tune(),
+        &["check", "--table", euro.to_str().unwrap(), "--resamples", "4294967296"],
+        d,
+    );
+    assert_clean_error(ok, &err, &["--resamples", "100..=1000000"]);
+
+    let (ok, err) = run(&fp4tune(), &["table", "--check", "/dev/zero"], d);
+    assert_clean_error(ok, &err, &["/dev/zero", "is a device, not a file to read"]);
+
+    let huge = d.join("huge.ron");
+    let first = table.find("median_us: ").unwrap() + 11;
+    let first_end = first + table[first..].find(',').unwrap();
+    std::fs::write(&huge, format!("{}1e308{}", &table[..first], &table[first_end..])).unwrap();
+    let (ok, err) =
+        run(&fp4tune(), &["report", "--out", "figs", "--table", huge.to_str().unwrap()], d);
+    assert_clean_error(ok, &err, &["huge.ron", "median 1e308 us"]);
+    let csv = d.join("bench-w4a16.csv");
+    std::fs::write(
+        &csv,
+        "shape,N,K,M,a_type,impl,median_us,roofline_us,read_floor_us\n\
+         s,512,6144,1,w4a16,k,1e300,1,1\n",
+    )
+    .unwrap();
+    let (ok, err) =
+        run(&fp4tune(), &["report", "--out", "figs", "--bench", csv.to_str().unwrap()], d);
+    assert_clean_error(ok, &err, &["bench-w4a16.csv:2", "`1e300` is not a time"]);
+
+    let cfg = d.join("config.json");
+    std::fs::write(&cfg, r#"{"model_type": "mixtral", "hidden_size": 6144, "hidden_size": 4096}"#)
+        .unwrap();
+    let (ok, err) =
+        run(&fp4tune(), &["shapes", "--from-config", cfg.to_str().unwrap(), "--tp", "8"], d);
+    assert_clean_error(ok, &err, &["config.json:1:", "key `hidden_size` appears twice"]);
+
+    let (ok, err) = run(
+        &fp4tune(),
+        &["bench", "--moe", "--render", "x.csv", "--peers", "p.csv", "--out", "o"],
+        d,
+    );
+    assert_clean_error(ok, &err, &["--render", "cannot be used with", "--peers"]);
 }
 
 /// One log record (JSON, no newline) for bucket `m` of the committed table's first key, on the

@@ -110,8 +110,8 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
             return Err(bad());
         }
         let u = |s: &str| s.trim().parse::<u32>().map_err(|_| bad());
-        // times are finite and not negative (0: not measured); the three times of a row of an
-        // implementation that failed on the step (FAILED_ROW) are NaN
+        // times are 0 (not measured) or within what a report shows; the three times of a row of
+        // an implementation that failed on the step (FAILED_ROW) are NaN
         let failed_row = f[14].starts_with(FAILED_ROW);
         let x = |s: &str, may_fail: bool| {
             s.trim()
@@ -121,12 +121,12 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
                     if may_fail && failed_row {
                         v.is_nan()
                     } else {
-                        v.is_finite() && *v >= 0.0
+                        crate::table::reportable_time(*v)
                     }
                 })
                 .ok_or_else(|| {
                     format!(
-                        "{origin}:{}: `{}` is not a time in microseconds: {line}",
+                        "{origin}:{}: `{}` is not a time in microseconds (0, or 0.001 to 1e9): {line}",
                         i + 1,
                         s.trim()
                     )

@@ -106,8 +106,8 @@ pub fn preflight(
         .map(|m| match m {
             Mismatch::TemplateHash { family, table, current } => format!(
                 "{family} table {}, current {}",
-                &table[..table.len().min(12)],
-                &current[..current.len().min(12)]
+                crate::template::short_hash(table, 12),
+                crate::template::short_hash(current, 12)
             ),
             other => other.to_string(),
         })
@@ -249,8 +249,8 @@ pub fn grouped_split(table: &Table) -> (Vec<MoeEntry>, Vec<String>) {
         Mismatch::MoeTemplateHash { table, current } => Some(format!(
             "the grouped kernels' templates differ from the table's (moe_template_hash {}, \
              current {}): re-tune the grouped entries",
-            table.as_deref().map_or("none", |t| &t[..t.len().min(12)]),
-            &current[..current.len().min(12)]
+            table.as_deref().map_or("none", |t| crate::template::short_hash(t, 12)),
+            crate::template::short_hash(&current, 12)
         )),
         _ => None,
     });

@@ -234,7 +234,7 @@ pub fn exit_status(report: &CheckReport) -> Exit {
 }
 
 fn short(h: &str) -> &str {
-    &h[..h.len().min(16)]
+    crate::template::short_hash(h, 16)
 }
 
 impl CheckReport {
@@ -347,7 +347,7 @@ impl CheckReport {
 
     /// Read a saved check result (for `--baseline`); refuses other schema versions.
     pub fn read_json(path: &Path) -> Result<CheckReport, CheckFileError> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::fsio::read_input(path)
             .map_err(|error| CheckFileError::Io { path: path.to_path_buf(), error })?;
         #[derive(Deserialize)]
         struct Probe {

@@ -10,6 +10,8 @@ use std::path::PathBuf;
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum ConfigsArg {
     Space,
+    /// The family defaults a shape outside the table falls back to: the decode defaults (the
+    /// runtime's first choice up to M = 64), the generic configuration and its K-tail form.
     Default,
 }
 
@@ -62,7 +64,7 @@ pub struct BenchArgs {
     /// Activation type.
     #[arg(long, value_enum, default_value = "w4a16")]
     pub a_type: ATypeArg,
-    /// Which configurations: the whole search space, or only the family default.
+    /// Which configurations: the whole search space, or only the family defaults.
     #[arg(long, value_enum, default_value = "space")]
     pub configs: ConfigsArg,
     /// Only configurations of this weight pipeline.
@@ -100,7 +102,11 @@ pub struct BenchArgs {
     pub tables: Vec<PathBuf>,
     /// With --moe: measure nothing, re-render bench-moe.md at --out from this bench-moe.csv,
     /// keeping the title and provenance lines of the bench-moe.md already there (no GPU needed).
-    #[arg(long, requires = "moe")]
+    #[arg(
+        long,
+        requires = "moe",
+        conflicts_with_all = ["shapes", "only", "m", "peers", "tables", "no_peers", "quick", "max_candidates"]
+    )]
     pub render: Option<PathBuf>,
 }
 
@@ -162,7 +168,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let family = Family::for_arch(arch);
     let mut configs = match a.configs {
         ConfigsArg::Space => template::search_space(family, a_type),
-        ConfigsArg::Default => vec![template::default_config(family, a_type)],
+        ConfigsArg::Default => {
+            let mut v = template::decode_default_configs(family, a_type);
+            v.extend(template::default_configs(family, a_type));
+            v
+        }
     };
     configs.retain(|c| a.pipeline.admits(c.pipeline));
     if configs.is_empty() {

@@ -36,9 +36,9 @@ pub struct CheckArgs {
     /// Confidence of the interval on the ratio new/old.
     #[arg(long, default_value_t = 0.95)]
     pub confidence: f64,
-    /// Bootstrap resamples of the rule.
-    #[arg(long, default_value_t = 2000)]
-    pub resamples: usize,
+    /// Bootstrap resamples of the rule (100 to 1,000,000).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
+    pub resamples: u64,
     /// Folder for check.md and check.json.
     #[arg(long, default_value = "fp4tune-check")]
     pub out: PathBuf,
@@ -171,7 +171,7 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Written)> {
     let rule = RuleConfig {
         threshold: a.threshold,
         confidence: a.confidence,
-        resamples: a.resamples,
+        resamples: a.resamples as usize,
         ..RuleConfig::default()
     };
     // Refuse a bad rule before any GPU work.

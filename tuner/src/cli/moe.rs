@@ -42,7 +42,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let peers = match &a.peers {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
+            let text = fp4tune::fsio::read_input(p)
                 .with_context(|| format!("reading peers {}", p.display()))?;
             moe_report::parse_csv(&text, &p.display().to_string()).map_err(anyhow::Error::msg)?
         }
@@ -200,7 +200,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 /// and provenance lines of the report already there.
 fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
     let text =
-        std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
+        fp4tune::fsio::read_input(csv).with_context(|| format!("reading {}", csv.display()))?;
     let rows =
         moe_report::parse_csv(&text, &csv.display().to_string()).map_err(anyhow::Error::msg)?;
     let md_path = out.join("bench-moe.md");
@@ -211,7 +211,7 @@ fn render(csv: &std::path::Path, out: &std::path::Path) -> Result<()> {
             md_path.display()
         );
     }
-    let old = std::fs::read_to_string(&md_path).with_context(|| {
+    let old = fp4tune::fsio::read_input(&md_path).with_context(|| {
         format!("reading {} (its provenance lines are kept)", md_path.display())
     })?;
     let head = old.split("\n## ").next().unwrap_or("");
@@ -364,7 +364,7 @@ pub fn tune_phase(
     // the screens of earlier grouped tunes into this folder (another activation type, other
     // buckets) stay in the log: this tune's lines follow theirs
     let log_path = out.join(format!("{slug}-moe.jsonl"));
-    let mut jsonl = match std::fs::read_to_string(&log_path) {
+    let mut jsonl = match fp4tune::fsio::read_input(&log_path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", log_path.display())),

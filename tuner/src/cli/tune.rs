@@ -511,6 +511,11 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     if !(v.is_finite() && v > 0.0) {
         return Err(format!("`{s}`: expected a positive duration"));
     }
+    // a week at most: longer is a typo, and past ~5.8e11 years no Duration holds it
+    const MAX_SECS: f64 = 7.0 * 24.0 * 3600.0;
+    if v * scale > MAX_SECS {
+        return Err(format!("`{s}`: at most a week (7 x 24 h)"));
+    }
     Ok(std::time::Duration::from_secs_f64(v * scale))
 }
 

@@ -52,6 +52,7 @@ impl fmt::Display for MoeOp {
 /// along K summed through the workspace, `min_ctas` 1). Both: how the CTAs walk the tile schedule, and the activation type (bf16:
 /// W4A16; NVFP4: W4A4, where gate_up also writes H as NVFP4 for down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GroupedConfig {
     pub op: MoeOp,
     /// Routed rows per tile (8, 16 or 32): picks moe_align's tile list.

@@ -66,12 +66,12 @@ pub fn parse_bench_csv(text: &str, origin: &str) -> Result<Vec<BenchPoint>, Plot
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
         let bad = || PlotError::Input(format!("{origin}:{}: not a bench row: {line}", i + 1));
         let get = |c: usize| f.get(c).copied().ok_or_else(bad);
-        // times are finite and not negative (0: not measured)
+        // times are 0 (not measured) or within what a report shows
         let num = |c: usize| {
             let s = get(c)?;
-            s.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0).ok_or_else(|| {
+            s.parse::<f64>().ok().filter(|v| crate::table::reportable_time(*v)).ok_or_else(|| {
                 PlotError::Input(format!(
-                    "{origin}:{}: `{s}` is not a time in microseconds: {line}",
+                    "{origin}:{}: `{s}` is not a time in microseconds (0, or 0.001 to 1e9): {line}",
                     i + 1
                 ))
             })
@@ -98,7 +98,7 @@ pub fn parse_bench_csv(text: &str, origin: &str) -> Result<Vec<BenchPoint>, Plot
 
 /// Read a benchmark CSV, GEMM (`shape,N,K,M,...`) or grouped MoE (`op,N,K,experts,...`).
 pub fn read_bench(path: &Path) -> Result<BenchFile, PlotError> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::fsio::read_input(path)
         .map_err(|source| PlotError::Io { path: path.to_path_buf(), error: source })?;
     let origin = path.display().to_string();
     if text.starts_with("op,") {

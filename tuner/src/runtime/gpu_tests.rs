@@ -5,7 +5,9 @@ use crate::format::{quantize_activations, quantize_weight, reference_gemm, GemmA
 use crate::gpu::{DeviceBuf, Gpu};
 use crate::problem::{AType, GemmProblem};
 use crate::table::{DeviceIdentity, Entry, Method, Table, TableKey, Toolchain};
-use crate::template::{default_config, family_template_hash, search_space, GemmConfig};
+use crate::template::{
+    default_config, fallback_configs, family_template_hash, search_space, GemmConfig,
+};
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
@@ -213,12 +215,23 @@ fn untuned_dispatcher_runs_both_activation_types_with_defaults() {
     let disp = Dispatcher::open_untuned(&options).unwrap();
     let family = disp.family();
     for a_type in [AType::Bf16, AType::Nvfp4] {
-        let p = GemmProblem::new(7, 512, 6144, a_type);
-        if default_config(family, a_type).check_problem(&p).is_err() {
+        if default_config(family, a_type)
+            .check_problem(&GemmProblem::new(7, 512, 6144, a_type))
+            .is_err()
+        {
             continue; // the family has no kernel for this activation type
         }
-        let route = run(&gpu, &disp, p, 11);
-        assert_eq!(route.kind, RouteKind::Default);
+        // each decode default (1024-k ring, 256-k stages, 32-row tiles), then the generic one
+        for (m, n, k) in [(1, 512, 6144), (3, 4096, 1792), (5, 2048, 384), (70, 512, 6144)] {
+            let p = GemmProblem::new(m, n, k, a_type);
+            let route = run(&gpu, &disp, p, 11 + u64::from(m));
+            assert_eq!(route.kind, RouteKind::Default, "{p}");
+            let expected = fallback_configs(family, a_type, m, k)
+                .into_iter()
+                .find(|c| c.check_problem(&p).is_ok())
+                .unwrap();
+            assert_eq!(route.config, expected, "{p}");
+        }
     }
     // Bad arguments are refused, not launched.
     let args = GemmArgs {

@@ -7,7 +7,7 @@ use crate::compile::{CompiledKernel, Compiler, Origin};
 use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
 use crate::table::{Bucket, Lookup, Method, MismatchPolicy, Table, TableCheck, OP_GEMM};
-use crate::template::{default_configs, Arch, Family, GemmConfig};
+use crate::template::{decode_default_configs, default_configs, Arch, Family, GemmConfig};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -83,7 +83,10 @@ impl Plan {
             for c in lookup.common(OP_GEMM, family, a_type) {
                 kernels.insert(*c, true);
             }
-            for d in default_configs(family, a_type) {
+            for d in decode_default_configs(family, a_type)
+                .into_iter()
+                .chain(default_configs(family, a_type))
+            {
                 if d.check().is_ok() {
                     kernels.entry(d).or_insert(false);
                 }

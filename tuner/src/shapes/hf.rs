@@ -22,6 +22,7 @@ use super::{
     default_token_buckets, GemmShape, Op, Parallelism, Routing, ShapeFile, ShapeSet, MAX_DIM,
     MAX_EXPERTS, MAX_LAYERS, SCHEMA_VERSION,
 };
+use serde::de::{Deserialize, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::collections::HashSet;
 use std::path::Path;
@@ -192,12 +193,15 @@ impl HfMoeConfig {
     pub fn from_json(text: &str, origin: &str) -> Result<HfMoeConfig, ShapeError> {
         // A byte-order mark (left by some editors) is not JSON.
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let value: Value = serde_json::from_str(text).map_err(|e| ShapeError::Json {
+        let json_error = |e: serde_json::Error| ShapeError::Json {
             origin: origin.to_string(),
             line: e.line(),
             column: e.column(),
             message: e.to_string(),
-        })?;
+        };
+        // serde_json keeps the last of a key given twice; a config that says two things is refused
+        serde_json::from_str::<UniqueKeys>(text).map_err(json_error)?;
+        let value: Value = serde_json::from_str(text).map_err(json_error)?;
         let Value::Object(obj) = &value else {
             return Err(ShapeError::BadValue {
                 origin: origin.to_string(),
@@ -356,7 +360,7 @@ impl HfMoeConfig {
 
     /// Reads and parses the `config.json` at `path`.
     pub fn load(path: &Path) -> Result<HfMoeConfig, ShapeError> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::fsio::read_input(path)
             .map_err(|error| ShapeError::Read { path: path.to_path_buf(), error })?;
         HfMoeConfig::from_json(&text, &path.display().to_string())
     }
@@ -516,6 +520,57 @@ pub fn shapes_ron_from_config_file(
     let config = if moe_only { config.moe_only() } else { config };
     let file = config.shape_file(&[Parallelism::new(tp, ep)], &default_token_buckets())?;
     Ok(file.to_ron_string())
+}
+
+/// A JSON document walked only to refuse an object that holds one key twice.
+struct UniqueKeys;
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueKeysVisitor)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> Visitor<'de> for UniqueKeysVisitor {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(A::Error::custom(format!("key `{key}` appears twice in one object")));
+            }
+            map.next_value::<UniqueKeys>()?;
+        }
+        Ok(UniqueKeys)
+    }
 }
 
 #[cfg(test)]

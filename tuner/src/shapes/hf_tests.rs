@@ -246,6 +246,14 @@ fn malformed_json_names_file_line_and_column() {
     assert!(err.to_string().starts_with("c.json:3:"), "{err}");
     let err = HfMoeConfig::from_json("[1, 2]", "c.json").unwrap_err();
     assert!(matches!(err, ShapeError::BadValue { .. }), "{err:?}");
+    // a key given twice (JSON readers keep one or the other) is refused, nested objects too
+    let text = "{\"model_type\": \"mixtral\",\n \"hidden_size\": 6144,\n \"hidden_size\": 4096}";
+    let err = HfMoeConfig::from_json(text, "c.json").unwrap_err();
+    assert!(err.to_string().starts_with("c.json:3:"), "{err}");
+    assert!(err.to_string().contains("key `hidden_size` appears twice"), "{err}");
+    let text = "{\"model_type\": \"mixtral\", \"q\": [{\"a\": 1, \"a\": 2}]}";
+    let err = HfMoeConfig::from_json(text, "c.json").unwrap_err();
+    assert!(err.to_string().contains("key `a` appears twice"), "{err}");
 }
 
 #[test]
@@ -447,6 +455,9 @@ fn a_byte_order_mark_is_skipped_and_read_errors_say_the_os_error_once() {
     let dir = tempfile::tempdir().unwrap();
     let e = HfMoeConfig::load(dir.path()).unwrap_err();
     assert!(std::error::Error::source(&e).is_none());
+    let text = format!("{:#}", anyhow::Error::from(e));
+    assert_eq!(text.matches("is a folder").count(), 1, "{text}");
+    let e = HfMoeConfig::load(&dir.path().join("missing.json")).unwrap_err();
     let text = format!("{:#}", anyhow::Error::from(e));
     assert_eq!(text.matches("os error").count(), 1, "{text}");
 }

@@ -62,7 +62,7 @@ impl ShapeFile {
 
     /// Reads, parses and checks the shape file at `path`.
     pub fn load(path: &Path) -> Result<ShapeFile, ShapeError> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::fsio::read_input(path)
             .map_err(|error| ShapeError::Read { path: path.to_path_buf(), error })?;
         ShapeFile::from_ron_str(&text, &path.display().to_string())
     }

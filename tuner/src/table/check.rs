@@ -110,7 +110,7 @@ impl fmt::Display for Mismatch {
 }
 
 fn short(h: &str) -> &str {
-    &h[..h.len().min(12)]
+    crate::template::short_hash(h, 12)
 }
 
 /// The outcome of [`Table::check_against`] when it is not an error.
@@ -225,7 +225,7 @@ impl Table {
         policy: MismatchPolicy,
     ) -> Result<(Table, TableCheck), TableError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
+        let text = crate::fsio::read_input(path)
             .map_err(|error| TableError::Read { path: path.to_path_buf(), error })?;
         let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
         let table = Table::from_ron_str(text, &origin)?;

@@ -3,7 +3,7 @@
 use super::check::TableCheck;
 use super::schema::{Method, Table};
 use crate::problem::{AType, GemmProblem};
-use crate::template::{default_configs, Family, GemmConfig};
+use crate::template::{fallback_configs, Family, GemmConfig};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 
@@ -213,7 +213,7 @@ impl Lookup {
                 fallback: Fallback::Common { missing },
             });
         }
-        let defaults = default_configs(family, problem.a_type);
+        let defaults = fallback_configs(family, problem.a_type, problem.m, problem.k);
         match defaults.iter().find(|c| c.check_problem(problem).is_ok()) {
             Some(&config) => Ok(Resolved {
                 config,
@@ -258,7 +258,7 @@ mod tests {
     use super::*;
     use crate::table::schema::tests::sample;
     use crate::table::OP_GEMM;
-    use crate::template::default_config;
+    use crate::template::{decode_default_configs, default_config, default_configs};
 
     fn lookup() -> (Table, Lookup) {
         let t = sample();
@@ -303,10 +303,11 @@ mod tests {
         assert_eq!(r.config, common);
         let w = r.warning(OP_GEMM, &p).unwrap();
         assert!(w.contains("N=1024 K=6144") && w.contains("no table entry"), "{w}");
-        // Another op has no common configuration in this table: the family default.
+        // Another op has no common configuration in this table: the family default (at M = 8 and
+        // K = 6144 the decode default of 256-k stages).
         let r = l.resolve(crate::table::OP_GROUPED_GEMM, Family::Sm90, &p, Some(8)).unwrap();
         assert_eq!(r.fallback, Fallback::Default { missing: Missing::Shape });
-        assert_eq!(r.config, default_config(Family::Sm90, AType::Bf16));
+        assert_eq!(r.config, decode_default_configs(Family::Sm90, AType::Bf16)[1]);
     }
 
     #[test]
@@ -317,9 +318,44 @@ mod tests {
         let l = Lookup::new(Some(&t), &check);
         let r = at(&l, 16, 512, 6144);
         assert_eq!(r.fallback, Fallback::Default { missing: Missing::FamilyDisabled });
+        assert_eq!(r.config, decode_default_configs(Family::Sm90, AType::Bf16)[1]);
+        let r = at(&l, 65, 512, 6144);
+        assert_eq!(r.fallback, Fallback::Default { missing: Missing::FamilyDisabled });
         assert_eq!(r.config, default_config(Family::Sm90, AType::Bf16));
         let none = Lookup::new(None, &TableCheck::clean());
         assert_eq!(at(&none, 1, 512, 6144).fallback, Fallback::Default { missing: Missing::Shape });
+    }
+
+    /// Without a table entry or a common configuration, M up to 64 takes the decode defaults in
+    /// their order for the problem (a short K the 32-row tiles, one or two rows of a deep K the
+    /// 1024-k warp ring, more rows the 256-k stages; the first whose stages divide K), other K and
+    /// larger M the generic default, a K that 64 does not divide its K-tail form; none splits K.
+    #[test]
+    fn small_m_outside_the_table_takes_the_decode_defaults_by_m_and_k() {
+        let none = Lookup::new(None, &TableCheck::clean());
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            let decode = decode_default_configs(Family::Sm90, a_type);
+            assert_eq!(decode.len(), 3, "{a_type}: every decode default is legal");
+            let generic = default_config(Family::Sm90, a_type);
+            let pick = |m: u32, n: u32, k: u32| {
+                let p = GemmProblem::new(m, n, k, a_type);
+                let r = none.resolve(OP_GEMM, Family::Sm90, &p, None).unwrap();
+                assert_eq!(r.fallback, Fallback::Default { missing: Missing::Shape });
+                assert_eq!(r.config.split_k, 1, "{p}: {}", r.config);
+                r.config
+            };
+            assert_eq!(pick(1, 128, 2048), decode[0]);
+            assert_eq!(pick(2, 512, 7168), decode[0]);
+            assert_eq!(pick(2, 4096, 1792), decode[1], "1024 does not divide K");
+            assert_eq!(pick(3, 512, 6144), decode[1]);
+            assert_eq!(pick(64, 3584, 4096), decode[1]);
+            assert_eq!(pick(1, 6144, 256), decode[2]);
+            assert_eq!(pick(16, 2048, 384), decode[2]);
+            assert_eq!(pick(40, 2048, 640), decode[2], "256 does not divide K");
+            assert_eq!(pick(1, 2048, 64), generic);
+            assert_eq!(pick(65, 128, 2048), generic);
+            assert_eq!(pick(1, 2048, 96).pipeline, crate::template::Pipeline::KTail);
+        }
     }
 
     /// A shape outside the table whose K 64 does not divide: no whole-stage configuration runs

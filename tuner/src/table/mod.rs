@@ -55,7 +55,9 @@
 //! 3. the table's common configuration: among the winners of the same (op, family, a_type), the one
 //!    that wins most entries (ties: most runner-up appearances, then the smallest configuration in
 //!    `GemmConfig`'s order), the first in that ranking that is legal for the problem;
-//! 4. the family default ([`crate::template::default_config`]).
+//! 4. the family default ([`crate::template::fallback_configs`]: up to
+//!    [`crate::template::DECODE_DEFAULT_MAX_M`] rows the decode defaults first, then the generic
+//!    configuration and its K-tail form; the first legal for the problem).
 //!
 //! Steps 3 and 4 come with a [`Fallback`] that says what was missing (the shape, or a family
 //! disabled by a device/template mismatch, or no legal entry), so the caller can warn.
@@ -89,6 +91,9 @@ pub use schema::{
     TABLE_SCHEMA_VERSIONS_READ,
 };
 pub use summary::summary;
+pub use validate::{
+    implausible_time, reportable_time, MAX_PLAUSIBLE_US, MIN_PLAUSIBLE_US, MIN_REPORTED_US,
+};
 
 /// Fixtures other modules' tests build on (a small legal table, fabricated devices).
 #[cfg(test)]

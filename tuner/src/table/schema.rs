@@ -21,6 +21,7 @@ pub const TABLE_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2, 3, 4, 5];
 
 /// How the tuning campaign behind a table ran (version 4): what it cost and how it searched.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Campaign {
     /// Wall time of the whole `fp4tune tune` command, of its GEMM keys and of its grouped phase.
     pub wall_s: f64,
@@ -75,6 +76,7 @@ pub const KNOWN_OPS: &[&str] = &[OP_GEMM, OP_GROUPED_GEMM];
 
 /// The GPU a table was measured on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeviceIdentity {
     pub name: String,
     pub compute_capability: (u32, u32),
@@ -83,6 +85,7 @@ pub struct DeviceIdentity {
 
 /// Compiler and driver versions at measurement time (informational; kernels are recompiled).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Toolchain {
     pub nvrtc: (i32, i32),
     pub driver: (i32, i32),
@@ -92,6 +95,7 @@ pub struct Toolchain {
 /// `experts` (grouped MoE; `None` for plain GEMMs). The tuner's measurement records use the same
 /// key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TableKey {
     /// [`OP_GEMM`] or [`OP_GROUPED_GEMM`].
     pub op: String,
@@ -133,6 +137,7 @@ impl fmt::Display for TableKey {
 
 /// A configuration that tied with the winner (inside the tie band).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunnerUp {
     pub config: GemmConfig,
     pub median_us: f64,
@@ -169,6 +174,7 @@ impl Method {
 
 /// The selected configuration of one key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Entry {
     pub key: TableKey,
     /// `Fused` unless the composite path measured faster (omitted from the file when `Fused`).
@@ -189,6 +195,7 @@ pub struct Entry {
 /// What a grouped MoE entry is about: one projection of one layer shape at one token bucket B
 /// (the step's tokens, not rows per expert).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MoeKey {
     pub op: MoeOp,
     pub family: Family,
@@ -234,6 +241,7 @@ impl fmt::Display for MoeKey {
 /// The selected grouped kernel of one key, with its time on the uniform routing of the tuning
 /// run and on its skewed guard draw.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MoeEntry {
     pub key: MoeKey,
     pub config: GroupedConfig,
@@ -264,6 +272,7 @@ impl MoeEntry {
 
 /// A dispatch table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Table {
     pub schema_version: u32,
     pub device: DeviceIdentity,
@@ -342,7 +351,7 @@ impl Table {
 
     /// Read, parse and validate the table at `path` (see [`Table::validate`]).
     pub fn load(path: &Path) -> Result<Table, TableError> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::fsio::read_input(path)
             .map_err(|error| TableError::Read { path: path.to_path_buf(), error })?;
         // A byte-order mark (editors on Windows write one) is not part of the RON text.
         let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
@@ -594,7 +603,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let read = Table::load(dir.path()).unwrap_err();
         let text = format!("{:#}", anyhow::Error::from(read));
-        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        assert_eq!(text.matches("is a folder").count(), 1, "{text}");
         assert!(
             text.starts_with(&format!(
                 "{}: cannot read the dispatch table: ",
@@ -679,6 +688,26 @@ pub(crate) mod tests {
         assert!(err(" \n").contains("the file is empty"));
         // no internal names in the message of a file that is not a table at all
         assert!(!err("[1, 2]").contains("VersionProbe"), "{}", err("[1, 2]"));
+    }
+
+    /// A misspelled field is an error naming it, not a field silently dropped (a renamed `moe`
+    /// section would drop every grouped entry, a renamed `method` turn an entry into a fused one).
+    #[test]
+    fn misspelled_fields_are_refused_not_dropped() {
+        let text = with_moe().to_ron_string();
+        assert!(Table::from_ron_str(&text, "t.ron").is_ok());
+        for (from, to) in [
+            ("moe: [", "mo: ["),
+            ("runners_up: [", "runners_upx: ["),
+            ("stages: ", "stagesx: "),
+            ("top_k: ", "topk: "),
+            ("sm_count: ", "sms: "),
+        ] {
+            assert!(text.contains(from), "{from}");
+            let e = err(&text.replacen(from, to, 1));
+            let field = to.split(':').next().unwrap();
+            assert!(e.contains(&format!("Unexpected field named `{field}`")), "{from}: {e}");
+        }
     }
 
     #[test]

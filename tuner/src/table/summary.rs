@@ -47,7 +47,7 @@ pub fn summary(table: &Table) -> String {
     );
     let _ = writeln!(out, "timing policy: {}", table.timing_policy);
     for (family, hash) in &table.template_hashes {
-        let _ = writeln!(out, "templates {family}: {}", &hash[..hash.len().min(16)]);
+        let _ = writeln!(out, "templates {family}: {}", crate::template::short_hash(hash, 16));
     }
     type Shape = (String, String, String, u32, u32, Option<u32>);
     let mut shapes: BTreeMap<Shape, Vec<&super::Entry>> = BTreeMap::new();
@@ -100,7 +100,7 @@ pub fn summary(table: &Table) -> String {
             "grouped entries: {} over {} projections, templates {}",
             table.moe.len(),
             layers.len(),
-            &hash[..hash.len().min(16)]
+            crate::template::short_hash(hash, 16)
         );
         for ((op, family, a_type, n, k, experts, top_k), mut entries) in layers {
             entries.sort_by_key(|e| e.key.tokens);

@@ -103,21 +103,16 @@ impl Table {
                 c.check_problem(&problem)
                     .map_err(|err| invalid(at(), format!("illegal {what}: {err}")))?;
             }
-            let t = [e.median_us, e.interval_us.0, e.interval_us.1];
-            if t.iter().any(|x| !x.is_finite() || *x <= 0.0) || e.interval_us.0 > e.interval_us.1 {
-                return Err(invalid(
-                    at(),
-                    format!(
-                        "times must be finite and positive with lo <= hi: median {} interval ({}, {})",
-                        e.median_us, e.interval_us.0, e.interval_us.1
-                    ),
-                ));
+            if let Some(why) = implausible_time(e.median_us, e.interval_us.0, e.interval_us.1) {
+                return Err(invalid(at(), why));
             }
             if let Some(why) = bad_roofline_fraction(e.roofline_fraction) {
                 return Err(invalid(at(), why));
             }
-            if let Some(r) =
-                e.runners_up.iter().find(|r| !r.median_us.is_finite() || r.median_us <= 0.0)
+            if let Some(r) = e
+                .runners_up
+                .iter()
+                .find(|r| implausible_time(r.median_us, r.median_us, r.median_us).is_some())
             {
                 return Err(invalid(
                     at(),
@@ -231,12 +226,13 @@ impl Table {
             e.config
                 .check(&shape)
                 .map_err(|err| invalid(at(), format!("illegal config: {err}")))?;
-            let t = [e.median_us, e.interval_us.0, e.interval_us.1, e.skewed_us];
-            if t.iter().any(|x| !x.is_finite() || *x <= 0.0) || e.interval_us.0 > e.interval_us.1 {
-                return Err(invalid(
-                    at(),
-                    "times must be finite and positive with lo <= hi".into(),
-                ));
+            if let Some(why) = implausible_time(e.median_us, e.interval_us.0, e.interval_us.1)
+                .or_else(|| {
+                    implausible_time(e.skewed_us, e.skewed_us, e.skewed_us)
+                        .map(|why| format!("skewed_us: {why}"))
+                })
+            {
+                return Err(invalid(at(), why));
             }
             if let Some(why) = bad_roofline_fraction(e.roofline_fraction) {
                 return Err(invalid(at(), why));
@@ -261,6 +257,53 @@ impl Table {
         }
         Ok(())
     }
+}
+
+/// The quickest time a measurement may claim: below it no GPU launches a kernel (the empty-kernel
+/// launch floor of current GPUs under graph replay is above it), so a smaller median is a broken
+/// measurement, not a fast kernel.
+pub const MIN_PLAUSIBLE_US: f64 = 0.5;
+/// The longest: 1000 s for one launch is a broken measurement (a hang is recorded as one long
+/// before), and times beyond it break the reports' log axes.
+pub const MAX_PLAUSIBLE_US: f64 = 1e9;
+
+/// Why a measured time with its interval cannot be a measurement (finite, within
+/// [`MIN_PLAUSIBLE_US`] ..= [`MAX_PLAUSIBLE_US`], the median inside its interval), if it cannot.
+pub fn implausible_time(median: f64, lo: f64, hi: f64) -> Option<String> {
+    // hostile values print in scientific notation, not as 300 digits
+    let show = |v: f64| {
+        if (1e-3..1e7).contains(&v.abs()) || v == 0.0 {
+            format!("{v}")
+        } else {
+            format!("{v:e}")
+        }
+    };
+    let (m, l, h) = (show(median), show(lo), show(hi));
+    if ![median, lo, hi].iter().all(|x| x.is_finite()) {
+        return Some(format!("times must be finite: median {m} us, interval ({l}, {h})"));
+    }
+    if !(lo <= median && median <= hi) {
+        return Some(format!("median {m} us lies outside its own interval ({l}, {h})"));
+    }
+    if median < MIN_PLAUSIBLE_US {
+        return Some(format!(
+            "median {m} us is below the {MIN_PLAUSIBLE_US} us launch floor of any GPU"
+        ));
+    }
+    if hi > MAX_PLAUSIBLE_US {
+        return Some(format!("time {h} us is above {MAX_PLAUSIBLE_US} us (1000 s) for one launch"));
+    }
+    None
+}
+
+/// The smallest nonzero time a report reads (rooflines and read floors of small shapes are
+/// fractions of a microsecond, none below 1 ns).
+pub const MIN_REPORTED_US: f64 = 1e-3;
+
+/// Whether a time of a benchmark CSV can be shown: 0 (not measured) or finite within
+/// [`MIN_REPORTED_US`] ..= [`MAX_PLAUSIBLE_US`].
+pub fn reportable_time(us: f64) -> bool {
+    us == 0.0 || (MIN_REPORTED_US..=MAX_PLAUSIBLE_US).contains(&us)
 }
 
 /// Why a recorded roofline fraction is unusable (not a finite number >= 0), if it is.
@@ -302,8 +345,14 @@ mod tests {
         check(&|t| t.entries[0].key.k = 100, "not a multiple of 16");
         check(&|t| t.entries[0].key.m = 0, "must be positive");
         check(&|t| t.device.sm_count = 0, "sm_count must be positive");
-        check(&|t| t.entries[0].median_us = f64::NAN, "finite and positive");
-        check(&|t| t.entries[0].interval_us = (5.0, 4.0), "lo <= hi");
+        check(&|t| t.entries[0].median_us = f64::NAN, "times must be finite");
+        check(&|t| t.entries[0].interval_us = (5.0, 4.0), "outside its own interval");
+        check(
+            &|t| (t.entries[0].median_us, t.entries[0].interval_us) = (0.2, (0.1, 0.3)),
+            "below the 0.5 us launch floor",
+        );
+        check(&|t| t.entries[0].interval_us.1 = 1e300, "above 1000000000 us");
+        check(&|t| t.entries[0].runners_up[0].median_us = 1e300, "runner-up");
         check(&|t| t.template_hashes.clear(), "no template hash");
         check(&|t| t.device.compute_capability = (12, 0), "runs on compute capability 9.0");
         check(&|t| t.entries[0].runners_up[0].config.stages = 0, "illegal runner-up");

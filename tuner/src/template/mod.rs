@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 pub use crate::gpu::LaunchDims;
-pub use source::{template_tree_hash, KernelSource, TEMPLATE_FILES};
+pub use source::{short_hash, template_tree_hash, KernelSource, TEMPLATE_FILES};
 
 /// GPU architectures we compile for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -107,6 +107,7 @@ impl fmt::Display for Family {
 /// One kernel variant. The same vocabulary serves every family, so one dispatch-table format and
 /// one launch path serve them all; each family decides which values are legal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GemmConfig {
     pub family: Family,
     pub a_type: AType,
@@ -477,6 +478,39 @@ pub fn default_config(family: Family, a_type: AType) -> GemmConfig {
         Family::Sm90 => sm90::default_config(a_type),
         Family::Sm120 => sm120::default_config(a_type),
     }
+}
+
+/// Token counts up to which a shape outside the table (and without a legal common configuration)
+/// tries the family's decode defaults before the generic one.
+pub const DECODE_DEFAULT_MAX_M: u32 = 64;
+
+/// Every decode default of the family (what the runtime loads next to [`default_configs`]); none
+/// for SM120, whose kernels have not run on a GPU yet (its generic default serves every M).
+pub fn decode_default_configs(family: Family, a_type: AType) -> Vec<GemmConfig> {
+    match family {
+        Family::Sm90 => {
+            sm90::decode_defaults(a_type).into_iter().filter(|c| c.check().is_ok()).collect()
+        }
+        Family::Sm120 => Vec::new(),
+    }
+}
+
+/// What a shape outside the table runs at M x K, in lookup order: up to [`DECODE_DEFAULT_MAX_M`]
+/// rows the decode defaults in their order for the problem, then [`default_configs`]; the first
+/// legal for the problem is taken.
+pub fn fallback_configs(family: Family, a_type: AType, m: u32, k: u32) -> Vec<GemmConfig> {
+    let mut out = Vec::new();
+    if family == Family::Sm90 && m <= DECODE_DEFAULT_MAX_M {
+        let decode = sm90::decode_defaults(a_type);
+        out.extend(
+            sm90::decode_default_order(m, k)
+                .iter()
+                .map(|&i| decode[i])
+                .filter(|c| c.check().is_ok()),
+        );
+    }
+    out.extend(default_configs(family, a_type));
+    out
 }
 
 /// The family's defaults in lookup order: the generic configuration, then its K-tail form (64-k

@@ -112,6 +112,12 @@ fn inline_into(
     Ok(())
 }
 
+/// The first `chars` characters of a template hash, for messages (a hash read from a file may
+/// hold any text: the cut falls on a character boundary).
+pub fn short_hash(hash: &str, chars: usize) -> &str {
+    hash.char_indices().nth(chars).map_or(hash, |(i, _)| &hash[..i])
+}
+
 /// Hex SHA-256 over the embedded template files whose path starts with one of `prefixes`
 /// (all files when empty), in path order. Recorded in dispatch tables: a table made with other
 /// template sources is detected at load time.
@@ -171,6 +177,14 @@ mod tests {
         assert!(err.contains("only `#include"), "{err}");
         let err = inline_includes("#include \"nope.cuh\"\n").unwrap_err();
         assert!(err.contains("nope.cuh"), "{err}");
+    }
+
+    #[test]
+    fn short_hashes_cut_on_character_boundaries() {
+        assert_eq!(short_hash("0123456789abcdef0123", 12), "0123456789ab");
+        assert_eq!(short_hash("abc", 12), "abc");
+        assert_eq!(short_hash("aa\u{20ac}\u{20ac}\u{20ac}", 3), "aa\u{20ac}");
+        assert_eq!(short_hash("\u{20ac}\u{20ac}", 16), "\u{20ac}\u{20ac}");
     }
 
     #[test]

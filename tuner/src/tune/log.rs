@@ -143,10 +143,7 @@ pub struct Record {
     pub context: Option<Context>,
 }
 
-/// The quickest time a record may claim: below it no GPU launches a kernel (the empty-kernel
-/// launch floor of current GPUs under graph replay is above it), so a smaller median is a broken
-/// measurement, not a fast kernel.
-pub const MIN_PLAUSIBLE_US: f64 = 0.5;
+pub use crate::table::MIN_PLAUSIBLE_US;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
@@ -235,7 +232,7 @@ pub fn read_log_or_empty(path: &Path) -> Result<LogContents, LogError> {
 fn read_log_opt(path: &Path) -> Result<Option<LogContents>, LogError> {
     use std::io::Read as _;
     let io = |error| LogError::Io { path: path.to_path_buf(), error };
-    let file = match std::fs::File::open(path) {
+    let file = match crate::fsio::open_input(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io(e)),
@@ -300,8 +297,8 @@ pub fn parse_log(bytes: &[u8], path: &Path) -> Result<LogContents, LogError> {
 }
 
 /// Whether a record can be a real measurement: its configuration within
-/// [`crate::template::BOUNDS`], and a timed record's median finite, at least
-/// [`MIN_PLAUSIBLE_US`] and inside its own interval. Returns why not.
+/// [`crate::template::BOUNDS`], and a timed record's times plausible
+/// ([`crate::table::implausible_time`]). Returns why not.
 pub fn check_record(r: &Record) -> Result<(), String> {
     let k = &r.key;
     if k.n == 0 || k.k == 0 || k.m == 0 || k.k % 16 != 0 {
@@ -312,17 +309,8 @@ pub fn check_record(r: &Record) -> Result<(), String> {
     }
     r.config.check_bounds().map_err(|e| e.to_string())?;
     if let Outcome::Timed { time, .. } | Outcome::Screened { time, .. } = &r.outcome {
-        let (median, lo, hi) = (time.median, time.lo, time.hi);
-        if ![median, lo, hi].iter().all(|x| x.is_finite()) {
-            return Err(format!("times must be finite: median {median} us, interval ({lo}, {hi})"));
-        }
-        if !(lo <= median && median <= hi) {
-            return Err(format!("median {median} us lies outside its own interval ({lo}, {hi})"));
-        }
-        if median < MIN_PLAUSIBLE_US {
-            return Err(format!(
-                "median {median} us is below the {MIN_PLAUSIBLE_US} us launch floor of any GPU"
-            ));
+        if let Some(why) = crate::table::implausible_time(time.median, time.lo, time.hi) {
+            return Err(why);
         }
     }
     Ok(())
@@ -642,10 +630,15 @@ mod reliability_tests {
     #[test]
     fn os_errors_are_printed_once() {
         let dir = tempfile::tempdir().unwrap();
-        let e = read(dir.path()).unwrap_err();
+        let plain = dir.path().join("plain.txt");
+        std::fs::write(&plain, "x").unwrap();
+        // a path under a regular file: ENOTDIR
+        let e = read(&plain.join("log.jsonl")).unwrap_err();
         assert!(std::error::Error::source(&e).is_none());
         let text = format!("{:#}", anyhow::Error::from(e));
         assert_eq!(text.matches("os error").count(), 1, "{text}");
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("is a folder, not a file to read"), "{e}");
         // `--out` under a regular file names the file in the way, not "File exists".
         let file = dir.path().join("plain");
         std::fs::write(&file, "x").unwrap();

@@ -50,7 +50,7 @@ pub struct TemplateConflict {
 }
 
 fn short(hash: &str) -> &str {
-    &hash[..hash.len().min(16)]
+    crate::template::short_hash(hash, 16)
 }
 
 /// Merged records and what the caller should warn about (torn last lines of killed runs).
@@ -233,11 +233,10 @@ pub fn check_shards(paths: &[PathBuf]) -> Result<ShardReport, ShardMergeError> {
                 return Err(mismatch("GPU model", f.device.clone(), m.device.clone()));
             }
             if f.template_hash != m.template_hash {
-                let short = |h: &str| h[..h.len().min(16)].to_string();
                 return Err(mismatch(
                     "template version",
-                    short(&f.template_hash),
-                    short(&m.template_hash),
+                    short(&f.template_hash).to_string(),
+                    short(&m.template_hash).to_string(),
                 ));
             }
             if f.campaign_keys != m.campaign_keys {

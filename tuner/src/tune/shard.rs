@@ -236,7 +236,7 @@ impl Manifest {
 
     /// `None` when there is no manifest at `path`.
     pub fn load(path: &Path) -> Result<Option<Self>, ManifestError> {
-        let text = match std::fs::read_to_string(path) {
+        let text = match crate::fsio::read_input(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(error) => return Err(ManifestError::Io { path: path.to_path_buf(), error }),

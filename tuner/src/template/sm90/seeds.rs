@@ -140,3 +140,46 @@ pub fn measured_winners(a_type: AType) -> Vec<GemmConfig> {
         d(8, 16, 1024, 1, 4, 2, 1, Pipeline::Global),
     ]
 }
+
+/// The defaults for small M (up to [`crate::template::DECODE_DEFAULT_MAX_M`]) of a shape without a
+/// table entry or a legal common configuration: 8-row swap-AB tiles of 16 or 32 weight rows, a
+/// CTA's K split over its warps and no split-K (no workspace, so a shape outside the table always
+/// fits), so that a narrow N still spreads over N / 16 CTAs where the generic default's 128-column
+/// tiles give N / 128. Each is the split_k 1 form of a measured GEMM winner of the GLM-5 expert
+/// shapes: [0] 1024-k warp-ring stages (N 512 x K 6144 at M = 1..8), [1] 256-k cp.async stages
+/// (N 6144 x K 1536), [2] 32-row tiles of 128-k stages (N 6144 x K 256).
+pub fn decode_defaults(a_type: AType) -> [GemmConfig; 3] {
+    let swap = |block_n, block_k, warps_n, warps_k, stages, pipeline, min_ctas| GemmConfig {
+        pipeline,
+        min_ctas,
+        ..GemmConfig::cp_async(
+            Family::Sm90,
+            a_type,
+            [8, block_n, block_k],
+            [1, warps_n, warps_k],
+            stages,
+            1,
+            true,
+        )
+    };
+    [
+        swap(16, 1024, 1, 4, 8, Pipeline::WarpRing, 2),
+        swap(16, 256, 1, 4, 3, Pipeline::CpAsync, 1),
+        swap(32, 128, 2, 2, 4, Pipeline::CpAsync, 1),
+    ]
+}
+
+/// The order in which a problem of `m` rows and depth `k` tries the decode defaults (indices into
+/// [`decode_defaults`]; the first whose stages divide K runs), from their measurement on an H100
+/// over the routed shapes of GLM-5, Qwen3-Next, Mixtral-8x7B and DeepSeek-V3 at M = 1..64
+/// (results/h100/decode-defaults.md): a short K (up to 512) runs fastest on the 32-row tiles, one
+/// or two rows of a deep K on the 1024-k warp ring, more rows on the 256-k stages.
+pub fn decode_default_order(m: u32, k: u32) -> &'static [usize] {
+    if k <= 512 {
+        &[2, 1]
+    } else if m <= 2 {
+        &[0, 1, 2]
+    } else {
+        &[1, 2]
+    }
+}

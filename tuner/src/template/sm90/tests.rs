@@ -385,6 +385,12 @@ fn search_space_is_legal_rich_and_renders() {
         for w in measured_winners(a_type) {
             assert!(space.contains(&w), "measured winner {w} missing from the space");
         }
+        // the decode defaults: legal members of the space (so the GPU suites verify them), no
+        // split-K (a shape outside the table has no workspace of its own)
+        for d in decode_defaults(a_type) {
+            assert!(space.contains(&d), "decode default {d} missing from the space");
+            assert_eq!((d.split_k, d.block_m, d.swap_ab), (1, 8, true), "{d}");
+        }
         for c in &space {
             assert!(check(c).is_ok(), "{c}");
             let src = c.render().unwrap_or_else(|e| panic!("{c}: {e}"));
