@@ -53,13 +53,20 @@ pub(crate) fn explain_create_dir(dir: &Path, e: std::io::Error) -> std::io::Erro
     {
         return e;
     }
-    let blocker = dir.ancestors().find(|a| a.exists() && !a.is_dir());
+    // a file, or a link that leads nowhere or to a file
+    let blocker = dir.ancestors().find(|a| a.symlink_metadata().is_ok() && !a.is_dir());
     match blocker {
         Some(b) => {
             std::io::Error::new(e.kind(), format!("{} exists and is not a folder", b.display()))
         }
         None => e,
     }
+}
+
+/// Create the folder `dir` (its missing parents too), with a clear error when part of it exists
+/// as a file or a dangling link ("X exists and is not a folder", not "File exists").
+pub fn create_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| explain_create_dir(dir, e))
 }
 
 /// Create the folder `path` will be written into (its missing parents too), with a clear error

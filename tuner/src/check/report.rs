@@ -635,9 +635,14 @@ pub(crate) mod tests {
         let e = CheckReport::read_json(&p).unwrap_err().to_string();
         assert!(e.contains("schema version 7"), "{e}");
         // An OS error is printed once, also in a report of the whole chain (`{:#}`).
-        let e = anyhow::Error::from(CheckReport::read_json(dir.path()).unwrap_err());
+        let under_file = p.join("check.json");
+        let e = anyhow::Error::from(CheckReport::read_json(&under_file).unwrap_err());
         let text = format!("{e:#}");
         assert_eq!(text.matches("os error").count(), 1, "{text}");
+        assert!(text.starts_with(&under_file.display().to_string()), "{text}");
+        let e = anyhow::Error::from(CheckReport::read_json(dir.path()).unwrap_err());
+        let text = format!("{e:#}");
+        assert_eq!(text.matches("is a folder").count(), 1, "{text}");
         assert!(text.starts_with(&dir.path().display().to_string()), "{text}");
     }
 }

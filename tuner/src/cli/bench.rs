@@ -201,7 +201,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    fp4tune::fsio::create_dir(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let stem = a.out.join(format!("bench-{}", a_type));
     let partial = std::cell::RefCell::new((Vec::new(), Vec::new()));
     let out = run::run(&gpu, &compiler, &spec, &|e| match e {

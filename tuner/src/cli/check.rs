@@ -310,7 +310,7 @@ fn check(a: &CheckArgs) -> Result<(CheckReport, Written)> {
     if !report.blockers.is_empty() && (md.exists() || json.exists()) {
         return Ok((report, Written::Kept(a.out.display().to_string())));
     }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    fp4tune::fsio::create_dir(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let text = report.to_json_string()?;
     fp4tune::fsio::write_atomic_all(&[
         (&md, report.to_markdown().as_bytes()),

@@ -221,7 +221,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
     }
     let sources = variants.iter().map(Variant::source).collect::<Result<Vec<_>>>()?;
     if let Some(dir) = emit {
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        fp4tune::fsio::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
         // grouped variants that differ only in how they walk the schedule share a kernel
         let mut written = std::collections::HashSet::new();
         for src in &sources {

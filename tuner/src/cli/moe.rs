@@ -171,7 +171,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         &rows,
         &peers,
     );
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    fp4tune::fsio::create_dir(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut all = rows.clone();
     all.extend(peers);
     let stem = a.out.join("bench-moe");

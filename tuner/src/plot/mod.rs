@@ -76,7 +76,7 @@ pub enum PlotError {
 
 /// Draw every chart into `dir` (created if needed); returns the files written.
 pub fn write_all(charts: &[Chart], dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
-    std::fs::create_dir_all(dir)
+    crate::fsio::create_dir(dir)
         .map_err(|source| PlotError::Io { path: dir.to_path_buf(), error: source })?;
     let mut files = Vec::new();
     for c in charts {
