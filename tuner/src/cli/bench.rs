@@ -105,7 +105,10 @@ pub struct BenchArgs {
     #[arg(
         long,
         requires = "moe",
-        conflicts_with_all = ["shapes", "only", "m", "peers", "tables", "no_peers", "quick", "max_candidates"]
+        conflicts_with_all = [
+            "shapes", "sets", "only", "m", "a_type", "configs", "pipeline", "peers", "tables",
+            "no_peers", "quick", "max_candidates", "device"
+        ]
     )]
     pub render: Option<PathBuf>,
 }

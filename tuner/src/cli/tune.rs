@@ -52,8 +52,9 @@ pub struct TuneArgs {
     /// random: every evaluation; default 0.08 for race, 0.1 otherwise).
     #[arg(long)]
     pub budget: Option<f64>,
-    /// Wall-time budget of the GEMM keys (race only), e.g. 90s, 3m: decode buckets go first and
-    /// keys that would overrun their share get smaller pools (the table names them).
+    /// Wall-time budget of the GEMM keys (race only), e.g. 90s, 3m (at most a week): decode
+    /// buckets go first and keys that would overrun their share get smaller pools (the table
+    /// names them).
     #[arg(long, value_parser = parse_duration)]
     pub time_budget: Option<std::time::Duration>,
     /// A candidate that runs longer than this many seconds is recorded as a hang.

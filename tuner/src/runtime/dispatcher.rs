@@ -12,7 +12,7 @@ use crate::gpu::{DeviceInfo, GemmParams, Gpu, Kernel};
 use crate::moe::MoeShape;
 use crate::problem::{AType, GemmProblem};
 use crate::table::{Fallback, Method, MismatchPolicy, Table, OP_GEMM};
-use crate::template::{Family, GemmConfig};
+use crate::template::{fallback_configs, Family, GemmConfig};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -158,8 +158,9 @@ pub struct Dispatcher {
     workspace: Mutex<GemmWorkspace>,
     /// The composite path, loaded when an entry chose it (else its entries run their fallback).
     composite: Option<DequantGemm>,
-    /// First warning of each shape that fell back, and how many launches took it.
-    fallbacks: Mutex<BTreeMap<Shape, (String, u64)>>,
+    /// First warning of each shape and configuration it fell back to, and how many launches
+    /// took it (a shape outside the table takes a decode default up to M = 64, another above).
+    fallbacks: Mutex<BTreeMap<(Shape, GemmConfig), (String, u64)>>,
     /// The table's grouped MoE layers (`Table::moe`), when it has any this device runs.
     moe: Option<super::moe::MoeRuntime>,
     /// Their routes (GPU-free) when loaded, else why there are none.
@@ -389,11 +390,20 @@ impl Dispatcher {
     /// Shapes without a usable route: the table's lookup with its fallback order, recorded.
     #[cold]
     fn route_slow(&self, p: &GemmProblem) -> Result<(usize, RouteKind, Method), RuntimeError> {
-        let resolved = self.plan.lookup.resolve(OP_GEMM, self.plan.family, p, None)?;
-        let idx = *self
-            .by_config
-            .get(&resolved.config)
-            .ok_or_else(|| RuntimeError::NotLoaded(resolved.config.name()))?;
+        let mut resolved = self.plan.lookup.resolve(OP_GEMM, self.plan.family, p, None)?;
+        let idx = match self.by_config.get(&resolved.config) {
+            Some(&i) => i,
+            // a family default that did not build at open (dropped with a warning): the next one
+            None if matches!(resolved.fallback, Fallback::Default { .. }) => {
+                fallback_configs(self.plan.family, p.a_type, p.m, p.k)
+                    .iter()
+                    .filter(|c| c.check_problem(p).is_ok())
+                    .find_map(|c| self.by_config.get(c).copied())
+                    .ok_or_else(|| RuntimeError::NotLoaded(resolved.config.name()))?
+            }
+            None => return Err(RuntimeError::NotLoaded(resolved.config.name())),
+        };
+        resolved.config = self.kernels[idx].config;
         let kind = match resolved.fallback {
             Fallback::Exact => RouteKind::Exact,
             Fallback::NearestBucket { bucket } => RouteKind::NearestBucket { bucket },
@@ -402,7 +412,7 @@ impl Dispatcher {
         };
         if let Some(w) = resolved.warning(OP_GEMM, p) {
             let mut f = self.fallbacks.lock().unwrap_or_else(|e| e.into_inner());
-            f.entry((p.n, p.k, p.a_type)).or_insert((w, 0)).1 += 1;
+            f.entry(((p.n, p.k, p.a_type), resolved.config)).or_insert((w, 0)).1 += 1;
         }
         let method = if self.composite.is_some() { resolved.method } else { Method::Fused };
         Ok((idx, kind, method))

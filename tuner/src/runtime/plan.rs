@@ -201,12 +201,16 @@ mod tests {
         for e in &t.entries {
             assert!(p.kernels.iter().any(|k| k.config == e.config && k.required));
         }
-        // Defaults of both A types are planned (W4A16 may coincide with a table config).
+        // Every fallback of both A types is planned (the decode defaults, the generic one and its
+        // K-tail form; W4A16's may coincide with a table config).
         for a in [AType::Bf16, AType::Nvfp4] {
-            let d = default_config(Family::Sm90, a);
-            if d.check().is_ok() {
+            let all = decode_default_configs(Family::Sm90, a)
+                .into_iter()
+                .chain(default_configs(Family::Sm90, a));
+            for d in all.filter(|d| d.check().is_ok()) {
                 assert!(p.kernels.iter().any(|k| k.config == d), "default {d} planned");
             }
+            assert!(p.kernels.iter().any(|k| k.config == default_config(Family::Sm90, a)));
         }
         assert_eq!(p.entries, 4);
     }

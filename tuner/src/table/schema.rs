@@ -511,9 +511,7 @@ impl Table {
     pub fn save(&self, path: &Path) -> Result<(), TableError> {
         self.validate(&path.display().to_string())?;
         let io = |error| TableError::Write { path: path.to_path_buf(), error };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
+        crate::fsio::create_parent_dir(path).map_err(io)?;
         write_atomic(path, self.to_ron_string().as_bytes()).map_err(io)
     }
 }
@@ -619,7 +617,8 @@ pub(crate) mod tests {
         std::fs::write(&file, "x").unwrap();
         let out = file.join("t.ron");
         let text = format!("{:#}", anyhow::Error::from(sample().save(&out).unwrap_err()));
-        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        let blocked = format!("{} exists and is not a folder", file.display());
+        assert_eq!(text.matches(&blocked).count(), 1, "{text}");
         assert!(
             text.starts_with(&format!("{}: cannot write the dispatch table: ", out.display())),
             "{text}"
