@@ -289,6 +289,26 @@ BULK_KERNEL(bulk5, B5)
 // and 128-k block as [row][8 bytes], the activation rows 16 bytes apart from one another in bank
 // (a row every KC * 2 + 16 bytes). Its results are not the layer's (the scales are other bytes);
 // its time is that of such a kernel.
+// One warp's chunk from stage st of bulk copies: the 16 bytes of codes its lane reads in its
+// block of each row group (at code_at + i * code_group), the lane's scale half-word in the row
+// group's [row][8 bytes] scales (at sf_at + i * sf_group), its activation runs of the tile's 8
+// rows (at x_at, x_row apart); k0 is the warp's first k in the stage.
+__device__ __forceinline__ void read_bulk_chunk(sm90::WeightChunk<Cfg>& wc, sm90::ActivationChunk<Cfg>& ac, uint32_t st,
+                                                int code_group, int code_at, int sf_at, int sf_group, int x_at,
+                                                int x_row, int k0, int lane) {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int i = 0; i < Cfg::P_TILES; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            wc.code[i][h] = ptx::lds_v4(st + i * code_group + code_at + h * 512 + lane * 16);
+            const uint32_t word = ptx::lds_u32(st + sf_at + i * sf_group + k0 + (8 * h + g) * 8 + (tq >> 1) * 4);
+            wc.sf[i][h] = static_cast<uint16_t>(word >> (16 * (tq & 1)));
+        }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) ac.v[0][w] = ptx::lds_v4(st + x_at + g * x_row + (k0 + 32 * tq + 8 * w) * 2);
+}
+
 template <int STAGES, int MINCTAS>
 struct BulkPick {
     static constexpr int KC = Cfg::BLOCK_K, NSTAGE = STAGES, MIN_CTAS = MINCTAS;
@@ -355,7 +375,7 @@ __device__ __forceinline__ void bulk_pick(const moe::GroupedParams& p, const uin
         __syncthreads();
         return;
     }
-    const int wk = warp, g = lane >> 2, tq = lane & 3;
+    const int wk = warp;
     float acc[Cfg::ACC_SETS][Cfg::P_TILES][Cfg::Q_TILES][4];
     sm90::zero_accumulators<Cfg>(acc);
 #pragma unroll 1
@@ -365,17 +385,8 @@ __device__ __forceinline__ void bulk_pick(const moe::GroupedParams& p, const uin
         const uint32_t st = base + s * BP::STAGE_BYTES;
         sm90::WeightChunk<Cfg> wc;
         sm90::ActivationChunk<Cfg> ac;
-#pragma unroll
-        for (int i = 0; i < Cfg::P_TILES; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                wc.code[i][h] = ptx::lds_v4(st + i * (BP::KC * 8) + wk * 1024 + h * 512 + lane * 16);
-                const uint32_t word = ptx::lds_u32(st + BP::CODE_BYTES + i * BP::KC + wk * 128 + (8 * h + g) * 8 + (tq >> 1) * 4);
-                wc.sf[i][h] = static_cast<uint16_t>(word >> (16 * (tq & 1)));
-            }
-#pragma unroll
-        for (int w = 0; w < 4; ++w)
-            ac.v[0][w] = ptx::lds_v4(st + BP::CODE_BYTES + BP::SF_BYTES + g * BP::X_ROW + (wk * 128 + 32 * tq + 8 * w) * 2);
+        read_bulk_chunk(wc, ac, st, BP::KC * 8, wk * 1024, BP::CODE_BYTES, BP::KC, BP::CODE_BYTES + BP::SF_BYTES,
+                        BP::X_ROW, wk * 128, lane);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + 8 * s);
         sm90::chunk_mma<Cfg>(wc, sm90::RingActivations<Cfg>{ac}, lane, acc);
@@ -421,7 +432,7 @@ __device__ __forceinline__ void warp_bulk(const moe::GroupedParams& p, const uin
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (static_cast<int>(blockIdx.y) >= __ldg(p.tile_count)) return;
     const int4 t = reinterpret_cast<const int4*>(p.tiles)[blockIdx.y];
-    const int wk = warp, g = lane >> 2, tq = lane & 3;
+    const int wk = warp;
     const uint32_t base = ptx::smem_addr(smem) + WB::OFF + warp * WB::NSTAGE * WB::STAGE_BYTES;
     const uint32_t full = ptx::smem_addr(smem) + WB::OFF + Cfg::WARPS * WB::NSTAGE * WB::STAGE_BYTES + warp * WB::NSTAGE * 8;
     const int chunks = p.k / Cfg::BLOCK_K;  // this warp's 128-k blocks: wk, wk + 4, ...
@@ -463,16 +474,7 @@ __device__ __forceinline__ void warp_bulk(const moe::GroupedParams& p, const uin
         const uint32_t st = base + s * WB::STAGE_BYTES;
         sm90::WeightChunk<Cfg> wc;
         sm90::ActivationChunk<Cfg> ac;
-#pragma unroll
-        for (int i = 0; i < Cfg::P_TILES; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                wc.code[i][h] = ptx::lds_v4(st + i * 1024 + h * 512 + lane * 16);
-                const uint32_t word = ptx::lds_u32(st + WB::CODE_BYTES + i * 128 + (8 * h + g) * 8 + (tq >> 1) * 4);
-                wc.sf[i][h] = static_cast<uint16_t>(word >> (16 * (tq & 1)));
-            }
-#pragma unroll
-        for (int w = 0; w < 4; ++w) ac.v[0][w] = ptx::lds_v4(st + WB::CODE_BYTES + WB::SF_BYTES + g * WB::X_ROW + (32 * tq + 8 * w) * 2);
+        read_bulk_chunk(wc, ac, st, 1024, 0, WB::CODE_BYTES, 128, WB::CODE_BYTES + WB::SF_BYTES, WB::X_ROW, 0, lane);
         if (c + WB::NSTAGE - 1 < chunks) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             issue(c + WB::NSTAGE - 1, (c + WB::NSTAGE - 1) % WB::NSTAGE);

@@ -171,11 +171,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let family = Family::for_arch(arch);
     let mut configs = match a.configs {
         ConfigsArg::Space => template::search_space(family, a_type),
-        ConfigsArg::Default => {
-            let mut v = template::decode_default_configs(family, a_type);
-            v.extend(template::default_configs(family, a_type));
-            v
-        }
+        ConfigsArg::Default => template::family_defaults(family, a_type),
     };
     configs.retain(|c| a.pipeline.admits(c.pipeline));
     if configs.is_empty() {

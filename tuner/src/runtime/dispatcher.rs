@@ -12,7 +12,7 @@ use crate::gpu::{DeviceInfo, GemmParams, Gpu, Kernel};
 use crate::moe::MoeShape;
 use crate::problem::{AType, GemmProblem};
 use crate::table::{Fallback, Method, MismatchPolicy, Table, OP_GEMM};
-use crate::template::{fallback_configs, Family, GemmConfig};
+use crate::template::{Family, GemmConfig};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -390,20 +390,14 @@ impl Dispatcher {
     /// Shapes without a usable route: the table's lookup with its fallback order, recorded.
     #[cold]
     fn route_slow(&self, p: &GemmProblem) -> Result<(usize, RouteKind, Method), RuntimeError> {
-        let mut resolved = self.plan.lookup.resolve(OP_GEMM, self.plan.family, p, None)?;
-        let idx = match self.by_config.get(&resolved.config) {
-            Some(&i) => i,
-            // a family default that did not build at open (dropped with a warning): the next one
-            None if matches!(resolved.fallback, Fallback::Default { .. }) => {
-                fallback_configs(self.plan.family, p.a_type, p.m, p.k)
-                    .iter()
-                    .filter(|c| c.check_problem(p).is_ok())
-                    .find_map(|c| self.by_config.get(c).copied())
-                    .ok_or_else(|| RuntimeError::NotLoaded(resolved.config.name()))?
-            }
-            None => return Err(RuntimeError::NotLoaded(resolved.config.name())),
-        };
-        resolved.config = self.kernels[idx].config;
+        // a family default that did not build at open (dropped with a warning) gives way to the next
+        let loaded = |c: &GemmConfig| self.by_config.contains_key(c);
+        let resolved =
+            self.plan.lookup.resolve_among(OP_GEMM, self.plan.family, p, None, loaded)?;
+        let idx = *self
+            .by_config
+            .get(&resolved.config)
+            .ok_or_else(|| RuntimeError::NotLoaded(resolved.config.name()))?;
         let kind = match resolved.fallback {
             Fallback::Exact => RouteKind::Exact,
             Fallback::NearestBucket { bucket } => RouteKind::NearestBucket { bucket },

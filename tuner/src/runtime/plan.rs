@@ -7,7 +7,7 @@ use crate::compile::{CompiledKernel, Compiler, Origin};
 use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
 use crate::table::{Bucket, Lookup, Method, MismatchPolicy, Table, TableCheck, OP_GEMM};
-use crate::template::{decode_default_configs, default_configs, Arch, Family, GemmConfig};
+use crate::template::{family_defaults, Arch, Family, GemmConfig};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -83,10 +83,7 @@ impl Plan {
             for c in lookup.common(OP_GEMM, family, a_type) {
                 kernels.insert(*c, true);
             }
-            for d in decode_default_configs(family, a_type)
-                .into_iter()
-                .chain(default_configs(family, a_type))
-            {
+            for d in family_defaults(family, a_type) {
                 if d.check().is_ok() {
                     kernels.entry(d).or_insert(false);
                 }
@@ -204,10 +201,7 @@ mod tests {
         // Every fallback of both A types is planned (the decode defaults, the generic one and its
         // K-tail form; W4A16's may coincide with a table config).
         for a in [AType::Bf16, AType::Nvfp4] {
-            let all = decode_default_configs(Family::Sm90, a)
-                .into_iter()
-                .chain(default_configs(Family::Sm90, a));
-            for d in all.filter(|d| d.check().is_ok()) {
+            for d in family_defaults(Family::Sm90, a).into_iter().filter(|d| d.check().is_ok()) {
                 assert!(p.kernels.iter().any(|k| k.config == d), "default {d} planned");
             }
             assert!(p.kernels.iter().any(|k| k.config == default_config(Family::Sm90, a)));

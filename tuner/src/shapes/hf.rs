@@ -199,9 +199,9 @@ impl HfMoeConfig {
             column: e.column(),
             message: e.to_string(),
         };
-        // serde_json keeps the last of a key given twice; a config that says two things is refused
-        serde_json::from_str::<UniqueKeys>(text).map_err(json_error)?;
-        let value: Value = serde_json::from_str(text).map_err(json_error)?;
+        // serde_json's Value keeps the last of a key given twice; a config that says two things
+        // is refused
+        let UniqueKeys(value) = serde_json::from_str(text).map_err(json_error)?;
         let Value::Object(obj) = &value else {
             return Err(ShapeError::BadValue {
                 origin: origin.to_string(),
@@ -522,8 +522,9 @@ pub fn shapes_ron_from_config_file(
     Ok(file.to_ron_string())
 }
 
-/// A JSON document walked only to refuse an object that holds one key twice.
-struct UniqueKeys;
+/// A JSON value read as serde_json reads a [`Value`], except that an object holding one key
+/// twice is an error.
+struct UniqueKeys(Value);
 
 impl<'de> Deserialize<'de> for UniqueKeys {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -539,37 +540,41 @@ impl<'de> Visitor<'de> for UniqueKeysVisitor {
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a JSON value")
     }
-    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
+    fn visit_bool<E>(self, v: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(Value::Bool(v)))
     }
-    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
+    fn visit_i64<E>(self, v: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(v.into()))
     }
-    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
+    fn visit_u64<E>(self, v: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(v.into()))
     }
-    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
+    fn visit_f64<E>(self, v: f64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(v.into()))
     }
-    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
+    fn visit_str<E>(self, v: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(Value::String(v.to_string())))
     }
     fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
+        Ok(UniqueKeys(Value::Null))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
-        while seq.next_element::<UniqueKeys>()?.is_some() {}
-        Ok(UniqueKeys)
+        let mut items = Vec::new();
+        while let Some(UniqueKeys(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(UniqueKeys(Value::Array(items)))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
-        let mut seen = HashSet::new();
+        let mut obj = Map::new();
         while let Some(key) = map.next_key::<String>()? {
-            if !seen.insert(key.clone()) {
+            if obj.contains_key(&key) {
                 return Err(A::Error::custom(format!("key `{key}` appears twice in one object")));
             }
-            map.next_value::<UniqueKeys>()?;
+            let UniqueKeys(v) = map.next_value()?;
+            obj.insert(key, v);
         }
-        Ok(UniqueKeys)
+        Ok(UniqueKeys(Value::Object(obj)))
     }
 }
 

@@ -172,6 +172,20 @@ impl Lookup {
         problem: &GemmProblem,
         experts: Option<u32>,
     ) -> Result<Resolved, LookupError> {
+        self.resolve_among(op, family, problem, experts, |_| true)
+    }
+
+    /// [`Lookup::resolve`] whose last step takes the first legal family default that `loaded`
+    /// admits (a runtime drops a default that does not build, with a warning), else the first
+    /// legal one, which the caller then cannot launch.
+    pub fn resolve_among(
+        &self,
+        op: &str,
+        family: Family,
+        problem: &GemmProblem,
+        experts: Option<u32>,
+        loaded: impl Fn(&GemmConfig) -> bool,
+    ) -> Result<Resolved, LookupError> {
         let key = ShapeKey {
             op: op.to_string(),
             family,
@@ -214,7 +228,8 @@ impl Lookup {
             });
         }
         let defaults = fallback_configs(family, problem.a_type, problem.m, problem.k);
-        match defaults.iter().find(|c| c.check_problem(problem).is_ok()) {
+        let legal = || defaults.iter().filter(|c| c.check_problem(problem).is_ok());
+        match legal().find(|c| loaded(c)).or_else(|| legal().next()) {
             Some(&config) => Ok(Resolved {
                 config,
                 method: Method::Fused,
@@ -356,6 +371,22 @@ mod tests {
             assert_eq!(pick(65, 128, 2048), generic);
             assert_eq!(pick(1, 2048, 96).pipeline, crate::template::Pipeline::KTail);
         }
+    }
+
+    /// A family default the caller could not load gives way to the next legal one; with none
+    /// loaded the first legal one is named (the caller reports it as not loaded).
+    #[test]
+    fn defaults_that_did_not_load_give_way_to_the_next() {
+        let none = Lookup::new(None, &TableCheck::clean());
+        let decode = decode_default_configs(Family::Sm90, AType::Bf16);
+        let p = GemmProblem::new(1, 512, 6144, AType::Bf16);
+        let among = |loaded: &dyn Fn(&GemmConfig) -> bool| {
+            none.resolve_among(OP_GEMM, Family::Sm90, &p, None, loaded).unwrap().config
+        };
+        assert_eq!(among(&|_| true), decode[0]);
+        assert_eq!(among(&|c| *c != decode[0]), decode[1]);
+        assert_eq!(among(&|c| !decode.contains(c)), default_config(Family::Sm90, AType::Bf16));
+        assert_eq!(among(&|_| false), decode[0]);
     }
 
     /// A shape outside the table whose K 64 does not divide: no whole-stage configuration runs

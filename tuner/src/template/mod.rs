@@ -484,15 +484,22 @@ pub fn default_config(family: Family, a_type: AType) -> GemmConfig {
 /// tries the family's decode defaults before the generic one.
 pub const DECODE_DEFAULT_MAX_M: u32 = 64;
 
-/// Every decode default of the family (what the runtime loads next to [`default_configs`]); none
-/// for SM120, whose kernels have not run on a GPU yet (its generic default serves every M).
+/// Every decode default of the family (legal for both activation types: the sm90 tests hold
+/// them to the search space); none for SM120, whose kernels have not run on a GPU yet (its
+/// generic default serves every M).
 pub fn decode_default_configs(family: Family, a_type: AType) -> Vec<GemmConfig> {
     match family {
-        Family::Sm90 => {
-            sm90::decode_defaults(a_type).into_iter().filter(|c| c.check().is_ok()).collect()
-        }
+        Family::Sm90 => sm90::decode_defaults(a_type).to_vec(),
         Family::Sm120 => Vec::new(),
     }
+}
+
+/// Every family default: the decode defaults, then [`default_configs`]. The runtime loads them
+/// for shapes outside its table; `bench --configs default` measures them.
+pub fn family_defaults(family: Family, a_type: AType) -> Vec<GemmConfig> {
+    let mut out = decode_default_configs(family, a_type);
+    out.extend(default_configs(family, a_type));
+    out
 }
 
 /// What a shape outside the table runs at M x K, in lookup order: up to [`DECODE_DEFAULT_MAX_M`]
@@ -502,12 +509,7 @@ pub fn fallback_configs(family: Family, a_type: AType, m: u32, k: u32) -> Vec<Ge
     let mut out = Vec::new();
     if family == Family::Sm90 && m <= DECODE_DEFAULT_MAX_M {
         let decode = sm90::decode_defaults(a_type);
-        out.extend(
-            sm90::decode_default_order(m, k)
-                .iter()
-                .map(|&i| decode[i])
-                .filter(|c| c.check().is_ok()),
-        );
+        out.extend(sm90::decode_default_order(m, k).iter().map(|&i| decode[i]));
     }
     out.extend(default_configs(family, a_type));
     out

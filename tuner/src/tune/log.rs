@@ -143,8 +143,6 @@ pub struct Record {
     pub context: Option<Context>,
 }
 
-pub use crate::table::MIN_PLAUSIBLE_US;
-
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     // The OS error is part of the message and deliberately not a `source`: printed with its

@@ -75,7 +75,7 @@ pub fn budget_fraction(value: f64) -> Result<Budget, ReplayError> {
 
 /// Check that `records` (from `path`, at `lines`) can be replayed together: one GPU model, one
 /// template version per family, and every timed record plausible (a finite median of at least
-/// [`super::log::MIN_PLAUSIBLE_US`], inside its interval; [`super::log::check_record`]).
+/// [`crate::table::MIN_PLAUSIBLE_US`], inside its interval; [`super::log::check_record`]).
 pub fn validate(
     records: &[Record],
     lines: &[usize],
