@@ -118,14 +118,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// there and removes the remaining temporary files: the one case where some files are replaced
 /// and others not.
 pub fn write_atomic_all(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
-    for (i, (a, _)) in files.iter().enumerate() {
-        for (b, _) in &files[i + 1..] {
-            if same_file(a, b)? {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    format!("{} and {} are the same file", a.display(), b.display()),
-                ));
-            }
+    // Each path's identity once (many files: no pairwise walk of the file system).
+    let mut landings = std::collections::HashMap::new();
+    let mut inodes = std::collections::HashMap::new();
+    for (path, _) in files {
+        let (landing, inode) = identity(path)?;
+        let earlier =
+            landings.insert(landing, *path).or_else(|| inode.and_then(|i| inodes.insert(i, *path)));
+        if let Some(a) = earlier {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} and {} are the same file", a.display(), path.display()),
+            ));
         }
     }
     let mut staged = Vec::with_capacity(files.len());
@@ -180,17 +184,23 @@ fn naming(path: &Path, e: std::io::Error) -> std::io::Error {
 /// hard link: a write would rename over one name and leave the other). An error names the path
 /// it came from.
 pub fn same_file(a: &Path, b: &Path) -> std::io::Result<bool> {
-    let la = landing(a).map_err(|e| naming(a, e))?;
-    let lb = landing(b).map_err(|e| naming(b, e))?;
-    if la == lb {
-        return Ok(true);
-    }
+    let (la, ia) = identity(a)?;
+    let (lb, ib) = identity(b)?;
+    Ok(la == lb || ia.is_some() && ia == ib)
+}
+
+/// What [`same_file`] compares: where a write to `path` lands ([`landing`]) and, for an existing
+/// file, its (device, inode). An error names the path.
+fn identity(path: &Path) -> std::io::Result<(PathBuf, Option<(u64, u64)>)> {
+    let landing = landing(path).map_err(|e| naming(path, e))?;
     #[cfg(unix)]
-    if let (Ok(ma), Ok(mb)) = (std::fs::metadata(&la), std::fs::metadata(&lb)) {
+    let inode = std::fs::metadata(&landing).ok().map(|m| {
         use std::os::unix::fs::MetadataExt;
-        return Ok((ma.dev(), ma.ino()) == (mb.dev(), mb.ino()));
-    }
-    Ok(false)
+        (m.dev(), m.ino())
+    });
+    #[cfg(not(unix))]
+    let inode = None;
+    Ok((landing, inode))
 }
 
 /// The file a write to `path` lands in: its links resolved, its longest existing ancestor made

@@ -111,12 +111,17 @@ pub(crate) fn warn_stderr(args: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "warning: {args}");
 }
 
-/// Print the compiler's cache warning (a cubin cache folder it does not use), at most once per
-/// process however many compilers a command makes.
+/// Print the compiler's cache warning (a cubin cache folder it does not use or cannot write), each
+/// distinct warning at most once per process however many compilers a command makes. Called when
+/// the compiler is made and again after its compiles (a store can fail later, e.g. a full disk).
 pub(crate) fn warn_cache(compiler: &Compiler) {
-    static ONCE: std::sync::Once = std::sync::Once::new();
+    static PRINTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     if let Some(w) = compiler.cache_warning() {
-        ONCE.call_once(|| warn_stderr(format_args!("{w}")));
+        let mut printed = PRINTED.lock().unwrap_or_else(|p| p.into_inner());
+        if !printed.iter().any(|p| p == w) {
+            warn_stderr(format_args!("{w}"));
+            printed.push(w.to_string());
+        }
     }
 }
 
@@ -135,8 +140,10 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-/// Parse the command line. Help and version print as clap writes them; a usage error (an unknown
-/// argument, an invalid value) is one line on standard error, its parts joined, and exit status 2.
+/// Parse the command line. Help and version print as clap writes them (a standard output that
+/// cannot take them, e.g. a full disk, is an error and exit status 1; a closed pipe ends quietly
+/// like any other output); a usage error (an unknown argument, an invalid value) is one line on
+/// standard error, its parts joined, and exit status 2.
 fn parse() -> Result<Cli, std::process::ExitCode> {
     use clap::error::ErrorKind;
     match Cli::try_parse() {
@@ -149,7 +156,21 @@ fn parse() -> Result<Cli, std::process::ExitCode> {
                     | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
             ) =>
         {
-            e.exit()
+            use std::io::Write as _;
+            let printed = e.print().and_then(|()| std::io::stdout().lock().flush());
+            match printed {
+                Ok(()) => Err(std::process::ExitCode::from(e.exit_code() as u8)),
+                Err(w) if w.kind() == std::io::ErrorKind::BrokenPipe => {
+                    Err(std::process::ExitCode::from(EXIT_BROKEN_PIPE))
+                }
+                Err(w) => {
+                    let _ = writeln!(
+                        std::io::stderr().lock(),
+                        "error: writing to standard output: {w}"
+                    );
+                    Err(std::process::ExitCode::FAILURE)
+                }
+            }
         }
         Err(e) => {
             use std::io::Write as _;

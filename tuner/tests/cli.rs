@@ -76,6 +76,24 @@ fn a_missing_nvrtc_says_what_it_looked_for_and_how_to_install_it() {
         &["NVRTC", "FP4TUNE_NVRTC", "no/libnvrtc.so.13", "fix:", "nvidia-cuda-nvrtc"],
     );
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+
+    // A library that is not NVRTC (this process's C library) is named, not passed over for
+    // another NVRTC.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let Some(libc) = maps.split_whitespace().find(|w| w.contains("/libc.so")) else {
+        eprintln!("SKIPPED: no C library path in /proc/self/maps");
+        return;
+    };
+    let out = Command::new(fp4tune())
+        .args(["compile", "--arch", "sm_90a", "--configs", "seeds"])
+        .current_dir(dir.path())
+        .env("FP4TUNE_NVRTC", libc)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_clean_error(out.status.success(), &err, &[libc, "not NVRTC", "fix:"]);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
 }
 
 #[test]
@@ -443,6 +461,20 @@ fn a_full_stdout_is_a_one_line_error() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_clean_error(false, &err, &["writing to standard output", "os error 28"]);
     assert_eq!(err.lines().count(), 1, "{err}");
+    // Help and version too: printed by the argument parser, checked all the same.
+    for args in [&["--help"][..], &["--version"], &["tune", "--help"], &["help", "bench"]] {
+        let out = Command::new(fp4tune())
+            .args(args)
+            .stdout(std::fs::OpenOptions::new().write(true).open(full).unwrap())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_clean_error(false, &err, &["writing to standard output", "os error 28"]);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        let ok = Command::new(fp4tune()).args(args).output().unwrap();
+        assert!(ok.status.success() && !ok.stdout.is_empty(), "{args:?}");
+    }
 }
 
 /// Issue 14, item 5: `table --check` compares the template hashes with this build's without a
@@ -839,4 +871,25 @@ fn usage_errors_are_one_line() {
         assert!(out.status.success(), "{args:?}");
         assert!(!out.stdout.is_empty() && out.stderr.is_empty(), "{args:?}");
     }
+}
+
+/// `compile --emit` writes every kernel source or none: a folder in the way of one of them is a
+/// one-line error naming it, and no other source is written.
+#[test]
+fn compile_emit_is_all_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let args = |out: &str| {
+        ["compile", "--arch", "sm_90a", "--configs", "seeds", "--emit", out].map(String::from)
+    };
+    let out = Command::new(fp4tune()).args(args("all")).current_dir(d).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let names: Vec<_> =
+        std::fs::read_dir(d.join("all")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(names.len() > 10, "{names:?}");
+    std::fs::create_dir_all(d.join("some").join(&names[names.len() / 2])).unwrap();
+    let (ok, err) = run(&fp4tune(), &args("some").each_ref().map(String::as_str), d);
+    assert_clean_error(ok, &err, &["writing the kernel sources into", "is not a regular file"]);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(std::fs::read_dir(d.join("some")).unwrap().count(), 1, "nothing else written");
 }

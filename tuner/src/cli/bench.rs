@@ -225,6 +225,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     })?;
     bar.finish_and_clear();
+    crate::warn_cache(&compiler);
     let prov = report::Provenance {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         device: info,

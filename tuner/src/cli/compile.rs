@@ -222,16 +222,19 @@ pub fn run(args: CompileArgs) -> Result<()> {
     let sources = variants.iter().map(Variant::source).collect::<Result<Vec<_>>>()?;
     if let Some(dir) = emit {
         fp4tune::fsio::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        // grouped variants that differ only in how they walk the schedule share a kernel
-        let mut written = std::collections::HashSet::new();
-        for src in &sources {
-            if !written.insert(src.kernel_name.clone()) {
-                continue;
-            }
-            let path = dir.join(format!("{}.cu", src.kernel_name));
-            fp4tune::fsio::write_atomic(&path, src.code.as_bytes())
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
+        // grouped variants that differ only in how they walk the schedule share a kernel; every
+        // source is written, or (a full disk, a folder in the way) none is replaced
+        let mut names = std::collections::HashSet::new();
+        let files: Vec<(std::path::PathBuf, &[u8])> = sources
+            .iter()
+            .filter(|src| names.insert(src.kernel_name.clone()))
+            .map(|src| (dir.join(format!("{}.cu", src.kernel_name)), src.code.as_bytes()))
+            .collect();
+        let refs: Vec<(&std::path::Path, &[u8])> =
+            files.iter().map(|(p, b)| (p.as_path(), *b)).collect();
+        fp4tune::fsio::write_atomic_all(&refs)
+            .with_context(|| format!("writing the kernel sources into {}", dir.display()))?;
+        let written = files;
         return outln!("{} kernel sources written to {}", written.len(), dir.display());
     }
     let compiler =
@@ -240,6 +243,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let results = compiler.compile_many(&sources);
     let wall = t0.elapsed().as_secs_f64();
+    crate::warn_cache(&compiler);
     outln!(
         "{:<52} {:>5} {:>7} {:>9} {:>10} {:>6}",
         "kernel",
@@ -282,6 +286,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
         compiler.nvrtc_build(),
         match (compiler.cache_dir(), compiler.cache_warning()) {
             (Some(d), None) => d.display().to_string(),
+            (Some(d), Some(_)) if compiler.cache_readable() => format!("{} read only", d.display()),
             (Some(d), Some(_)) => format!("{} not used", d.display()),
             (None, _) => "none".to_string(),
         }

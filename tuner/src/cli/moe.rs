@@ -291,13 +291,14 @@ pub fn tune_phase(
             .map(|c| c.source())
             .filter(|s| names.insert(s.kernel_name.clone()))
             .collect();
-    let cached = match (compiler.cache_dir(), compiler.cache_warning()) {
-        (Some(_), None) => format!(
+    let cached = if compiler.cache_readable() {
+        format!(
             "{} of the {} kernels of its first screens in the cubin cache",
             compiler.count_cached(&distinct),
             distinct.len()
-        ),
-        _ => "no cubin cache in use".to_string(),
+        )
+    } else {
+        "no cubin cache in use".to_string()
     };
     // Progress lines before the entries are saved are best effort: one that cannot be written
     // (a closed standard output) must not stop the measuring; the last line reports the error.

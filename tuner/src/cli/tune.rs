@@ -250,6 +250,7 @@ pub fn run(args: TuneArgs) -> Result<()> {
         progress.event(gpu, e, &say)
     })?;
     progress.finish();
+    crate::warn_cache(&compiler);
     let fp4tune::tune::gpus::GpusOutput { output, gpus: ran_on } = output;
     for g in ran_on.iter().filter(|g| g.failure.is_some()) {
         warnln!(

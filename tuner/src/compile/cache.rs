@@ -9,6 +9,10 @@
 //! or owned by another user is not used (kernels are compiled in memory instead, and
 //! [`DiskCache::warning`] says why), and every entry's metadata carries the SHA-256 of its cubin,
 //! checked before the cubin is handed out (a mismatch is a miss: the kernel is recompiled).
+//!
+//! A trusted folder this process cannot write (read-only, or a store that failed, e.g. a full
+//! disk) is still read: its entries load, new kernels stay in memory, and the warning says so
+//! once instead of every compile failing.
 
 use super::stats::PtxasStats;
 use crate::fsio::{explain_create_dir, remove_stale_temp_files, write_atomic, STALE_TEMP_AGE};
@@ -48,6 +52,9 @@ pub struct DiskCache {
     dir: PathBuf,
     /// Why the folder is not used (entries are neither read nor written), if it is not.
     untrusted: Option<String>,
+    /// Why nothing is stored in it (entries are still read): the folder was not writable at
+    /// open, or a store failed since.
+    unwritable: std::sync::OnceLock<String>,
 }
 
 impl DiskCache {
@@ -58,22 +65,38 @@ impl DiskCache {
         let dir = dir.into();
         create_private_dir(&dir)?;
         let untrusted = untrusted_reason(&dir);
+        let unwritable = std::sync::OnceLock::new();
         if untrusted.is_none() {
             remove_stale_temp_files(&dir, None, STALE_TEMP_AGE);
+            if let Err(e) = probe_writable(&dir) {
+                let _ = unwritable.set(format!(
+                    "cubin cache {} is not writable ({e}): its kernels are read, new ones are \
+                     compiled in memory only",
+                    dir.display()
+                ));
+            }
         }
-        Ok(Self { dir, untrusted })
+        Ok(Self { dir, untrusted, unwritable })
     }
 
     /// `$FP4TUNE_CACHE`, else `$XDG_CACHE_HOME/fp4tune/cubin`, else `~/.cache/fp4tune/cubin`, else
     /// a per-user folder under the temporary folder (`fp4tune-<uid>/cubin`; its owner and mode are
-    /// checked like any other cache folder's).
+    /// checked like any other cache folder's). An empty variable counts as unset, and
+    /// `XDG_CACHE_HOME` or `HOME` that is not an absolute path too (the cache must not move with
+    /// the working folder).
     pub fn default_dir() -> PathBuf {
-        if let Some(d) = std::env::var_os("FP4TUNE_CACHE") {
-            return PathBuf::from(d);
+        Self::dir_from(|name| std::env::var_os(name))
+    }
+
+    /// [`DiskCache::default_dir`] from the environment `var`.
+    fn dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathBuf {
+        let set = |name: &str| var(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        if let Some(d) = set("FP4TUNE_CACHE") {
+            return d;
         }
-        std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        set("XDG_CACHE_HOME")
+            .filter(|p| p.is_absolute())
+            .or_else(|| set("HOME").filter(|p| p.is_absolute()).map(|h| h.join(".cache")))
             .map(|base| base.join("fp4tune"))
             .unwrap_or_else(|| {
                 let user = current_uid().map_or_else(|| "user".to_string(), |u| u.to_string());
@@ -86,16 +109,27 @@ impl DiskCache {
         &self.dir
     }
 
-    /// Why the folder is not used as a cache (kernels are compiled in memory), for the caller to
-    /// print; `None` when it is used.
+    /// Why the folder is not used as a cache (kernels are compiled in memory), or why nothing is
+    /// stored in it (read-only, a store that failed), for the caller to print; `None` when it is
+    /// read and written.
     pub fn warning(&self) -> Option<&str> {
-        self.untrusted.as_deref()
+        self.untrusted.as_deref().or_else(|| self.unwritable.get().map(String::as_str))
+    }
+
+    /// Whether entries are read from the folder (a trusted one, writable or not).
+    pub fn readable(&self) -> bool {
+        self.untrusted.is_none()
+    }
+
+    /// Whether new entries are stored (a trusted folder whose writes have not failed).
+    pub fn writable(&self) -> bool {
+        self.untrusted.is_none() && self.unwritable.get().is_none()
     }
 
     /// The entry for `key`, if complete, of our schema version, and its cubin matches the
     /// SHA-256 in its metadata.
     pub fn get(&self, key: &str) -> Option<(CacheMeta, Vec<u8>)> {
-        if self.untrusted.is_some() {
+        if !self.readable() {
             return None;
         }
         let meta = std::fs::read(self.dir.join(format!("{key}.json"))).ok()?;
@@ -118,20 +152,41 @@ impl DiskCache {
 
     /// Whether an entry for `key` is stored (its metadata is present; `get` still checks it).
     pub fn contains(&self, key: &str) -> bool {
-        self.untrusted.is_none() && self.dir.join(format!("{key}.json")).is_file()
+        self.readable() && self.dir.join(format!("{key}.json")).is_file()
     }
 
-    /// Store an entry atomically (cubin first, metadata with the cubin's SHA-256 last). Does
-    /// nothing when the folder is not used (see [`DiskCache::warning`]).
-    pub fn put(&self, key: &str, meta: &CacheMeta, cubin: &[u8]) -> std::io::Result<()> {
-        if self.untrusted.is_some() {
-            return Ok(());
+    /// Store an entry atomically (cubin first, metadata with the cubin's SHA-256 last); returns
+    /// whether it was stored. Does nothing when the folder is not used or not writable (see
+    /// [`DiskCache::warning`]). A store that fails (a full disk, the folder made read-only since)
+    /// is not an error of the kernel, which compiled: the cache stops storing and its warning
+    /// says why.
+    pub fn put(&self, key: &str, meta: &CacheMeta, cubin: &[u8]) -> bool {
+        if !self.writable() {
+            return false;
         }
-        write_atomic(&self.dir.join(format!("{key}.cubin")), cubin)?;
         let stored = StoredMeta { meta: meta.clone(), cubin_sha256: sha256_hex(cubin) };
-        let json = serde_json::to_vec_pretty(&stored).map_err(std::io::Error::other)?;
-        write_atomic(&self.dir.join(format!("{key}.json")), &json)
+        let json = serde_json::to_vec_pretty(&stored).expect("cache metadata serializes");
+        let res = write_atomic(&self.dir.join(format!("{key}.cubin")), cubin)
+            .and_then(|()| write_atomic(&self.dir.join(format!("{key}.json")), &json));
+        if let Err(e) = res {
+            let _ = self.unwritable.set(format!(
+                "storing a kernel in the cubin cache {} failed ({e}): kernels compiled from \
+                 now on stay in memory only",
+                self.dir.display()
+            ));
+            return false;
+        }
+        true
     }
+}
+
+/// Whether this process can create files in `dir`: a file created and removed at once.
+fn probe_writable(dir: &Path) -> std::io::Result<()> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = dir.join(format!(".writable.{}.{n}.tmp", std::process::id()));
+    std::fs::OpenOptions::new().write(true).create_new(true).open(&probe)?;
+    std::fs::remove_file(&probe)
 }
 
 /// Create `dir` and its missing parents owner-only (0700 on Unix).
@@ -228,7 +283,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let c = DiskCache::new(dir.path().join("sub")).unwrap();
         assert!(c.get("abc").is_none());
-        c.put("abc", &meta(), b"\x7fELF...").unwrap();
+        assert!(c.put("abc", &meta(), b"\x7fELF..."));
         let (m, b) = c.get("abc").unwrap();
         assert_eq!(m, meta());
         assert_eq!(b, b"\x7fELF...");
@@ -238,7 +293,7 @@ mod tests {
         // Metadata of another schema version is ignored.
         let mut m2 = meta();
         m2.schema_version = 99;
-        c.put("old", &m2, b"x").unwrap();
+        assert!(c.put("old", &m2, b"x"));
         assert!(c.get("old").is_none());
         // Corrupt metadata is ignored, not a crash.
         std::fs::write(c.dir().join("bad.json"), b"{not json").unwrap();
@@ -259,14 +314,14 @@ mod tests {
     fn cubin_is_checked_against_its_sha256() {
         let dir = tempfile::tempdir().unwrap();
         let c = DiskCache::new(dir.path()).unwrap();
-        c.put("k1", &meta(), b"\x7fELF good").unwrap();
+        assert!(c.put("k1", &meta(), b"\x7fELF good"));
         assert!(c.get("k1").is_some());
         std::fs::write(c.dir().join("k1.cubin"), b"\x7fELF evil").unwrap();
         assert!(c.get("k1").is_none(), "a changed cubin must not load");
         std::fs::write(c.dir().join("k1.cubin"), b"\x7fELF go").unwrap();
         assert!(c.get("k1").is_none(), "a truncated cubin must not load");
         // Recompiling stores a fresh entry that loads again.
-        c.put("k1", &meta(), b"\x7fELF good").unwrap();
+        assert!(c.put("k1", &meta(), b"\x7fELF good"));
         assert_eq!(c.get("k1").unwrap().1, b"\x7fELF good");
         // A version-1 entry (no hash) is not trusted.
         let mut v1 = serde_json::to_value(meta()).unwrap();
@@ -290,13 +345,13 @@ mod tests {
         let shared = dir.path().join("shared");
         std::fs::create_dir(&shared).unwrap();
         let trusted = DiskCache::new(&shared).unwrap();
-        trusted.put("k", &meta(), b"\x7fELF").unwrap();
+        assert!(trusted.put("k", &meta(), b"\x7fELF"));
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
         let c = DiskCache::new(&shared).unwrap();
         let w = c.warning().expect("a warning for a world-writable folder");
         assert!(w.contains("world-writable") && w.contains("compiling in memory"), "{w}");
         assert!(c.get("k").is_none(), "a planted entry in a shared folder must not load");
-        c.put("k2", &meta(), b"\x7fELF").unwrap();
+        assert!(!c.put("k2", &meta(), b"\x7fELF"));
         assert!(!shared.join("k2.cubin").exists());
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o770)).unwrap();
         assert!(DiskCache::new(&shared).unwrap().warning().is_some(), "group-writable too");
@@ -310,6 +365,44 @@ mod tests {
             let w = c.warning().expect("a warning for another user's folder");
             assert!(w.contains("owned by user id 65534"), "{w}");
         }
+    }
+
+    /// A trusted folder this process cannot write is read, stores nothing, and says so once; a
+    /// store that fails later stops the storing with a warning instead of failing the kernel.
+    #[cfg(unix)]
+    #[test]
+    fn an_unwritable_folder_is_read_and_not_written() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // A store that fails (here: a folder where the cubin goes).
+        let c = DiskCache::new(dir.path()).unwrap();
+        assert!(c.put("k", &meta(), b"\x7fELF"));
+        std::fs::create_dir(dir.path().join("k2.cubin")).unwrap();
+        assert!(!c.put("k2", &meta(), b"\x7fELF"));
+        let w = c.warning().expect("a store that failed is a warning").to_string();
+        assert!(w.contains("stay in memory only") && w.contains("k2.cubin"), "{w}");
+        assert!(!c.writable() && c.readable());
+        assert_eq!(c.get("k").unwrap().1, b"\x7fELF", "entries are still read");
+        assert!(!c.put("k3", &meta(), b"\x7fELF") && !dir.path().join("k3.json").exists());
+        assert_eq!(c.warning().unwrap(), w, "the first failure is the warning");
+
+        // A folder that is read-only at open: owner-only 0500, or, where permissions do not bind
+        // (root), /proc (root's own, mode 0555, not writable by anyone).
+        let ro = dir.path().join("ro");
+        DiskCache::new(&ro).unwrap().put("k", &meta(), b"\x7fELF");
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o500)).unwrap();
+        let folder = if probe_writable(&ro).is_err() { ro.clone() } else { "/proc".into() };
+        let c = DiskCache::new(&folder).unwrap();
+        let w = c.warning().expect("a read-only folder is a warning");
+        assert!(w.contains("is not writable") && w.contains("are read"), "{w}");
+        assert!(c.readable() && !c.writable());
+        if folder == ro {
+            assert_eq!(c.get("k").unwrap().1, b"\x7fELF");
+            assert!(c.contains("k"));
+        }
+        assert!(!c.put("k3", &meta(), b"\x7fELF"));
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(DiskCache::new(&ro).unwrap().warning().is_none());
     }
 
     /// A cache folder under a file, or a link to a folder that does not exist, is a one-line
@@ -326,6 +419,30 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
         let e = DiskCache::new(&dangling).unwrap_err().to_string();
         assert!(e.contains("dangling is a link to a folder that does not exist"), "{e}");
+    }
+
+    /// The default folder: an empty variable is unset, a relative XDG_CACHE_HOME or HOME is not
+    /// used, FP4TUNE_CACHE is taken as given.
+    #[test]
+    fn default_folder_ignores_empty_and_relative_homes() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        let tmp = std::env::temp_dir();
+        let d = DiskCache::dir_from(env(&[("FP4TUNE_CACHE", "rel/c"), ("HOME", "/h")]));
+        assert_eq!(d, PathBuf::from("rel/c"));
+        let d = DiskCache::dir_from(env(&[("FP4TUNE_CACHE", ""), ("XDG_CACHE_HOME", "/x")]));
+        assert_eq!(d, PathBuf::from("/x/fp4tune/cubin"));
+        let d = DiskCache::dir_from(env(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")]));
+        assert_eq!(d, PathBuf::from("/h/.cache/fp4tune/cubin"));
+        let d = DiskCache::dir_from(env(&[("XDG_CACHE_HOME", "x"), ("HOME", "/h")]));
+        assert_eq!(d, PathBuf::from("/h/.cache/fp4tune/cubin"));
+        for pairs in [&[("HOME", "")][..], &[("HOME", "h"), ("XDG_CACHE_HOME", "")], &[]] {
+            let d = DiskCache::dir_from(env(pairs));
+            assert!(d.starts_with(&tmp) && d.ends_with("cubin") && d.is_absolute(), "{d:?}");
+        }
     }
 
     /// Opening the cache folder sweeps the temporary files a killed writer left in it.

@@ -25,7 +25,7 @@ pub use stats::PtxasStats;
 pub enum CompileError {
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
-    #[error("writing the cubin cache at {dir}: {message}")]
+    #[error("the cubin cache at {dir}: {message}")]
     Cache { dir: String, message: String },
 }
 
@@ -126,10 +126,18 @@ impl Compiler {
     }
 
     /// Why the on-disk cache folder is not used (group- or world-writable, owned by someone
-    /// else, not a folder), in which case kernels are compiled in memory; for the caller to print
-    /// once. `None` when the folder is used or there is no disk cache.
+    /// else, not a folder), in which case kernels are compiled in memory, or why new kernels are
+    /// not stored in it (not writable, a store that failed); for the caller to print once (a
+    /// store can fail later: ask again at the end). `None` when the folder is read and written or
+    /// there is no disk cache.
     pub fn cache_warning(&self) -> Option<&str> {
         self.disk.as_ref().and_then(|d| d.warning())
+    }
+
+    /// Whether kernels are read from the on-disk cache folder (there is one and it is trusted,
+    /// writable or not).
+    pub fn cache_readable(&self) -> bool {
+        self.disk.as_ref().is_some_and(|d| d.readable())
     }
 
     /// Cache key of `src` under this compiler: the source's hash and the NVRTC build (two builds
@@ -175,10 +183,8 @@ impl Compiler {
                         compile_ms,
                         log: out.log.clone(),
                     };
-                    d.put(&key, &meta, &out.cubin).map_err(|e| CompileError::Cache {
-                        dir: d.dir().display().to_string(),
-                        message: e.to_string(),
-                    })?;
+                    // A store that fails leaves the kernel compiled; the cache's warning says why.
+                    d.put(&key, &meta, &out.cubin);
                 }
                 CompiledKernel {
                     kernel_name: src.kernel_name.clone(),
@@ -199,7 +205,7 @@ impl Compiler {
 
     /// How many of `sources` the on-disk cache holds (0 without a usable disk cache).
     pub fn count_cached(&self, sources: &[KernelSource]) -> usize {
-        let Some(disk) = self.disk.as_ref().filter(|d| d.warning().is_none()) else {
+        let Some(disk) = self.disk.as_ref().filter(|d| d.readable()) else {
             return 0;
         };
         sources.par_iter().filter(|s| disk.contains(&self.key(s))).count()
@@ -216,7 +222,7 @@ impl Compiler {
     /// [`Compiler::precompile`] that compiles nothing more once `stop` is set (kernels being
     /// compiled then finish): a background compile that its campaign's end stops soon.
     pub fn precompile_until(&self, sources: &[KernelSource], stop: &AtomicBool) -> Precompiled {
-        let Some(disk) = self.disk.as_ref().filter(|d| d.warning().is_none()) else {
+        let Some(disk) = self.disk.as_ref().filter(|d| d.writable()) else {
             return Precompiled::default();
         };
         let keys: Vec<String> = sources.par_iter().map(|s| self.key(s)).collect();
@@ -247,7 +253,7 @@ impl Compiler {
                     compile_ms: t0.elapsed().as_secs_f64() * 1e3,
                     log: out.log,
                 };
-                disk.put(key, &meta, &out.cubin).is_ok()
+                disk.put(key, &meta, &out.cubin)
             })
             .count();
         Precompiled { cached: cached.iter().filter(|c| **c).count(), compiled }

@@ -188,12 +188,37 @@ fn preload(path: &Path) -> Result<(), String> {
     // SAFETY: as above; the handle is leaked so cudarc's later dlopen by soname finds this copy.
     let lib =
         unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|e| e.to_string())?;
+    // The library must be NVRTC: its version, asked through this handle.
+    type VersionFn = unsafe extern "C" fn(*mut i32, *mut i32) -> i32;
+    // SAFETY: `nvrtcVersion` has this signature in every NVRTC; the symbol is only called when
+    // the library exports it.
+    let ours = match unsafe { lib.get::<VersionFn>(b"nvrtcVersion\0") } {
+        Ok(f) => {
+            let (mut major, mut minor) = (0, 0);
+            // SAFETY: both pointers are valid for writes.
+            let r = unsafe { f(&mut major, &mut minor) };
+            (r == 0).then_some((major, minor))
+        }
+        Err(_) => return Err("not NVRTC (it has no nvrtcVersion)".into()),
+    };
     std::mem::forget(lib);
-    // SAFETY: only checks that cudarc's own name-based lookup now resolves (to our copy).
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        Ok(())
-    } else {
-        Err("loaded by path, but not visible under the names cudarc looks up".into())
+    // SAFETY: only checks that cudarc's own name-based lookup now resolves.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("loaded by path, but not visible under the names cudarc looks up".into());
+    }
+    // cudarc resolves NVRTC by name: another NVRTC found first by the system loader would
+    // compile instead of this one.
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is present (checked above); both pointers are valid for writes.
+    let bound = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    match ours {
+        Some(v) if bound.result().is_ok() && v != (major, minor) => Err(format!(
+            "this is NVRTC {}.{}, but the NVRTC the system loader finds first by name is \
+             {major}.{minor} and would compile instead (put this library's folder first in \
+             LD_LIBRARY_PATH)",
+            v.0, v.1
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -101,12 +101,14 @@ pub fn read_bench(path: &Path) -> Result<BenchFile, PlotError> {
     let text = crate::fsio::read_input(path)
         .map_err(|source| PlotError::Io { path: path.to_path_buf(), error: source })?;
     let origin = path.display().to_string();
+    // a byte-order mark (a CSV saved by a spreadsheet) is not part of the header
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     if text.starts_with("op,") {
-        crate::bench::moe_report::parse_csv(&text, &origin)
+        crate::bench::moe_report::parse_csv(text, &origin)
             .map(BenchFile::Moe)
             .map_err(PlotError::Input)
     } else {
-        parse_bench_csv(&text, &origin).map(BenchFile::Gemm)
+        parse_bench_csv(text, &origin).map(BenchFile::Gemm)
     }
 }
 

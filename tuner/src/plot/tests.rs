@@ -85,6 +85,14 @@ fn moe_step_figure_renders_from_a_bench_moe_csv() {
     let csv_path = dir.path().join("bench-moe.csv");
     std::fs::write(&csv_path, crate::bench::moe_report::csv(&rows)).unwrap();
     let BenchFile::Moe(back) = read_bench(&csv_path).unwrap() else { panic!("not a MoE CSV") };
+    // a byte-order mark in front (a spreadsheet's save) reads the same, GEMM CSVs too
+    let bom = dir.path().join("bom.csv");
+    std::fs::write(&bom, format!("\u{feff}{}", crate::bench::moe_report::csv(&rows))).unwrap();
+    let BenchFile::Moe(same) = read_bench(&bom).unwrap() else { panic!("not a MoE CSV") };
+    assert_eq!(same.len(), back.len());
+    std::fs::write(&bom, format!("\u{feff}{BENCH}")).unwrap();
+    let BenchFile::Gemm(g) = read_bench(&bom).unwrap() else { panic!("not a GEMM CSV") };
+    assert_eq!(g.len(), parse_bench_csv(BENCH, "bench.csv").unwrap().len());
     let charts = moe_step(&back);
     assert_eq!(charts.len(), 2);
     let files = write_all(&charts, &dir.path().join("fig")).unwrap();

@@ -274,15 +274,20 @@ pub fn parse_log(bytes: &[u8], path: &Path) -> Result<LogContents, LogError> {
         }
         match serde_json::from_str::<Version>(line) {
             Ok(v) if !LOG_SCHEMA_VERSIONS_READ.contains(&v.schema_version) => {
+                if is_grouped_line(line) {
+                    return Err(parse(GROUPED_LINE.to_string()));
+                }
                 return Err(LogError::Version {
                     path: path.to_path_buf(),
                     line: at,
                     found: v.schema_version,
-                })
+                });
             }
             _ => {}
         }
-        let r = serde_json::from_str::<Record>(line).map_err(|e| parse(e.to_string()))?;
+        let r = serde_json::from_str::<Record>(line).map_err(|e| {
+            parse(if is_grouped_line(line) { GROUPED_LINE.to_string() } else { e.to_string() })
+        })?;
         check_record(&r).map_err(|reason| LogError::Implausible {
             path: path.to_path_buf(),
             line: at,
@@ -292,6 +297,18 @@ pub fn parse_log(bytes: &[u8], path: &Path) -> Result<LogContents, LogError> {
         out.lines.push(at);
     }
     Ok(out)
+}
+
+/// What a GEMM log reader says of a line of a grouped tune's log.
+const GROUPED_LINE: &str = "a line of a grouped MoE tune's log (`<sku>-moe.jsonl`), not of a GEMM \
+                            measurement log (`<sku>.jsonl`): give the GEMM log";
+
+/// Whether `line` is a record of a grouped tune's log (`tune::moe::MoeLogRecord`: a key with
+/// `top_k` and one candidate), which GEMM log readers do not take.
+fn is_grouped_line(line: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(line).is_ok_and(|v| {
+        v.get("key").is_some_and(|k| k.get("top_k").is_some()) && v.get("candidate").is_some()
+    })
 }
 
 /// Whether a record can be a real measurement: its configuration within

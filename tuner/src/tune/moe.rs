@@ -401,6 +401,12 @@ mod tests {
         let cand: Measured = serde_json::from_value(old["candidate"].clone()).unwrap();
         assert_eq!(cand, Measured { ptxas: None, ..measured[0].clone() });
         assert_eq!(log_lines(&[], ("x", (9, 0)), "13.0", 0).unwrap(), "");
+        // the GEMM log readers (report, merge, simulate, check) name a grouped log for what it is
+        let e =
+            crate::tune::log::parse_log(text.as_bytes(), std::path::Path::new("h200-moe.jsonl"))
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("h200-moe.jsonl:1") && e.contains("grouped MoE tune's log"), "{e}");
     }
 
     /// The first pools are each bucket's screen of its uniform draw without a carried pick, each
