@@ -700,7 +700,7 @@ mod tests {
         assert!(last_error().contains("/nonexistent/h200.ron"), "{}", last_error());
     }
 
-    /// Issue 14, item 12: the runtime's refusal of a call's arguments (a null or misaligned
+    /// The runtime's refusal of a call's arguments (a null or misaligned
     /// pointer, a bad size) is the invalid-argument status, also from a launching call.
     #[test]
     fn refused_arguments_are_the_invalid_argument_status() {

@@ -1,14 +1,13 @@
 //! `fp4tune check --inject-delay`: a deliberately slowed build of one entry's kernel fails the
-//! check and is the one entry named (issue 13's evidence), on the GPU the committed table was
-//! measured on (`gpu` feature). Without a GPU: a selector that names no fused entry is exit 2
-//! with the reason, before any GPU work.
+//! check and is the one entry named (the evidence that the gate catches a slow kernel), on the
+//! GPU the committed table was measured on (`gpu` feature). Without a GPU: a selector that names
+//! no fused entry is exit 2 with the reason, before any GPU work.
 
+mod common;
+
+use common::fp4tune;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn fp4tune() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_fp4tune"))
-}
 
 fn table() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/nvidia-h200.ron")

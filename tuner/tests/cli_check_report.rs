@@ -1,12 +1,11 @@
 //! `fp4tune check` and `fp4tune report` from the command line, without a GPU: check's exit
 //! status 2 with a one-line reason (and its reports), report's SVG files for the committed results.
 
+mod common;
+
+use common::fp4tune;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn fp4tune() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_fp4tune"))
-}
 
 fn results() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../results")

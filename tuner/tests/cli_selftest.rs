@@ -2,12 +2,10 @@
 //! PASS lines on standard output), then exit 2 with a one-line reason on standard error; an
 //! unreadable table is exit 2 naming the file.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn fp4tune() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_fp4tune"))
-}
+use common::fp4tune;
+use std::process::Command;
 
 #[test]
 fn selftest_without_a_gpu_compiles_the_probes_and_exits_2() {

@@ -311,7 +311,7 @@ mod tests {
         assert_eq!(first.origin, Origin::Compiled);
     }
 
-    /// Issue 14, item 14: a cache folder others can write is not used, and the compiler says
+    /// A cache folder others can write is not used, and the compiler says
     /// why (the CLI and the dispatcher's start-up report print it).
     #[cfg(unix)]
     #[test]

@@ -701,7 +701,7 @@ mod tests {
         check(&|a| a.a_type = AType::Nvfp4, "`a_sf`");
     }
 
-    /// Issue 14, item 12: a misaligned pointer is refused before any launch (it would fault the
+    /// A misaligned pointer is refused before any launch (it would fault the
     /// kernel and the context), naming the pointer and the alignment it needs.
     #[test]
     fn misaligned_pointers_are_refused_naming_the_pointer_and_its_alignment() {

@@ -477,7 +477,7 @@ pub(crate) mod tests {
         assert!(Table::check_file(&p, MismatchPolicy::Error).is_ok());
     }
 
-    /// The entry of issue 14 whose thread count and shared memory wrapped in u32 (block_m
+    /// An entry whose thread count and shared memory wrapped in u32 (block_m
     /// 536870928, warps_m 67108866, ...) is refused when the table is read.
     #[test]
     fn wrapping_configuration_is_refused_when_reading() {

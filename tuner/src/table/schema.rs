@@ -594,7 +594,7 @@ pub(crate) mod tests {
         assert!(!e.contains('\n'), "{e}");
     }
 
-    /// Issue 14: the OS error of a failed read or write is printed once, also when the CLI
+    /// The OS error of a failed read or write is printed once, also when the CLI
     /// prints the whole error chain (`{:#}`), and the message names the file.
     #[test]
     fn os_errors_are_printed_once() {

@@ -534,8 +534,8 @@ pub fn family_template_hash(family: Family) -> String {
 mod bounds_tests {
     use super::*;
 
-    /// The table entry of issue 14: `32 * warps` wraps to 128 threads in u32 and its shared
-    /// memory wraps too, so it passed every check. It is refused by its bounds, and nothing
+    /// A table entry whose `32 * warps` wraps to 128 threads in u32, and its shared memory too,
+    /// would pass every check that computes in u32. It is refused by its bounds, and nothing
     /// derived from it wraps into a small number.
     #[test]
     fn wrapping_configuration_is_refused_not_wrapped() {

@@ -53,7 +53,7 @@ pub enum ReplayError {
 }
 
 /// The evaluation budget of a simulation as a fraction of each key's logged candidates: in
-/// (0, 1]. Zero, negative, above one or not a number is refused (it used to mean one evaluation).
+/// (0, 1]. Zero, negative, above one or not a number is refused (not taken as one evaluation).
 pub fn budget_fraction(value: f64) -> Result<Budget, ReplayError> {
     if !value.is_finite() {
         return Err(ReplayError::Budget { value, reason: "must be a number in (0, 1]" });
