@@ -86,7 +86,8 @@ FP4TUNE_API uint32_t fp4tune_abi_version(void);
 FP4TUNE_API const char* fp4tune_last_error(void);
 
 /* Open CUDA device `device` with the table at `table_path` (NULL: no table, family defaults for
- * every shape). Cubin cache: $FP4TUNE_CACHE, else ~/.cache/fp4tune/cubin (created if missing).
+ * every shape). Cubin cache: $FP4TUNE_CACHE, else $XDG_CACHE_HOME/fp4tune/cubin, else
+ * ~/.cache/fp4tune/cubin (created if missing; one this process cannot write is only read).
  * Mismatch policy: warn. On success *out is the handle; on failure *out is NULL. */
 FP4TUNE_API int fp4tune_open(const char* table_path, int device, fp4tune_dispatcher** out);
 

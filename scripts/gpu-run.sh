@@ -140,7 +140,7 @@ phase_tune() { # 570 s
   rm -rf "$cold"
 }
 
-phase_gemm() { # 560 s
+phase_gemm() { # 540 s
   step 20 "$B/fp4tune" table --check results/nvidia-h200.ron --device 0
   mkdir -p "$OUT/bench" "$OUT/w4a4" "$OUT/prefill"
   step 170 "$B/fp4tune" bench --set tp8,tp4,ep8 --only routed --m 1,4,16,1024 \

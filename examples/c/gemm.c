@@ -2,7 +2,7 @@
  * streams at once (two micro-batches), each stream with its own workspace.
  *
  * Build (from the repository root, after `cargo build --release`; needs only the CUDA driver):
- *   cc examples/c/gemm.c -I include -L target/release -lfp4tune -l:libcuda.so.1 -Wl,-rpath,$PWD/target/release -o target/gemm_c && target/gemm_c [results/h200.ron]
+ *   cc examples/c/gemm.c -I include -L target/release -lfp4tune -l:libcuda.so.1 -Wl,-rpath,$PWD/target/release -o target/gemm_c && target/gemm_c [results/nvidia-h200.ron]
  *
  * The data is chosen so the exact answer is known without a quantizer: every weight of row j is
  * v_j in {0.5, 1, 1.5, 2} (E2M1 codes 1..4) with block scales 1.0, every activation of row i is

@@ -13,7 +13,7 @@ exact in bf16; the global scale is applied after the product, as the kernels do)
 
 Run from the repository root after `cargo build --release` (only torch is needed):
 
-    python3 examples/python/glm5_expert.py [--table results/h200.ron] [--tokens 1 4 32 256]
+    python3 examples/python/glm5_expert.py [--table results/nvidia-h200.ron] [--tokens 1 4 32 256]
 
 Library: $FP4TUNE_LIB, else target/release/libfp4tune.so. Without --table (or $FP4TUNE_TABLE)
 the dispatcher uses the family default configuration for every shape.

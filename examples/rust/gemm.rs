@@ -3,7 +3,7 @@
 //! CPU reference. The launch passes a workspace of its stream's own (`gemm_in`): a serving
 //! engine creates one per stream, so launches on several streams never share scratch memory.
 //!
-//!     cargo run --release --example gemm -- [results/h200.ron] [M]
+//!     cargo run --release --example gemm -- [results/nvidia-h200.ron] [M]
 //!
 //! Without a table the dispatcher uses the family default for every shape.
 

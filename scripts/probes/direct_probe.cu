@@ -4,7 +4,7 @@
 //   load0  the same grid and register ring, loads only, in the kernel's access pattern
 //          (per warp instruction: 8 weight rows x 64 bytes of the ModelOpt layout)
 //   load1  the same bytes, ring and grid, each warp instruction reading 512 contiguous bytes
-//   floor  the read-floor kernel of ../shared/baselines/read_floor.cu on the same bytes
+//   floor  a plain read kernel (read_kernel below) over the same bytes, best of three grids
 #include <cstdio>
 #include <cstdint>
 #include <vector>

@@ -1,5 +1,5 @@
 // Physical-floor kernels of the benchmark harness: an empty kernel (launch floor) and a kernel that
-// only streams bytes from HBM (read floor), after ../shared/baselines/read_floor.cu.
+// only streams bytes from HBM (read floor).
 #pragma once
 #include "common/types.cuh"
 

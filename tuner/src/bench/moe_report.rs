@@ -21,7 +21,7 @@ const FIXED_KERNEL_COLUMNS: [&str; 5] = [
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-/// The CSV header: the columns first, then context.
+/// The CSV header: the benchmark's result columns first (op .. read_floor_us), then context.
 pub const CSV_HEADER: &str = "op,N,K,experts,top_k,B,impl,median_us,lo_us,hi_us,roofline_us,read_floor_us,set,active_experts,config,verified,failed";
 
 pub fn csv(rows: &[MoeRow]) -> String {

@@ -49,7 +49,8 @@ pub struct CompileArgs {
     /// Activation type(s) to compile.
     #[arg(long, value_enum, default_value = "all")]
     pub a_type: ATypeArg,
-    /// Cubin cache folder (default: $FP4TUNE_CACHE or ~/.cache/fp4tune/cubin).
+    /// Cubin cache folder (default: $FP4TUNE_CACHE, else $XDG_CACHE_HOME/fp4tune/cubin, else
+    /// ~/.cache/fp4tune/cubin).
     #[arg(long)]
     pub cache: Option<PathBuf>,
     /// Which configurations: the whole search space, the family's seeds (default + measured

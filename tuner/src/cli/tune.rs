@@ -49,7 +49,7 @@ pub struct TuneArgs {
     #[arg(long, default_value = "race")]
     pub strategy: String,
     /// Evaluations per key as a fraction of its legal configurations (race: the pool; model and
-    /// random: every evaluation; default 0.08 for race, 0.1 otherwise).
+    /// random: every evaluation; default 0.06 for race, 0.1 otherwise).
     #[arg(long)]
     pub budget: Option<f64>,
     /// Wall-time budget of the GEMM keys (race only), e.g. 90s, 3m (at most a week): decode
@@ -69,7 +69,7 @@ pub struct TuneArgs {
     #[arg(long, default_value_t = 128)]
     pub composite_min_m: u32,
     /// Skip the grouped MoE phase (by default the set's routed expert layer is tuned as grouped
-    /// gate_up and down kernels per token count B after the GEMM keys; sm90 only).
+    /// gate_up and down kernels per token count B after the GEMM keys; on sm120 W4A4 only).
     #[arg(long, conflicts_with = "moe_only")]
     pub no_moe: bool,
     /// Only the grouped MoE phase: its entries replace those of the table at the output path

@@ -343,6 +343,29 @@ pub fn distinct_kernels(
 mod tests {
     use super::*;
 
+    /// Qwen3-Next over 8 GPUs from its config.json: every expert on each GPU (TP), within
+    /// moe_align's 512 local experts; the sm90 W4A16 kernels (the tiled ones for the down's K of
+    /// 64) and the sm120 ones run it, the sm90 W4A4 emulation (streamed kernels only) is refused
+    /// in one line naming the K.
+    #[test]
+    fn a_layer_from_a_config_is_checked_against_each_familys_kernels() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata/qwen3-next-config.json");
+        let config = crate::shapes::HfMoeConfig::load(&path).unwrap();
+        let set = config.shape_set(crate::shapes::Parallelism::new(8, 1), &[1, 8]).unwrap();
+        let (layer, total) = MoeShape::from_set(&set).unwrap();
+        assert_eq!(
+            (layer.experts, layer.top_k, layer.hidden, layer.inter, total),
+            (512, 10, 2048, 64, 512)
+        );
+        use crate::problem::AType::{Bf16, Nvfp4};
+        use crate::template::Family::{Sm120, Sm90};
+        assert_eq!(check_layer(Sm90, Bf16, &layer), Ok(()));
+        assert_eq!(check_layer(Sm120, Nvfp4, &layer), Ok(()));
+        let e = check_layer(Sm90, Nvfp4, &layer).unwrap_err();
+        assert!(e.contains("moe_down") && e.contains("K = 64") && !e.contains('\n'), "{e}");
+    }
+
     #[test]
     fn the_search_space_is_legal_and_covers_both_ops_of_both_glm5_shapes() {
         for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8] {

@@ -14,8 +14,9 @@
 //!    error naming it), load them, allocate the dispatcher's own workspace, and report the
 //!    start-up time ([`StartupReport`]).
 //!
-//! No tuning, no search, no benchmarking here: `runtime` depends on `table`, `template`,
-//! `compile` and `gpu` only (`bench` and `tune` use [`composite`] from here).
+//! No tuning, no search, no benchmarking here: `runtime` depends on `table`, `moe`, `template`,
+//! `compile`, `format`, `problem` and `gpu` only (`bench` and `tune` use [`composite`] from
+//! here).
 //!
 //! # Launch ([`Dispatcher::gemm_in`], [`Dispatcher::gemm`])
 //! A `HashMap` lookup of (N, K, A type), a binary search over the shape's buckets (smallest

@@ -39,9 +39,9 @@
 //! Version 1 tables (no `method`) are read as all-fused; a reader that knows only version 1
 //! refuses version 2 by its `schema_version`.
 //!
-//! `pipeline` (`CpAsync`, `Registers`, `WarpRing`, `Global`) and `min_ctas` were added to the
-//! configuration without a schema change: tables written before them have neither and read as
-//! `CpAsync` with `min_ctas: 1`, which is what they ran; a reader older than the fields would
+//! `pipeline` (`CpAsync`, `Registers`, `WarpRing`, `Global`, and `KTail`, the cp.async ring's
+//! K-tail form) and `min_ctas` are optional in the configuration: a table without them reads as
+//! `CpAsync` with `min_ctas: 1`; a reader older than the fields would
 //! ignore them, but such a table also carries a template hash the old reader does not have, so
 //! [`Table::check_against`] flags it before anything is launched. An illegal value (a `min_ctas`
 //! out of range, a streamed pipeline in an sm120 entry) is a validation error naming the entry.

@@ -265,12 +265,12 @@ mod tests {
             configs.len(),
             problems.join("\n")
         );
+        // a relative path is taken from the repository root (tests run in tuner/)
         if let Ok(path) = std::env::var("FP4TUNE_SM120_REPORT") {
-            std::fs::write(
-                path,
-                variant_report(&results, &format!("NVRTC {}", compiler.nvrtc_build())),
-            )
-            .unwrap();
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+            let report = variant_report(&results, &format!("NVRTC {}", compiler.nvrtc_build()));
+            crate::fsio::write_atomic(&path, report.as_bytes())
+                .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Limits of the SM80/SM90 family and the checks of a configuration (the same limits the
+//! Limits of the SM90 family and the checks of a configuration (the same limits the
 //! template's `Sm90Config` / `DirectConfig` static_asserts enforce), its shared-memory size and
 //! register-ring budget.
 

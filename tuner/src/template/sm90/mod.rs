@@ -1,4 +1,4 @@
-//! The SM80/SM90 family: NVFP4 dequantized exactly to bf16 in registers, bf16 `mma.sync` m16n8k16.
+//! The SM90 family (H100 / H200): NVFP4 dequantized exactly to bf16 in registers, bf16 `mma.sync` m16n8k16.
 //!
 //! This module owns the Rust half of `templates/sm90/`: the constraints of a configuration (the same
 //! limits the template's `Sm90Config` asserts), its shared-memory size, the instantiation unit, the
