@@ -53,13 +53,19 @@ impl Baselines {
     }
 }
 
-/// The sample count a timing-policy line states ("..., 11 samples per candidate, ...").
+/// Most samples per candidate a timing policy may state (a baseline is expanded into that many
+/// pseudo-samples).
+pub const MAX_POLICY_SAMPLES: usize = 10_000;
+
+/// The sample count a timing-policy line states ("..., 11 samples per candidate, ..."), when it
+/// is 1 to [`MAX_POLICY_SAMPLES`].
 pub fn samples_per_candidate(policy: &str) -> Option<usize> {
     let words: Vec<&str> = policy.split_whitespace().collect();
     words.windows(3).find_map(|w| {
         (w[1] == "samples" && w[2].trim_end_matches(',') == "per")
             .then(|| w[0].parse::<usize>().ok())
             .flatten()
+            .filter(|n| (1..=MAX_POLICY_SAMPLES).contains(n))
     })
 }
 
@@ -68,7 +74,7 @@ pub fn from_table(table: &Table, origin: &str) -> Baselines {
     let mut notes = Vec::new();
     let n = samples_per_candidate(&table.timing_policy).unwrap_or_else(|| {
         notes.push(format!(
-            "{origin}: the timing policy does not state its samples per candidate; {ASSUMED_SAMPLES} assumed"
+            "{origin}: the timing policy does not state its samples per candidate (1 to {MAX_POLICY_SAMPLES}); {ASSUMED_SAMPLES} assumed"
         ));
         ASSUMED_SAMPLES
     });
@@ -202,6 +208,10 @@ mod tests {
             Some(25)
         );
         assert_eq!(samples_per_candidate("graph replay, median of 50"), None);
+        // a count no policy takes is not believed (it would expand into that many samples)
+        assert_eq!(samples_per_candidate("18446744073709551615 samples per candidate"), None);
+        assert_eq!(samples_per_candidate("0 samples per candidate"), None);
+        assert_eq!(samples_per_candidate("10000 samples per candidate"), Some(10_000));
     }
 
     #[test]

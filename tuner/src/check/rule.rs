@@ -164,7 +164,7 @@ fn interval_ranks(n: usize) -> (usize, usize) {
 }
 
 fn expand_summary(b: &SummaryBaseline) -> Result<Vec<f64>, RuleError> {
-    let ok = b.n >= 1
+    let ok = (1..=super::baseline::MAX_POLICY_SAMPLES).contains(&b.n)
         && [b.median, b.lo, b.hi].iter().all(|v| v.is_finite() && *v > 0.0)
         && b.lo <= b.median
         && b.median <= b.hi;

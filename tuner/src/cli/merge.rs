@@ -77,7 +77,14 @@ pub fn run(args: MergeArgs) -> Result<()> {
         }
     }
     let shards = fp4tune::tune::merge::check_shards(&logs)?;
-    let list = |v: &[u32]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    // at most 16 shard numbers, then how many more
+    let list = |v: &[u32]| {
+        let shown: Vec<String> = v.iter().take(16).map(|i| i.to_string()).collect();
+        match v.len() {
+            n if n > 16 => format!("{} and {} more", shown.join(", "), n - 16),
+            _ => shown.join(", "),
+        }
+    };
     if !shards.missing.is_empty()
         || !shards.unfinished.is_empty()
         || !shards.without_manifest.is_empty()

@@ -132,7 +132,15 @@ impl DiskCache {
         if !self.readable() {
             return None;
         }
-        let meta = std::fs::read(self.dir.join(format!("{key}.json"))).ok()?;
+        // regular files only (fsio::open_input): a FIFO or device planted in the folder is a
+        // miss, not a read that never ends
+        let read = |path: PathBuf| -> Option<Vec<u8>> {
+            use std::io::Read;
+            let mut bytes = Vec::new();
+            crate::fsio::open_input(&path).ok()?.read_to_end(&mut bytes).ok()?;
+            Some(bytes)
+        };
+        let meta = read(self.dir.join(format!("{key}.json")))?;
         // The version first, so that older metadata (without a hash) is a miss, not a parse error.
         #[derive(Deserialize)]
         struct Version {
@@ -143,7 +151,7 @@ impl DiskCache {
             return None;
         }
         let stored: StoredMeta = serde_json::from_slice(&meta).ok()?;
-        let cubin = std::fs::read(self.dir.join(format!("{key}.cubin"))).ok()?;
+        let cubin = read(self.dir.join(format!("{key}.cubin")))?;
         if cubin.is_empty() || sha256_hex(&cubin) != stored.cubin_sha256 {
             return None;
         }
@@ -287,6 +295,19 @@ mod tests {
         let (m, b) = c.get("abc").unwrap();
         assert_eq!(m, meta());
         assert_eq!(b, b"\x7fELF...");
+        // A FIFO in place of an entry's file is a miss, not a read that waits for ever.
+        #[cfg(unix)]
+        {
+            assert!(c.put("fifo", &meta(), b"\x7fELF"));
+            for ext in ["cubin", "json"] {
+                let f = c.dir().join(format!("fifo.{ext}"));
+                std::fs::remove_file(&f).unwrap();
+                let made = std::process::Command::new("mkfifo").arg(&f).status().unwrap();
+                assert!(made.success());
+                assert!(c.get("fifo").is_none());
+                std::fs::remove_file(&f).unwrap();
+            }
+        }
         // A cubin without metadata (writer killed between the two renames) is no entry.
         std::fs::write(c.dir().join("half.cubin"), b"x").unwrap();
         assert!(c.get("half").is_none());

@@ -107,8 +107,11 @@ impl fmt::Display for InvalidReason {
             }
             InvalidReason::BadRouting { routed_experts, experts_per_token } => write!(
                 f,
-                "routing {routed_experts} experts, {experts_per_token} per token: both must be > 0 \
-                 and experts_per_token <= routed_experts"
+                "routing {routed_experts} experts, {experts_per_token} per token: both must be > 0, \
+                 experts_per_token <= routed_experts, routed_experts <= {} and experts_per_token \
+                 <= {}",
+                super::MAX_EXPERTS,
+                super::MAX_EXPERTS_PER_TOKEN
             ),
             InvalidReason::ZeroDim { dim } => write!(f, "{dim} must be > 0"),
             InvalidReason::KNotBlockMultiple { k } => {

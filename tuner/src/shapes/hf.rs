@@ -20,7 +20,7 @@
 use super::error::{ParallelismReason, ShapeError};
 use super::{
     default_token_buckets, GemmShape, Op, Parallelism, Routing, ShapeFile, ShapeSet, MAX_DIM,
-    MAX_EXPERTS, MAX_LAYERS, SCHEMA_VERSION,
+    MAX_EXPERTS, MAX_EXPERTS_PER_TOKEN, MAX_LAYERS, SCHEMA_VERSION,
 };
 use serde::de::{Deserialize, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -239,8 +239,8 @@ impl HfMoeConfig {
         let experts_per_token = keys.at_most(
             "num_experts_per_tok",
             experts_per_token,
-            MAX_EXPERTS,
-            "an expert count of at most 65536",
+            MAX_EXPERTS_PER_TOKEN,
+            "at most 256 experts per token",
         )?;
         let experts = |key: &str| {
             let n = keys.positive(key)?;
@@ -302,6 +302,14 @@ impl HfMoeConfig {
                 // layers x list long).
                 let mlp_only: HashSet<u32> =
                     keys.u32_list("mlp_only_layers")?.into_iter().collect();
+                // a layer past the model's is a typo, not a rule to ignore
+                if let Some(&i) = mlp_only.iter().filter(|&&i| i >= num_layers).min() {
+                    return Err(keys.bad(
+                        "mlp_only_layers",
+                        "layer indices below num_hidden_layers",
+                        &Value::from(i),
+                    ));
+                }
                 let moe = (0..num_layers)
                     .filter(|i| !mlp_only.contains(i) && (i + 1) % step == 0)
                     .count();

@@ -113,6 +113,19 @@ fn qwen_mlp_only_layers_sparse_step_and_shared_expert() {
     assert_eq!(nk(&set, Op::SharedGateUp), Some((1024, 2048, 1, 23)));
     assert_eq!(nk(&set, Op::DenseGateUp), Some((6144, 2048, 1, 25)));
     assert_eq!(nk(&set, Op::DenseDown), Some((2048, 3072, 1, 25)));
+    // a listed layer past the model's 48 is refused, naming the key and the index
+    let text = edited("qwen3-moe-config.json", |o| {
+        o.insert("mlp_only_layers".into(), serde_json::json!([0, 999, 48]));
+    });
+    let e = HfMoeConfig::from_json(&text, "q.json").unwrap_err().to_string();
+    assert!(e.contains("q.json") && e.contains("mlp_only_layers") && e.contains("48"), "{e}");
+    // more experts per token than the routing bound (the grouped draw is per token and slot)
+    let text = edited("qwen3-moe-config.json", |o| {
+        o.insert("num_experts".into(), 65536.into());
+        o.insert("num_experts_per_tok".into(), 65536.into());
+    });
+    let e = HfMoeConfig::from_json(&text, "q.json").unwrap_err().to_string();
+    assert!(e.contains("num_experts_per_tok") && e.contains("256"), "{e}");
 }
 
 /// Qwen2-MoE and Qwen3-Next configs must size their shared expert (0: none; absent: the
@@ -393,8 +406,8 @@ fn huge_counts_and_sizes_are_refused_and_derivation_is_linear() {
     let e = HfMoeConfig::from_json(&text, "cfg.json").unwrap_err().to_string();
     assert!(e.starts_with("cfg.json: key \"num_hidden_layers\" must be a layer count of at most 10000, found 4294967295"), "{e}");
 
-    // The largest layer count with a list twenty times longer: linear, and right.
-    let odd: Vec<Value> = (0..200_000u32).filter(|i| i % 2 == 1).map(Value::from).collect();
+    // The largest layer count with a list of every odd layer: linear, and right.
+    let odd: Vec<Value> = (0..MAX_LAYERS).filter(|i| i % 2 == 1).map(Value::from).collect();
     let text = edited("qwen3-moe-config.json", |o| {
         o.insert("num_hidden_layers".into(), Value::from(MAX_LAYERS));
         o.insert("mlp_only_layers".into(), Value::Array(odd));

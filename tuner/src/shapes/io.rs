@@ -1,7 +1,9 @@
 //! Reading, checking and writing shape files (RON, schema-versioned).
 
 use super::error::{InvalidReason, ShapeError};
-use super::{ShapeFile, ShapeSet, MAX_DIM, MAX_EXPERTS, MAX_LAYERS, SCHEMA_VERSION};
+use super::{
+    ShapeFile, ShapeSet, MAX_DIM, MAX_EXPERTS, MAX_EXPERTS_PER_TOKEN, MAX_LAYERS, SCHEMA_VERSION,
+};
 use std::collections::HashSet;
 use std::path::Path;
 
@@ -153,6 +155,8 @@ impl ShapeSet {
         if r.routed_experts == 0
             || r.experts_per_token == 0
             || r.experts_per_token > r.routed_experts
+            || r.routed_experts > MAX_EXPERTS
+            || r.experts_per_token > MAX_EXPERTS_PER_TOKEN
         {
             return Err((
                 at_set(),
@@ -358,7 +362,8 @@ mod tests {
             let r = reason_after(|f| f.sets[0].parallelism = Parallelism::new(tp, ep)).1;
             assert_eq!(r, InvalidReason::BadParallelism { tp, ep });
         }
-        for (e, k) in [(0, 1), (8, 0), (2, 8)] {
+        // beyond the bounds too: a routed step draws per token and slot
+        for (e, k) in [(0, 1), (8, 0), (2, 8), (u32::MAX, 8), (u32::MAX, u32::MAX), (65_536, 257)] {
             let r = reason_after(|f| {
                 f.sets[0].routing = Routing { routed_experts: e, experts_per_token: k }
             })

@@ -42,6 +42,9 @@ pub const MAX_DIM: u32 = 1 << 20;
 pub const MAX_LAYERS: u32 = 10_000;
 /// Largest number of routed experts and of GEMMs of one shape per layer.
 pub const MAX_EXPERTS: u32 = 65_536;
+/// Largest number of experts a token is routed to (top_k; models route 1 to 16). With
+/// [`MAX_DIM`] tokens the routed ids of a step stay far below `i32::MAX`.
+pub const MAX_EXPERTS_PER_TOKEN: u32 = 256;
 
 /// Name of the shape set `fp4tune tune` uses when none is given (in the embedded GLM-5 file).
 pub const DEFAULT_SET: &str = "tp8";

@@ -176,6 +176,8 @@ pub enum ShardMergeError {
     Manifest(#[from] super::shard::ManifestError),
     #[error("{} and {}: shards of different campaigns ({what} differs: {a} vs {b}); merge each campaign's shards on their own", first.display(), other.display())]
     Mismatch { first: PathBuf, other: PathBuf, what: &'static str, a: String, b: String },
+    #[error("{}: its name says shard {index} of {count}: {why}", path.display())]
+    BadShard { path: PathBuf, index: u32, count: u32, why: String },
 }
 
 /// Read the manifests of the shard logs among `paths` and check they belong to one campaign:
@@ -194,6 +196,14 @@ pub fn check_shards(paths: &[PathBuf]) -> Result<ShardReport, ShardMergeError> {
         let Some(shard) = super::shard::Shard::of_file_name(&name) else {
             continue;
         };
+        if shard.count > super::shard::MAX_SHARDS {
+            return Err(ShardMergeError::BadShard {
+                path: p.clone(),
+                index: shard.index,
+                count: shard.count,
+                why: format!("a campaign has at most {} shards", super::shard::MAX_SHARDS),
+            });
+        }
         match &named {
             Some((fp, f)) if f.count != shard.count => {
                 return Err(ShardMergeError::Mismatch {
@@ -214,6 +224,14 @@ pub fn check_shards(paths: &[PathBuf]) -> Result<ShardReport, ShardMergeError> {
             }
             continue;
         };
+        if m.shard != shard {
+            return Err(ShardMergeError::BadShard {
+                path: mp,
+                index: shard.index,
+                count: shard.count,
+                why: format!("its manifest says shard {} of {}", m.shard.index, m.shard.count),
+            });
+        }
         if let Some((fp, f)) = &first {
             let mismatch = |what, a: String, b: String| ShardMergeError::Mismatch {
                 first: fp.clone(),
@@ -483,6 +501,15 @@ mod tests {
         let other = e.path().join(Shard { index: 0, count: 3 }.file_name("x-w4a16", "jsonl"));
         let err = check_shards(&[log, other]).unwrap_err().to_string();
         assert!(err.contains("shard count differs: 2 vs 3"), "{err}");
+        // a manifest that says another shard than its name, and a count past the bound
+        let (f, mut m) = shard(1, true);
+        m.shard = Shard { index: 5, count: 4 };
+        m.save(&Manifest::path_of_log(&f)).unwrap();
+        let err = check_shards(&[f]).unwrap_err().to_string();
+        assert!(err.contains("name says shard 1 of 4: its manifest says shard 5 of 4"), "{err}");
+        let huge = e.path().join("x-w4a16.shard-0-of-4294967295.jsonl");
+        let err = check_shards(&[huge]).unwrap_err().to_string();
+        assert!(err.contains("shard 0 of 4294967295") && err.contains("at most 4096"), "{err}");
     }
 
     #[test]

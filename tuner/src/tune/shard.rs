@@ -18,6 +18,10 @@ pub struct Shard {
     pub count: u32,
 }
 
+/// Most shards a campaign may have (a campaign of more shards than keys leaves shards idle; the
+/// default shape set has 80 keys).
+pub const MAX_SHARDS: u32 = 4096;
+
 /// The scheduler variables `--shard auto` reads.
 pub const SLURM_ID: &str = "SLURM_ARRAY_TASK_ID";
 pub const SLURM_COUNT: &str = "SLURM_ARRAY_TASK_COUNT";
@@ -31,15 +35,17 @@ pub const SHARD_COUNT: &str = "FP4TUNE_SHARD_COUNT";
 /// Why a shard could not be determined (one line each, naming the variable at fault).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ShardError {
-    #[error("--shard `{0}`: expected auto or i/n with 0 <= i < n (e.g. 3/8)")]
+    #[error("--shard `{0}`: expected auto or i/n with 0 <= i < n <= {MAX_SHARDS} (e.g. 3/8)")]
     Syntax(String),
+    #[error("--shard auto: {var}={count}: at most {MAX_SHARDS} shards")]
+    TooMany { var: &'static str, count: u32 },
     #[error("--shard auto: {var}=`{value}` is not a non-negative integer")]
     NotANumber { var: &'static str, value: String },
     #[error("--shard auto: {var} is not set ({why})")]
     Missing { var: &'static str, why: &'static str },
     #[error("--shard auto: {var}=0: a campaign needs at least one shard")]
     ZeroCount { var: &'static str },
-    #[error("--shard auto: {var}={value} gives shard index {index}, not below the count {count} ({count_var})")]
+    #[error("--shard auto: {var}={value} gives shard index {index} (the array index less its minimum), not in 0..{count} ({count_var})")]
     OutOfRange { var: &'static str, value: u32, index: i64, count: u32, count_var: &'static str },
     #[error(
         "--shard auto: {SLURM_MIN}={min} and {SLURM_MAX}={max} span {span} indices but \
@@ -90,7 +96,7 @@ impl Shard {
         let (i, n) = s.split_once('/').ok_or_else(err)?;
         let index: u32 = i.trim().parse().map_err(|_| err())?;
         let count: u32 = n.trim().parse().map_err(|_| err())?;
-        if count == 0 || index >= count {
+        if count == 0 || index >= count || count > MAX_SHARDS {
             return Err(err());
         }
         Ok(Self { index, count })
@@ -144,6 +150,9 @@ impl Shard {
         };
         if count == 0 {
             return Err(ShardError::ZeroCount { var: count_var });
+        }
+        if count > MAX_SHARDS {
+            return Err(ShardError::TooMany { var: count_var, count });
         }
         let index = id as i64 - min as i64;
         if index < 0 || index >= count as i64 {
@@ -274,9 +283,12 @@ mod tests {
     #[test]
     fn explicit_shards_parse() {
         assert_eq!(Shard::parse("3/8").unwrap(), Shard { index: 3, count: 8 });
-        for bad in ["2/2", "x/2", "1", "0/0", "-1/4", "1/x"] {
+        for bad in ["2/2", "x/2", "1", "0/0", "-1/4", "1/x", "0/4097", "0/4294967295"] {
             assert!(Shard::parse(bad).is_err(), "{bad}");
         }
+        assert_eq!(Shard::parse("4095/4096").unwrap(), Shard { index: 4095, count: 4096 });
+        let e = Shard::from_env(env(&[(K8S_INDEX, "0"), (SHARD_COUNT, "5000")])).unwrap_err();
+        assert_eq!(e, ShardError::TooMany { var: SHARD_COUNT, count: 5000 });
         assert_eq!(ShardArg::parse("auto").unwrap(), ShardArg::Auto);
         assert_eq!(ShardArg::parse("0/2").unwrap(), ShardArg::Fixed(Shard { index: 0, count: 2 }));
     }
