@@ -111,6 +111,26 @@ pub(crate) fn warn_stderr(args: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "warning: {args}");
 }
 
+/// For commands whose exit status is their result (`check`, `selftest`): a standard output that
+/// could not take their report (a full disk; not a closed pipe, which is the reader's choice) is
+/// said on standard error, once, and the exit status stands.
+pub(crate) fn note_lost_stdout(result: std::io::Result<()>) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if let Err(e) = result.and_then(|()| {
+        use std::io::Write as _;
+        std::io::stdout().lock().flush()
+    }) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            SAID.call_once(|| {
+                warn_stderr(format_args!(
+                    "writing to standard output: {e}: the report lines are lost (the exit status \
+                     and the files written stand)"
+                ))
+            });
+        }
+    }
+}
+
 /// Print the compiler's cache warning (a cubin cache folder it does not use or cannot write), each
 /// distinct warning at most once per process however many compilers a command makes. Called when
 /// the compiler is made and again after its compiles (a store can fail later, e.g. a full disk).

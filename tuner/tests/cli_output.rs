@@ -111,6 +111,24 @@ fn a_full_stdout_is_a_one_line_error() {
         let ok = Command::new(fp4tune()).args(args).output().unwrap();
         assert!(ok.status.success() && !ok.stdout.is_empty(), "{args:?}");
     }
+    // selftest and check keep their exit status (their result) and say the lines were lost
+    let dir = tempfile::tempdir().unwrap();
+    for args in [&["selftest"][..], &["check", "--table", "../results/nvidia-h200.ron", "--out"]] {
+        let mut args = args.to_vec();
+        let out_dir = dir.path().join("ck");
+        if args[0] == "check" {
+            args.push(out_dir.to_str().unwrap());
+        }
+        let out = Command::new(fp4tune())
+            .args(&args)
+            .stdout(std::fs::OpenOptions::new().write(true).open(full).unwrap())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let plain = Command::new(fp4tune()).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), plain.status.code(), "{args:?}: {err}");
+        assert!(err.contains("the report lines are lost") && !err.contains("panicked"), "{err}");
+    }
 }
 
 /// A command that fails keeps what it was given: merge refuses records that make no valid
@@ -306,4 +324,127 @@ fn compile_emit_is_all_or_nothing() {
     assert_clean_error(ok, &err, &["writing the kernel sources into", "is not a regular file"]);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert_eq!(std::fs::read_dir(d.join("some")).unwrap().count(), 1, "nothing else written");
+}
+
+/// `report` never writes a figure over one of its inputs, and two inputs that would make one
+/// figure are named, not merged or overwritten.
+#[test]
+fn report_keeps_its_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+    std::fs::create_dir(d.join("f")).unwrap();
+    let csv = std::fs::read(results.join("h200/bench-w4a16.csv")).unwrap();
+    let disguised = d.join("f/time-vs-m-n512-k6144-w4a16.svg");
+    std::fs::write(&disguised, &csv).unwrap();
+    let (ok, err) = run(
+        &fp4tune(),
+        &["report", "--out", "f", "--bench", "f/time-vs-m-n512-k6144-w4a16.svg"],
+        d,
+    );
+    assert_clean_error(ok, &err, &["would replace the input", "time-vs-m-n512-k6144-w4a16.svg"]);
+    assert_eq!(std::fs::read(&disguised).unwrap(), csv, "the input is intact");
+    // two bench-moe CSVs of different layers under one set name
+    let glm = results.join("h200/bench-moe.csv");
+    let qwen = results.join("h200/heldout-qwen3-30b-a3b-tp8/bench-moe.csv");
+    let (ok, err) = run(
+        &fp4tune(),
+        &["report", "--out", "g", "--bench", glm.to_str().unwrap(), qwen.to_str().unwrap()],
+        d,
+    );
+    assert_clean_error(ok, &err, &["for different layers", "heldout-qwen3-30b-a3b-tp8"]);
+    assert!(!d.join("g").exists() || std::fs::read_dir(d.join("g")).unwrap().count() == 0);
+    // two logs of one name
+    let log = results.join("h200/nvidia-h200-w4a16.jsonl.gz");
+    let other = results.join("h200/heldout-qwen3-30b-a3b-tp8/nvidia-h200-w4a16.jsonl.gz");
+    if other.exists() {
+        let (ok, err) = run(
+            &fp4tune(),
+            &[
+                "report",
+                "--out",
+                "h",
+                "--log",
+                log.to_str().unwrap(),
+                "--log",
+                other.to_str().unwrap(),
+            ],
+            d,
+        );
+        assert_clean_error(ok, &err, &["both make the figure search-nvidia-h200-w4a16"]);
+    }
+}
+
+/// `merge` of a sharded campaign writes neither over a shard's manifest nor over the partial
+/// table a manifest names; that table missing is said, and one of another GPU is refused.
+#[test]
+fn merge_keeps_the_campaigns_manifests_and_partial_tables() {
+    use fp4tune::tune::shard::{Manifest, Shard, MANIFEST_SCHEMA_VERSION};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+    let table = fp4tune::table::Table::load(&results.join("nvidia-h200.ron")).unwrap();
+    // two timed records of the committed tune, with their measurement context
+    let log = fp4tune::tune::log::read(&results.join("h200/nvidia-h200-w4a16.jsonl.gz")).unwrap();
+    let mut records: Vec<fp4tune::tune::log::Record> = Vec::new();
+    for r in log.into_iter().filter(|r| r.context.is_some() && r.method.is_fused()) {
+        if matches!(r.outcome, fp4tune::tune::log::Outcome::Timed { .. })
+            && !records.iter().any(|x| x.key == r.key)
+        {
+            records.push(r);
+        }
+        if records.len() == 2 {
+            break;
+        }
+    }
+    let keys: Vec<_> = records.iter().map(|r| r.key.clone()).collect();
+    let camp = d.join("camp");
+    for (i, r) in records.iter().enumerate() {
+        let s = Shard { index: i as u32, count: 2 };
+        let log = camp.join(s.file_name("nvidia-h200-w4a16", "jsonl"));
+        fp4tune::fsio::create_parent_dir(&log).unwrap();
+        std::fs::write(&log, format!("{}\n", serde_json::to_string(r).unwrap())).unwrap();
+        Manifest {
+            schema_version: MANIFEST_SCHEMA_VERSION,
+            shard: s,
+            device: r.device.clone(),
+            compute_capability: r.compute_capability,
+            template_hash: r.template_hash.clone(),
+            campaign_keys: keys.clone(),
+            keys: vec![r.key.clone()],
+            finished: true,
+            table: s.file_name("nvidia-h200", "ron"),
+        }
+        .save(&Manifest::path_of_log(&log))
+        .unwrap();
+    }
+    let manifest = camp.join("nvidia-h200-w4a16.shard-1-of-2.manifest.json");
+    let partial = camp.join("nvidia-h200.shard-0-of-2.ron");
+    let kept = std::fs::read(&manifest).unwrap();
+    for (flag, target) in [("--out", &manifest), ("--table", &partial)] {
+        std::fs::write(&partial, table.to_ron_string()).unwrap();
+        let before = std::fs::read(&partial).unwrap();
+        let mut args = vec!["merge", "camp", "--out", "o.jsonl", "--table", "o.ron"];
+        let at = if flag == "--out" { 3 } else { 5 };
+        args[at] = target.to_str().unwrap();
+        let (ok, err) = run(&fp4tune(), &args, d);
+        assert_clean_error(ok, &err, &["an input of the merge", flag]);
+        assert_eq!(std::fs::read(&manifest).unwrap(), kept);
+        assert_eq!(std::fs::read(&partial).unwrap(), before);
+    }
+    // shard 0's partial table of another GPU is refused; missing, it is said
+    let h100 = std::fs::read_to_string(results.join("nvidia-h100-80gb-hbm3.ron")).unwrap();
+    std::fs::write(&partial, h100).unwrap();
+    let (ok, err) = run(&fp4tune(), &["merge", "camp", "--out", "o.jsonl", "--table", "o.ron"], d);
+    assert_clean_error(ok, &err, &["nvidia-h200.shard-0-of-2.ron", "H100", "not of the merged"]);
+    assert!(!d.join("o.ron").exists());
+    std::fs::remove_file(&partial).unwrap();
+    let out = Command::new(fp4tune())
+        .args(["merge", "camp", "--out", "o.jsonl", "--table", "o.ron"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("shard 0's partial table") && err.contains("is missing"), "{err}");
 }

@@ -78,8 +78,8 @@ pub fn run(args: CheckArgs) -> Result<()> {
             let exit = check::exit_status(&report);
             // The exit status is the result: a closed standard output or error (`| head`) must not
             // turn it into a panic, so write errors are ignored here.
-            let _ = writeln!(std::io::stdout().lock(), "{}", report.to_markdown());
-            let _ = match paths {
+            crate::note_lost_stdout(writeln!(std::io::stdout().lock(), "{}", report.to_markdown()));
+            crate::note_lost_stdout(match paths {
                 Written::Files(paths) => {
                     writeln!(std::io::stdout().lock(), "wrote {}", paths.join(" and "))
                 }
@@ -87,7 +87,7 @@ pub fn run(args: CheckArgs) -> Result<()> {
                     std::io::stdout().lock(),
                     "kept the earlier report in {dir}: this run could not check"
                 ),
-            };
+            });
             let _ = writeln!(
                 std::io::stderr().lock(),
                 "fp4tune check: exit {}: {}",

@@ -77,6 +77,25 @@ pub fn run(args: MergeArgs) -> Result<()> {
         }
     }
     let shards = fp4tune::tune::merge::check_shards(&logs)?;
+    // Nor on a shard's manifest or on the partial table a manifest names (inputs too).
+    let partial_tables = partial_tables(&logs, &shards);
+    for (flag, path) in std::iter::once(("--out", &out)).chain(table.iter().map(|t| ("--table", t)))
+    {
+        let manifests = logs.iter().filter_map(|l| {
+            let name = l.file_name()?.to_string_lossy().into_owned();
+            fp4tune::tune::shard::Shard::of_file_name(&name)
+                .map(|_| fp4tune::tune::shard::Manifest::path_of_log(l))
+        });
+        for input in manifests.chain(partial_tables.iter().map(|(_, p)| p.clone())) {
+            if same(path, &input)? {
+                bail!(
+                    "{flag} {} is {}, an input of the merge: write the result to another file",
+                    path.display(),
+                    input.display()
+                );
+            }
+        }
+    }
     // at most 16 shard numbers, then how many more
     let list = |v: &[u32]| {
         let shown: Vec<String> = v.iter().take(16).map(|i| i.to_string()).collect();
@@ -125,23 +144,44 @@ pub fn run(args: MergeArgs) -> Result<()> {
         Some(path) => {
             let (mut t, sel) =
                 fp4tune::tune::emit::dispatch_table(&records, &SelectRules::default())?;
-            // The grouped MoE entries of a sharded campaign are in shard 0's partial table.
-            for m in &shards.present {
-                let Some(dir) = logs.iter().find_map(|l| {
-                    let name = l.file_name()?.to_string_lossy().into_owned();
-                    (fp4tune::tune::shard::Shard::of_file_name(&name) == Some(m.shard))
-                        .then(|| l.parent().map(|p| p.to_path_buf()))
-                        .flatten()
-                }) else {
-                    continue;
-                };
-                let part = dir.join(&m.table);
-                if part.exists() {
-                    let p = fp4tune::table::Table::load(&part)?;
-                    if !p.moe.is_empty() && t.moe.is_empty() {
-                        t.moe = p.moe;
-                        t.moe_template_hash = p.moe_template_hash;
+            // The grouped MoE entries of a sharded campaign are in shard 0's partial table, of
+            // the merged records' GPU and templates.
+            for (index, part) in &partial_tables {
+                if !part.exists() {
+                    if *index == 0 {
+                        warnln!(
+                            "{}: shard 0's partial table, which holds the grouped MoE entries, \
+                             is missing: the merged table has none",
+                            part.display()
+                        );
                     }
+                    continue;
+                }
+                let p = fp4tune::table::Table::load(part)?;
+                if p.device.name != t.device.name
+                    || p.device.compute_capability != t.device.compute_capability
+                {
+                    bail!(
+                        "{}: a table of {} ({}.{}), not of the merged records' {} ({}.{})",
+                        part.display(),
+                        p.device.name,
+                        p.device.compute_capability.0,
+                        p.device.compute_capability.1,
+                        t.device.name,
+                        t.device.compute_capability.0,
+                        t.device.compute_capability.1
+                    );
+                }
+                if p.template_hashes != t.template_hashes {
+                    bail!(
+                        "{}: its GEMM template hashes are not the merged records': a table of \
+                         another build or campaign",
+                        part.display()
+                    );
+                }
+                if !p.moe.is_empty() && t.moe.is_empty() {
+                    t.moe = p.moe;
+                    t.moe_template_hash = p.moe_template_hash;
                 }
             }
             let inputs = logs.iter().map(|l| l.display().to_string()).collect::<Vec<_>>();
@@ -176,4 +216,25 @@ pub fn run(args: MergeArgs) -> Result<()> {
         outln!("wrote the dispatch table {}", path.display())?;
     }
     Ok(())
+}
+
+/// (shard index, path) of the partial table each present shard's manifest names, next to the
+/// shard's log.
+fn partial_tables(
+    logs: &[PathBuf],
+    shards: &fp4tune::tune::merge::ShardReport,
+) -> Vec<(u32, PathBuf)> {
+    shards
+        .present
+        .iter()
+        .filter_map(|m| {
+            let dir = logs.iter().find_map(|l| {
+                let name = l.file_name()?.to_string_lossy().into_owned();
+                (fp4tune::tune::shard::Shard::of_file_name(&name) == Some(m.shard))
+                    .then(|| l.parent().map(|p| p.to_path_buf()))
+                    .flatten()
+            })?;
+            Some((m.shard.index, dir.join(&m.table)))
+        })
+        .collect()
 }

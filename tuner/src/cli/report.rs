@@ -38,10 +38,39 @@ pub fn run(a: ReportArgs) -> Result<()> {
     }
     let mut gemm = Vec::new();
     let mut moe = Vec::new();
+    // (set, op) -> (layer, file): one figure per set and op, so one layer per set and op
+    let mut layers = std::collections::BTreeMap::new();
     for p in &a.bench {
         match figures::read_bench(p)? {
             BenchFile::Gemm(rows) if !rows.is_empty() => gemm.extend(rows),
-            BenchFile::Moe(rows) if !rows.is_empty() => moe.extend(rows),
+            BenchFile::Moe(rows) if !rows.is_empty() => {
+                for r in &rows {
+                    let layer = (r.n, r.k, r.experts, r.top_k);
+                    let (first, from) = layers
+                        .entry((r.set.clone(), r.op.clone()))
+                        .or_insert_with(|| (layer, p.clone()));
+                    if *first != layer {
+                        bail!(
+                            "{} and {}: both hold {} of set {} for different layers (N {} K {} \
+                             {} experts top-{} against N {} K {} {} experts top-{}): one \
+                             figure per set and op; give them to separate reports",
+                            from.display(),
+                            p.display(),
+                            r.op,
+                            r.set,
+                            first.0,
+                            first.1,
+                            first.2,
+                            first.3,
+                            r.n,
+                            r.k,
+                            r.experts,
+                            r.top_k
+                        );
+                    }
+                }
+                moe.extend(rows)
+            }
             _ => bail!("{}: holds no rows (a header alone): nothing of it to plot", p.display()),
         }
     }
@@ -56,15 +85,41 @@ pub fn run(a: ReportArgs) -> Result<()> {
     charts.extend(figures::moe_step(&moe));
     let kinds: Vec<StrategyKind> =
         a.strategy.iter().map(|s| StrategyKind::parse(s)).collect::<Result<_, _>>()?;
+    let mut log_figures: Vec<(String, &PathBuf)> = Vec::new();
     for l in &a.log {
         // the log's errors name it
         let records = fp4tune::tune::log::read(l)?;
-        charts.push(figures::search_curves(&records, &kinds, a.budget, &l.display().to_string())?);
+        let chart = figures::search_curves(&records, &kinds, a.budget, &l.display().to_string())?;
+        if let Some((_, other)) = log_figures.iter().find(|(f, _)| *f == chart.file) {
+            bail!(
+                "{} and {} both make the figure {} (logs of the same name): give them to \
+                 separate reports",
+                other.display(),
+                l.display(),
+                chart.file
+            );
+        }
+        log_figures.push((chart.file.clone(), l));
+        charts.push(chart);
     }
     // Charts without data (a shape with rows that carry no time) are skipped, not drawn blank.
     charts.retain(|c| c.series.iter().any(|s| !s.points.is_empty()));
     if charts.is_empty() {
         bail!("nothing to plot: the tables, logs and CSVs given hold no timed rows");
+    }
+    // A figure is never written over an input (a CSV, log or table kept in --out).
+    for c in &charts {
+        let out = a.out.join(&c.file);
+        for input in a.bench.iter().chain(&a.log).chain(&a.table) {
+            if fp4tune::fsio::same_file(&out, input)? {
+                bail!(
+                    "--out {}: the figure {} would replace the input {}",
+                    a.out.display(),
+                    c.file,
+                    input.display()
+                );
+            }
+        }
     }
     let files = fp4tune::plot::write_all(&charts, &a.out)?;
     for f in &files {

@@ -50,7 +50,7 @@ fn selftest(a: &SelftestArgs) -> Exit {
     crate::warn_cache(&compiler);
     let opts = Options { device: a.device, table: table.as_ref().map(|(t, o)| (t, o.as_str())) };
     let report = selftest::run(&compiler, &opts, &mut |c| {
-        let _ = writeln!(std::io::stdout().lock(), "{}", c.line());
+        crate::note_lost_stdout(writeln!(std::io::stdout().lock(), "{}", c.line()));
     });
     selftest::exit_status(&report)
 }

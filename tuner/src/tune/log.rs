@@ -103,6 +103,7 @@ impl Outcome {
 /// How and where a campaign measured: stored with its records so that merged logs can produce a
 /// complete dispatch table without the GPU.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Context {
     pub sm_count: u32,
     pub driver_version: (i32, i32),
@@ -120,8 +121,10 @@ pub struct Context {
     pub timing_policy: String,
 }
 
-/// One evaluated candidate.
+/// One evaluated candidate. A misspelled field is an error, not a record read without it (a
+/// `methd` would read a composite record as a fused one).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Record {
     pub schema_version: u32,
     pub key: TableKey,
@@ -536,6 +539,11 @@ pub(crate) mod tests {
         let v1 = good.replace("\"schema_version\":2", "\"schema_version\":1");
         std::fs::write(&path, format!("{v1}\n")).unwrap();
         assert_eq!(read(&path).unwrap()[0].method, Method::Fused);
+        // A misspelled field is an error naming the line and the field, not dropped.
+        let typo = good.replace("\"at\":", "\"att\":");
+        std::fs::write(&path, format!("{good}\n{typo}\n")).unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("log.jsonl:2") && e.contains("att"), "{e}");
         let v9 = good.replace("\"schema_version\":2", "\"schema_version\":9");
         std::fs::write(&path, format!("{v9}\n")).unwrap();
         let e = read(&path).unwrap_err().to_string();

@@ -224,6 +224,21 @@ pub fn check_shards(paths: &[PathBuf]) -> Result<ShardReport, ShardMergeError> {
             }
             continue;
         };
+        let plain_name = std::path::Path::new(&m.table)
+            .file_name()
+            .is_some_and(|n| n.to_str() == Some(m.table.as_str()));
+        if !plain_name || m.table.ends_with(".gz") || !m.table.ends_with(".ron") {
+            return Err(ShardMergeError::BadShard {
+                path: mp,
+                index: shard.index,
+                count: shard.count,
+                why: format!(
+                    "its manifest's table `{}` is not the file name of a table (.ron) next to \
+                     the log",
+                    m.table
+                ),
+            });
+        }
         if m.shard != shard {
             return Err(ShardMergeError::BadShard {
                 path: mp,
@@ -510,6 +525,14 @@ mod tests {
         let huge = e.path().join("x-w4a16.shard-0-of-4294967295.jsonl");
         let err = check_shards(&[huge]).unwrap_err().to_string();
         assert!(err.contains("shard 0 of 4294967295") && err.contains("at most 4096"), "{err}");
+        // the partial table a manifest names is a file name next to its log
+        for bad in ["", "/etc/passwd", "../x.ron", "sub/x.ron", "x.jsonl"] {
+            let (f, mut m) = shard(1, true);
+            m.table = bad.into();
+            m.save(&Manifest::path_of_log(&f)).unwrap();
+            let err = check_shards(&[f]).unwrap_err().to_string();
+            assert!(err.contains("manifest.json") && err.contains("not the file name"), "{err}");
+        }
     }
 
     #[test]
