@@ -344,6 +344,11 @@ fn report_keeps_its_inputs() {
     );
     assert_clean_error(ok, &err, &["would replace the input", "time-vs-m-n512-k6144-w4a16.svg"]);
     assert_eq!(std::fs::read(&disguised).unwrap(), csv, "the input is intact");
+    // one input twice
+    let bench = results.join("h200/bench-w4a16.csv");
+    let b = bench.to_str().unwrap();
+    let (ok, err) = run(&fp4tune(), &["report", "--out", "t", "--bench", b, "--bench", b], d);
+    assert_clean_error(ok, &err, &["given twice"]);
     // two bench-moe CSVs of different layers under one set name
     let glm = results.join("h200/bench-moe.csv");
     let qwen = results.join("h200/heldout-qwen3-30b-a3b-tp8/bench-moe.csv");

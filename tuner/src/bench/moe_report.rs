@@ -106,8 +106,15 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
         }
         let f: Vec<&str> = line.split(',').collect();
         let bad = || format!("{origin}:{}: not a bench-moe row: {line}", i + 1);
-        if f.len() < 17 {
+        if f.len() != 17 {
             return Err(bad());
+        }
+        let op = f[0].trim();
+        if !crate::moe::MoeOp::ALL.iter().any(|o| o.as_str() == op) && op != "moe_layer" {
+            return Err(format!(
+                "{origin}:{}: op `{op}` is none of moe_gate_up, moe_down, moe_layer: {line}",
+                i + 1
+            ));
         }
         let u = |s: &str| s.trim().parse::<u32>().map_err(|_| bad());
         // times are 0 (not measured) or within what a report shows; the three times of a row of
@@ -151,6 +158,22 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
             verified: u(f[15])? as usize,
             failed: u(f[16])? as usize,
         });
+        let r = rows.last().expect("pushed above");
+        let sizes =
+            [("N", r.n), ("K", r.k), ("experts", r.experts), ("top_k", r.top_k), ("B", r.tokens)];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{origin}:{}: {name} is 0: {line}", i + 1));
+        }
+        let measured = [r.median_us, r.lo_us, r.hi_us].iter().all(|t| *t > 0.0);
+        if measured && !(r.lo_us <= r.median_us && r.median_us <= r.hi_us) {
+            return Err(format!(
+                "{origin}:{}: the median {} us is outside its interval [{}, {}]: {line}",
+                i + 1,
+                r.median_us,
+                r.lo_us,
+                r.hi_us
+            ));
+        }
     }
     Ok(rows)
 }
@@ -351,7 +374,7 @@ mod tests {
     }
 
     #[test]
-    fn csv_round_trips_and_has_the_issue_columns_first() {
+    fn csv_round_trips_and_has_the_result_columns_first() {
         let rows = vec![row("fp4tune_grouped", 1, 8.5), row("torch_grouped_mm_bf16", 1, 37.8)];
         let text = csv(&rows);
         assert!(text.starts_with(
@@ -392,6 +415,22 @@ mod tests {
         assert_ne!(timed, text);
         assert!(parse_csv(&timed, "h.csv").unwrap_err().contains("not a time"), "{timed}");
         assert!(parse_csv(&roof, "g.csv").unwrap_err().contains("not a time"), "{roof}");
+        // rows no benchmark writes: an unknown op, a size of 0, a median outside its interval,
+        // a field more
+        let good = csv(&rows);
+        let line2 = good.lines().nth(1).unwrap().to_string();
+        let with = |l: String| format!("{CSV_HEADER}\n{l}\n");
+        let cases = [
+            (line2.replacen("moe_gate_up", "moe_bogus", 1), "op `moe_bogus`"),
+            (line2.replacen(",8,", ",0,", 1), "top_k is 0"),
+            (line2.replacen("8.500,", "99.000,", 1), "outside its interval"),
+            (format!("{line2},extra"), "not a bench-moe row"),
+        ];
+        for (l, want) in cases {
+            assert_ne!(l, line2);
+            let err = parse_csv(&with(l), "r.csv").unwrap_err();
+            assert!(err.starts_with("r.csv:2:") && err.contains(want), "{want}: {err}");
+        }
     }
 
     #[test]

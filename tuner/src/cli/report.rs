@@ -36,6 +36,15 @@ pub fn run(a: ReportArgs) -> Result<()> {
     if !(a.budget > 0.0 && a.budget <= 1.0) {
         bail!("--budget {} is not in (0, 1]", a.budget);
     }
+    // each input once (a file given twice would draw its points twice)
+    let inputs: Vec<&PathBuf> = a.bench.iter().chain(&a.log).chain(&a.table).collect();
+    for (i, x) in inputs.iter().enumerate() {
+        for y in &inputs[i + 1..] {
+            if fp4tune::fsio::same_file(x, y)? {
+                bail!("{} and {} are the same file, given twice", x.display(), y.display());
+            }
+        }
+    }
     let mut gemm = Vec::new();
     let mut moe = Vec::new();
     // (set, op) -> (layer, file): one figure per set and op, so one layer per set and op

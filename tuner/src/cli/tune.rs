@@ -184,7 +184,10 @@ pub fn run(args: TuneArgs) -> Result<()> {
     buckets.sort_unstable();
     buckets.dedup();
     if buckets.is_empty() {
-        bail!("no token bucket of set `{}` is <= --max-m {max_m}", set.name);
+        if only_buckets.is_empty() {
+            bail!("no token bucket of set `{}` is <= --max-m {max_m}", set.name);
+        }
+        bail!("--buckets: none of {only_buckets:?} is <= --max-m {max_m}");
     }
     let seeds = policy::seeds(&dims, &buckets, a_type);
     let exhaustive = matches!(strategy, fp4tune::search::StrategyKind::Exhaustive);

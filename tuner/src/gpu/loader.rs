@@ -108,7 +108,8 @@ pub fn load_nvrtc() -> Result<&'static LoadedLib, NvrtcNotFound> {
 fn find_and_load_nvrtc() -> Result<LoadedLib, NvrtcNotFound> {
     let mut searched = Vec::new();
     let mut explicit: Vec<PathBuf> = Vec::new();
-    if let Some(p) = std::env::var_os("FP4TUNE_NVRTC") {
+    // an empty variable counts as unset (as FP4TUNE_CACHE does)
+    if let Some(p) = std::env::var_os("FP4TUNE_NVRTC").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         // An explicit choice that does not exist is an error, not a reason to pick another NVRTC.
         if !p.is_file() {

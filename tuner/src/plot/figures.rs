@@ -47,6 +47,12 @@ pub fn parse_bench_csv(text: &str, origin: &str) -> Result<Vec<BenchPoint>, Plot
         Some((_, h)) => h.split(',').map(str::trim).collect(),
         None => return Err(PlotError::Input(format!("{origin}: empty CSV"))),
     };
+    if let Some(twice) = header.iter().enumerate().find(|(i, h)| header[..*i].contains(h)) {
+        return Err(PlotError::Input(format!(
+            "{origin}:1: the column `{}` is named twice",
+            twice.1
+        )));
+    }
     let col = |name: &str| {
         header.iter().position(|h| *h == name).ok_or_else(|| {
             PlotError::Input(format!("{origin}: no column `{name}` (not a bench CSV)"))
@@ -76,7 +82,26 @@ pub fn parse_bench_csv(text: &str, origin: &str) -> Result<Vec<BenchPoint>, Plot
                 ))
             })
         };
-        let int = |c: usize| get(c)?.parse::<u32>().map_err(|_| bad());
+        if f.len() != header.len() {
+            return Err(PlotError::Input(format!(
+                "{origin}:{}: {} fields for {} columns: {line}",
+                i + 1,
+                f.len(),
+                header.len()
+            )));
+        }
+        // sizes are positive: a row of N, K or M 0 is no measurement
+        let int = |c: usize| {
+            let v = get(c)?.parse::<u32>().map_err(|_| bad())?;
+            if v == 0 {
+                return Err(PlotError::Input(format!(
+                    "{origin}:{}: {} is 0: {line}",
+                    i + 1,
+                    header[c]
+                )));
+            }
+            Ok(v)
+        };
         out.push(BenchPoint {
             shape: get(shape)?.to_string(),
             n: int(n)?,
@@ -428,6 +453,17 @@ mod tests {
             );
             let e = parse_bench_csv(&text, "d.csv").unwrap_err().to_string();
             assert!(e.starts_with("d.csv:2:") && e.contains("not a time"), "{median}: {e}");
+        }
+        // a size of 0, a field more, a column named twice
+        let head = "shape,N,K,M,a_type,impl,median_us,roofline_us,read_floor_us";
+        for (text, want) in [
+            (format!("{head}\ns,0,6144,1,w4a16,f,3.0,0.4,1.8\n"), "d.csv:2: N is 0"),
+            (format!("{head}\ns,512,6144,0,w4a16,f,3.0,0.4,1.8\n"), "d.csv:2: M is 0"),
+            (format!("{head}\ns,512,6144,1,w4a16,f,3.0,0.4,1.8,9\n"), "d.csv:2: 10 fields"),
+            (format!("{head},M\ns,512,6144,1,w4a16,f,3.0,0.4,1.8,1\n"), "`M` is named twice"),
+        ] {
+            let e = parse_bench_csv(&text, "d.csv").unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
         }
     }
 

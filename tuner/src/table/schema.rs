@@ -322,13 +322,14 @@ pub enum TableError {
     ShapeFile { origin: String },
     #[error("{origin}: {at}: {reason}")]
     Invalid { origin: String, at: String, reason: String },
-    #[error("{origin}: the table does not match this device or these kernel sources:\n  {}",
-        mismatches.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("\n  "))]
+    #[error("{origin}: the table does not match this device or these kernel sources: {}",
+        mismatches.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; "))]
     Mismatch { origin: String, mismatches: Vec<super::Mismatch> },
 }
 
 /// Only the version, read first so a table of another schema gets a version error, not a field error.
 #[derive(Deserialize)]
+#[serde(rename = "Table")]
 struct VersionProbe {
     schema_version: u32,
 }

@@ -29,6 +29,20 @@ impl Table {
                 ),
             ));
         }
+        // text that summaries print on one line: no line breaks or terminal escapes
+        let mut texts: Vec<(&str, &str)> =
+            vec![("device.name", &self.device.name), ("timing_policy", &self.timing_policy)];
+        if let Some(c) = &self.campaign {
+            texts.extend([("campaign.cache", &*c.cache), ("campaign.strategy", &c.strategy)]);
+            texts.push(("campaign.budget", &c.budget));
+            texts.extend(c.shards.iter().map(|s| ("campaign.shards", s.as_str())));
+        }
+        if let Some((at, text)) = texts.iter().find(|(_, t)| t.chars().any(char::is_control)) {
+            return Err(invalid(
+                at.to_string(),
+                format!("{text:?} holds a control character (a line break or terminal escape)"),
+            ));
+        }
         if self.entries.is_empty() && self.moe.is_empty() {
             return Err(TableError::Empty { origin: origin.to_string() });
         }
@@ -356,6 +370,8 @@ mod tests {
         check(&|t| t.template_hashes.clear(), "no template hash");
         check(&|t| t.device.compute_capability = (12, 0), "runs on compute capability 9.0");
         check(&|t| t.entries[0].runners_up[0].config.stages = 0, "illegal runner-up");
+        check(&|t| t.device.name = "NVIDIA\nH200".into(), "device.name: \"NVIDIA\\nH200\" holds");
+        check(&|t| t.timing_policy = "x\u{1b}[31m".into(), "timing_policy");
     }
 
     #[test]

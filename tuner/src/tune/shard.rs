@@ -57,6 +57,11 @@ pub enum ShardError {
          job, {K8S_INDEX} for a Kubernetes indexed Job); use --shard i/n elsewhere"
     )]
     NoScheduler,
+    #[error(
+        "--shard auto: both {SLURM_ID} (Slurm) and {K8S_INDEX} (Kubernetes) are set: which \
+         scheduler's index to take cannot be told; unset one, or use --shard i/n"
+    )]
+    TwoSchedulers,
 }
 
 /// `--shard`'s value: a fixed slice, or the scheduler's (read when the campaign starts).
@@ -117,6 +122,9 @@ impl Shard {
                     .map_err(|_| ShardError::NotANumber { var, value: v }),
             }
         };
+        if get(SLURM_ID).is_some() && get(K8S_INDEX).is_some() {
+            return Err(ShardError::TwoSchedulers);
+        }
         let (id_var, id, count_var, count, min) = if let Some(id) = num(SLURM_ID)? {
             let count = num(SLURM_COUNT)?.ok_or(ShardError::Missing {
                 var: SLURM_COUNT,
@@ -289,6 +297,8 @@ mod tests {
         assert_eq!(Shard::parse("4095/4096").unwrap(), Shard { index: 4095, count: 4096 });
         let e = Shard::from_env(env(&[(K8S_INDEX, "0"), (SHARD_COUNT, "5000")])).unwrap_err();
         assert_eq!(e, ShardError::TooMany { var: SHARD_COUNT, count: 5000 });
+        let both = [(SLURM_ID, "0"), (SLURM_COUNT, "2"), (K8S_INDEX, "1"), (SHARD_COUNT, "2")];
+        assert_eq!(Shard::from_env(env(&both)).unwrap_err(), ShardError::TwoSchedulers);
         assert_eq!(ShardArg::parse("auto").unwrap(), ShardArg::Auto);
         assert_eq!(ShardArg::parse("0/2").unwrap(), ShardArg::Fixed(Shard { index: 0, count: 2 }));
     }
