@@ -18,6 +18,10 @@
 #   gemm         the table check, the GEMM benchmarks (bench-w4a16*, bench-w4a4*), the C, Rust
 #                and Python GEMM examples
 #   suite-w4a16, suite-w4a4   the GPU correctness suite of every GEMM variant
+#   probe-bulk   the grouped probe's bulk mode (scripts/probes/grouped_probe.cu, built with nvcc):
+#                the TP8 gate_up pick against its loads alone and the kernels fed by bulk copies,
+#                TP8 B = 1..256 and EP8 B = 8..128 ($OUT/probe-bulk.txt; results/h100/probe-bulk.txt
+#                on an H100, results/h200/probe-grouped.txt call 4 for the loads alone)
 # Usage: OUT=<folder> scripts/gpu-run.sh [phase ...]   (no phase: all of them, in this order)
 # (TABLES=<tp8 table>,<ep8 table> benchmarks other tables than the committed ones)
 #
@@ -163,8 +167,19 @@ phase_suite-w4a4() { # 580 s
   step 580 "$B/gpu_gemm" --test-threads 1 --nocapture every_variant_matches_the_cpu_reference_w4a4
 }
 
+phase_probe-bulk() { # 300 s
+  step 120 nvcc -O3 -std=c++17 scripts/probes/grouped_probe.cu -o "$OUT/grouped_probe" -lnvrtc -lcuda
+  {
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    timeout -k 10 120 "$OUT/grouped_probe" bulk 1 8 64 128 256
+    timeout -k 10 60 "$OUT/grouped_probe" bulk ep8 8 64 128
+  } > "$OUT/probe-bulk.txt" 2>&1
+  echo "== probe-bulk: exit $? at ${SECONDS}s ($OUT/probe-bulk.txt)" >> "$LOG"
+  rm -f "$OUT/grouped_probe"
+}
+
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >> "$LOG" 2>&1
-PHASES="tests retune-w4a4 moe-w4a16 moe-w4a4 tune gemm suite-w4a16 suite-w4a4"
+PHASES="tests retune-w4a4 moe-w4a16 moe-w4a4 tune gemm suite-w4a16 suite-w4a4 probe-bulk"
 # shellcheck disable=SC2086 # the list splits into its names
 [ $# -eq 0 ] && set -- $PHASES
 for phase in "$@"; do # every name checked before anything runs

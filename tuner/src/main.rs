@@ -227,7 +227,9 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // `{:#}` prints the whole context chain on one line; no backtrace noise for users.
             use std::io::Write as _;
-            let _ = writeln!(std::io::stderr().lock(), "error: {e:#}");
+            // one line, also when a path or a file's text holds a line break
+            let message = format!("{e:#}").replace('\n', "\\n");
+            let _ = writeln!(std::io::stderr().lock(), "error: {message}");
             std::process::ExitCode::FAILURE
         }
     }

@@ -206,6 +206,7 @@ pub const MANIFEST_SCHEMA_VERSION: u32 = 1;
 /// What a shard writes next to its log (`<log stem>.manifest.json`) before it measures and again
 /// when it finishes: what merge checks shards against each other with.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Manifest {
     pub schema_version: u32,
     pub shard: Shard,
