@@ -169,12 +169,15 @@ phase_suite-w4a4() { # 580 s
 
 phase_probe-bulk() { # 300 s
   step 120 nvcc -O3 -std=c++17 scripts/probes/grouped_probe.cu -o "$OUT/grouped_probe" -lnvrtc -lcuda
+  local tp8 ep8
   {
     nvidia-smi --query-gpu=name --format=csv,noheader
     timeout -k 10 120 "$OUT/grouped_probe" bulk 1 8 64 128 256
+    tp8=$?
     timeout -k 10 60 "$OUT/grouped_probe" bulk ep8 8 64 128
+    ep8=$?
   } > "$OUT/probe-bulk.txt" 2>&1
-  echo "== probe-bulk: exit $? at ${SECONDS}s ($OUT/probe-bulk.txt)" >> "$LOG"
+  echo "== probe-bulk: exit $tp8 (TP8) and $ep8 (EP8) at ${SECONDS}s ($OUT/probe-bulk.txt)" >> "$LOG"
   rm -f "$OUT/grouped_probe"
 }
 

@@ -353,10 +353,19 @@ pub fn remove_stale_temp_files(dir: &Path, name: Option<&str>, age: Duration) {
     }
 }
 
-fn unique() -> u64 {
+/// The last part of a temporary file's name: digits unique within this process, and, through the
+/// process's start time in nanoseconds, between processes of one PID in different PID
+/// namespaces (containers sharing a folder, each fp4tune PID 1).
+pub(crate) fn unique() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
+    static START: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    let start = START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    });
+    format!("{start}{}", N.fetch_add(1, Ordering::Relaxed))
 }
 
 #[cfg(test)]

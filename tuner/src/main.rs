@@ -227,8 +227,11 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // `{:#}` prints the whole context chain on one line; no backtrace noise for users.
             use std::io::Write as _;
-            // one line, also when a path or a file's text holds a line break
-            let message = format!("{e:#}").replace('\n', "\\n");
+            // one line, also when a path or a file's text holds a line break or an escape
+            let message: String = format!("{e:#}")
+                .chars()
+                .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.into() })
+                .collect();
             let _ = writeln!(std::io::stderr().lock(), "error: {message}");
             std::process::ExitCode::FAILURE
         }

@@ -132,12 +132,12 @@ fn compile_pools_take_the_grouped_phase_first_screens() {
 /// Bad input that could pass, hang, print an OS error twice or replace an output's link ends in
 /// one clear error naming the file, or does the right thing.
 #[test]
-fn hostile_inputs_of_the_first_probe() {
+fn wrapping_configs_links_and_os_errors_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
 
-    // A table entry whose thread count and shared memory wrapped in u32 passed `table --check`.
+    // A table entry whose thread count and shared memory wrap in u32 is refused by `table --check`.
     let table = std::fs::read_to_string(results.join("nvidia-h200.ron")).unwrap();
     let start = table.find("config: (").unwrap();
     let end = start + table[start..].find("),").unwrap() + 1;
@@ -180,12 +180,12 @@ fn hostile_inputs_of_the_first_probe() {
     assert_clean_error(ok, &err, &["this is a dispatch table, not a shape file"]);
 }
 
-/// Inputs that panicked, hung or were read forever: a template hash that is not ASCII, a time
+/// Inputs that could panic, hang or be read for ever: a template hash that is not ASCII, a time
 /// budget no `Duration` holds, a bootstrap of 2^32 resamples, a device given as a table, a time of
-/// 1e308 us (the report's log axis never ended), a config key given twice, `--render` with
-/// options it would ignore.
+/// 1e308 us (a log axis that never ends), a config key given twice, `--render` with options it
+/// would ignore.
 #[test]
-fn hostile_inputs_of_the_second_probe() {
+fn hostile_hashes_budgets_devices_and_fields_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let table = std::fs::read_to_string(

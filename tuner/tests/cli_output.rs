@@ -362,7 +362,8 @@ fn report_keeps_its_inputs() {
     // two logs of one name
     let log = results.join("h200/nvidia-h200-w4a16.jsonl.gz");
     let other = results.join("h200/heldout-qwen3-30b-a3b-tp8/nvidia-h200-w4a16.jsonl.gz");
-    if other.exists() {
+    assert!(other.exists(), "{}", other.display());
+    {
         let (ok, err) = run(
             &fp4tune(),
             &[
@@ -443,6 +444,20 @@ fn merge_keeps_the_campaigns_manifests_and_partial_tables() {
     let (ok, err) = run(&fp4tune(), &["merge", "camp", "--out", "o.jsonl", "--table", "o.ron"], d);
     assert_clean_error(ok, &err, &["nvidia-h200.shard-0-of-2.ron", "H100", "not of the merged"]);
     assert!(!d.join("o.ron").exists());
+    // shard 0's own partial table: its grouped entries join the merged table
+    let (mut own, _) = fp4tune::tune::emit::dispatch_table(
+        &records,
+        &fp4tune::tune::select::SelectRules::default(),
+    )
+    .unwrap();
+    own.moe = table.moe.clone();
+    own.moe_template_hash = table.moe_template_hash.clone();
+    own.save(&partial).unwrap();
+    let (ok, err) = run(&fp4tune(), &["merge", "camp", "--out", "o.jsonl", "--table", "o.ron"], d);
+    assert!(ok, "{err}");
+    let merged = fp4tune::table::Table::load(&d.join("o.ron")).unwrap();
+    assert_eq!(merged.moe.len(), table.moe.len());
+    assert!(!merged.moe.is_empty());
     std::fs::remove_file(&partial).unwrap();
     let out = Command::new(fp4tune())
         .args(["merge", "camp", "--out", "o.jsonl", "--table", "o.ron"])

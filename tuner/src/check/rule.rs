@@ -129,7 +129,7 @@ pub enum RuleError {
     BadSample { side: &'static str, value: f64 },
     #[error(
         "baseline summary (median {median}, interval {lo}..{hi}, n {n}) is not a positive interval \
-         around its median with n >= 1"
+         around its median with n in 1..=10000"
     )]
     BadSummary { median: f64, lo: f64, hi: f64, n: usize },
     #[error("{0}")]

@@ -235,8 +235,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
             files.iter().map(|(p, b)| (p.as_path(), *b)).collect();
         fp4tune::fsio::write_atomic_all(&refs)
             .with_context(|| format!("writing the kernel sources into {}", dir.display()))?;
-        let written = files;
-        return outln!("{} kernel sources written to {}", written.len(), dir.display());
+        return outln!("{} kernel sources written to {}", files.len(), dir.display());
     }
     let compiler =
         Compiler::new(Some(cache.unwrap_or_else(fp4tune::compile::cache::DiskCache::default_dir)))?;

@@ -146,15 +146,13 @@ pub fn run(args: MergeArgs) -> Result<()> {
                 fp4tune::tune::emit::dispatch_table(&records, &SelectRules::default())?;
             // The grouped MoE entries of a sharded campaign are in shard 0's partial table, of
             // the merged records' GPU and templates.
-            for (index, part) in &partial_tables {
+            for (_, part) in partial_tables.iter().filter(|(index, _)| *index == 0) {
                 if !part.exists() {
-                    if *index == 0 {
-                        warnln!(
-                            "{}: shard 0's partial table, which holds the grouped MoE entries, \
-                             is missing: the merged table has none",
-                            part.display()
-                        );
-                    }
+                    warnln!(
+                        "{}: shard 0's partial table, which holds the campaign's grouped MoE \
+                         entries if it tuned any, is missing: the merged table has none",
+                        part.display()
+                    );
                     continue;
                 }
                 let p = fp4tune::table::Table::load(part)?;
@@ -162,7 +160,9 @@ pub fn run(args: MergeArgs) -> Result<()> {
                     || p.device.compute_capability != t.device.compute_capability
                 {
                     bail!(
-                        "{}: a table of {} ({}.{}), not of the merged records' {} ({}.{})",
+                        "{}: a table of {} ({}.{}), not of the merged records' {} ({}.{}): \
+                         shard 0 of another campaign? re-run shard 0, or remove the file to \
+                         merge without grouped entries",
                         part.display(),
                         p.device.name,
                         p.device.compute_capability.0,
@@ -175,7 +175,8 @@ pub fn run(args: MergeArgs) -> Result<()> {
                 if p.template_hashes != t.template_hashes {
                     bail!(
                         "{}: its GEMM template hashes are not the merged records': a table of \
-                         another build or campaign",
+                         another build or campaign; re-run shard 0, or remove the file to merge \
+                         without grouped entries",
                         part.display()
                     );
                 }

@@ -130,6 +130,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         rows.extend(r);
         screens.push((a_type, logs));
     }
+    crate::warn_cache(&compiler);
     let provenance = format!(
         "Command: `{}`\n\nDevice: {} (compute capability {}.{}, {} SMs, driver {}.{}), NVRTC {}; timing: {}; \
          grouped template hash {}; {}.\n\nRoofline: the bytes each projection must move (active experts' NVFP4 \
@@ -320,6 +321,7 @@ pub fn tune_phase(
         );
         }
     })?;
+    crate::warn_cache(&compiler);
     let slug = fp4tune::tune::run::sku_slug(&info.name);
     let path = out.join(format!("{slug}.ron"));
     let mut table = match table {

@@ -62,13 +62,17 @@ impl DiskCache {
     /// used: the cache then holds nothing and stores nothing, and [`DiskCache::warning`] says
     /// why (the caller compiles in memory). Stale temporary files of a killed writer are removed.
     pub fn new(dir: impl Into<PathBuf>) -> std::io::Result<Self> {
-        let dir = dir.into();
+        Self::open(dir.into(), probe_writable)
+    }
+
+    /// [`DiskCache::new`] with the writability probe `probe` (tests answer it).
+    fn open(dir: PathBuf, probe: fn(&Path) -> std::io::Result<()>) -> std::io::Result<Self> {
         create_private_dir(&dir)?;
         let untrusted = untrusted_reason(&dir);
         let unwritable = std::sync::OnceLock::new();
         if untrusted.is_none() {
             remove_stale_temp_files(&dir, None, STALE_TEMP_AGE);
-            if let Err(e) = probe_writable(&dir) {
+            if let Err(e) = probe(&dir) {
                 let _ = unwritable.set(format!(
                     "cubin cache {} is not writable ({e}): its kernels are read, new ones are \
                      compiled in memory only",
@@ -176,25 +180,43 @@ impl DiskCache {
         let json = serde_json::to_vec_pretty(&stored).expect("cache metadata serializes");
         let res = write_atomic(&self.dir.join(format!("{key}.cubin")), cubin)
             .and_then(|()| write_atomic(&self.dir.join(format!("{key}.json")), &json));
-        if let Err(e) = res {
-            let _ = self.unwritable.set(format!(
-                "storing a kernel in the cubin cache {} failed ({e}): kernels compiled from \
-                 now on stay in memory only",
-                self.dir.display()
-            ));
-            return false;
+        match res {
+            Ok(()) => true,
+            // a folder that will not take files (no permission, read-only, full): stop storing
+            Err(e) if lasting(&e) => {
+                let _ = self.unwritable.set(format!(
+                    "storing a kernel in the cubin cache {} failed ({e}): kernels compiled from \
+                     now on stay in memory only",
+                    self.dir.display()
+                ));
+                false
+            }
+            // anything else (another process's file in the way) costs this entry only
+            Err(_) => false,
         }
-        true
     }
 }
 
-/// Whether this process can create files in `dir`: a file created and removed at once.
+/// Whether a failed store means the folder will take no file: no permission, a read-only file
+/// system, no space or quota left.
+fn lasting(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(e.kind(), PermissionDenied | ReadOnlyFilesystem | StorageFull | QuotaExceeded)
+}
+
+/// Whether this process can create files in `dir`: a file created and removed at once (its
+/// name unique between processes, [`crate::fsio::unique`]; a name taken is tried again).
 fn probe_writable(dir: &Path) -> std::io::Result<()> {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let probe = dir.join(format!(".writable.{}.{n}.tmp", std::process::id()));
-    std::fs::OpenOptions::new().write(true).create_new(true).open(&probe)?;
-    std::fs::remove_file(&probe)
+    let mut tries = 0;
+    loop {
+        let probe =
+            dir.join(format!(".writable.{}.{}.tmp", std::process::id(), crate::fsio::unique()));
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+            Ok(_) => return std::fs::remove_file(&probe),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 3 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Create `dir` and its missing parents owner-only (0700 on Unix).
@@ -389,40 +411,54 @@ mod tests {
     }
 
     /// A trusted folder this process cannot write is read, stores nothing, and says so once; a
-    /// store that fails later stops the storing with a warning instead of failing the kernel.
+    /// store that fails for good later (no permission, no space) stops the storing with a
+    /// warning instead of failing the kernel; one that fails for its entry alone costs that entry.
     #[cfg(unix)]
     #[test]
     fn an_unwritable_folder_is_read_and_not_written() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        // A store that fails (here: a folder where the cubin goes).
+        // A store that fails for its entry (a folder where the cubin goes): that entry only.
         let c = DiskCache::new(dir.path()).unwrap();
         assert!(c.put("k", &meta(), b"\x7fELF"));
         std::fs::create_dir(dir.path().join("k2.cubin")).unwrap();
         assert!(!c.put("k2", &meta(), b"\x7fELF"));
-        let w = c.warning().expect("a store that failed is a warning").to_string();
-        assert!(w.contains("stay in memory only") && w.contains("k2.cubin"), "{w}");
-        assert!(!c.writable() && c.readable());
-        assert_eq!(c.get("k").unwrap().1, b"\x7fELF", "entries are still read");
-        assert!(!c.put("k3", &meta(), b"\x7fELF") && !dir.path().join("k3.json").exists());
-        assert_eq!(c.warning().unwrap(), w, "the first failure is the warning");
+        assert!(c.warning().is_none() && c.writable());
+        assert!(c.put("k3", &meta(), b"\x7fELF"));
+        // The failures that last.
+        use std::io::ErrorKind::*;
+        for (kind, stops) in [
+            (PermissionDenied, true),
+            (StorageFull, true),
+            (AlreadyExists, false),
+            (NotFound, false),
+        ] {
+            assert_eq!(lasting(&std::io::Error::from(kind)), stops, "{kind:?}");
+        }
+        // The folder made read-only under an open cache (where permissions bind: not as root).
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o500)).unwrap();
+        if probe_writable(dir.path()).is_err() {
+            assert!(!c.put("k4", &meta(), b"\x7fELF"));
+            let w = c.warning().expect("a lasting failure is a warning").to_string();
+            assert!(w.contains("stay in memory only") && w.contains("Permission denied"), "{w}");
+            assert!(!c.writable() && c.readable());
+            assert_eq!(c.get("k").unwrap().1, b"\x7fELF", "entries are still read");
+        }
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
 
-        // A folder that is read-only at open: owner-only 0500, or, where permissions do not bind
-        // (root), /proc (root's own, mode 0555, not writable by anyone).
+        // A folder that is read-only at open (the probe answers as a read-only file system
+        // would: permissions do not bind root): its entries are read, nothing is stored.
         let ro = dir.path().join("ro");
-        DiskCache::new(&ro).unwrap().put("k", &meta(), b"\x7fELF");
-        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o500)).unwrap();
-        let folder = if probe_writable(&ro).is_err() { ro.clone() } else { "/proc".into() };
-        let c = DiskCache::new(&folder).unwrap();
+        assert!(DiskCache::new(&ro).unwrap().put("k", &meta(), b"\x7fELF"));
+        let read_only =
+            |_: &Path| Err(std::io::Error::from(std::io::ErrorKind::ReadOnlyFilesystem));
+        let c = DiskCache::open(ro.clone(), read_only).unwrap();
         let w = c.warning().expect("a read-only folder is a warning");
         assert!(w.contains("is not writable") && w.contains("are read"), "{w}");
         assert!(c.readable() && !c.writable());
-        if folder == ro {
-            assert_eq!(c.get("k").unwrap().1, b"\x7fELF");
-            assert!(c.contains("k"));
-        }
-        assert!(!c.put("k3", &meta(), b"\x7fELF"));
-        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(c.get("k").unwrap().1, b"\x7fELF");
+        assert!(c.contains("k"));
+        assert!(!c.put("k3", &meta(), b"\x7fELF") && !ro.join("k3.json").exists());
         assert!(DiskCache::new(&ro).unwrap().warning().is_none());
     }
 

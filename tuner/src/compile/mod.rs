@@ -237,7 +237,7 @@ impl Compiler {
             .par_iter()
             .filter(|(s, key)| {
                 // Another process may have stored it meanwhile.
-                if stop.load(Ordering::Relaxed) || disk.contains(key) {
+                if stop.load(Ordering::Relaxed) || !disk.writable() || disk.contains(key) {
                     return false;
                 }
                 let t0 = Instant::now();

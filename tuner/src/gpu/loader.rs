@@ -127,6 +127,7 @@ fn find_and_load_nvrtc() -> Result<LoadedLib, NvrtcNotFound> {
         .flat_map(|()| python_sys_path())
         .flat_map(|r| wheel_lib_dirs(&r))
         .flat_map(with_names);
+    let chosen = explicit.first().cloned();
     for path in explicit.into_iter().chain(from_dirs).chain(from_python) {
         // Report each folder once (the file names tried in it are NVRTC_NAMES).
         let shown = path.parent().map_or(path.display().to_string(), |d| d.display().to_string());
@@ -137,7 +138,16 @@ fn find_and_load_nvrtc() -> Result<LoadedLib, NvrtcNotFound> {
             continue;
         }
         match preload(&path) {
-            Ok(()) => return Ok(LoadedLib { path: Some(path) }),
+            Ok(None) => return Ok(LoadedLib { path: Some(path) }),
+            // FP4TUNE_NVRTC names the one to compile with: another bound instead is an error
+            Ok(Some(other)) if chosen.as_ref() == Some(&path) => {
+                return Err(NvrtcNotFound {
+                    detail: format!("FP4TUNE_NVRTC={}: {other}", path.display()),
+                    searched: searched.join(", "),
+                })
+            }
+            // one found on the way: cudarc compiles with the one the system loader binds
+            Ok(Some(_)) => return Ok(LoadedLib { path: None }),
             Err(e) => {
                 return Err(NvrtcNotFound {
                     detail: format!("{} exists but could not be loaded: {e}", path.display()),
@@ -162,8 +172,10 @@ fn find_and_load_nvrtc() -> Result<LoadedLib, NvrtcNotFound> {
 }
 
 /// dlopen `libnvrtc` (and its builtins library next to it, which it cannot find on its own when
-/// it comes from a wheel) by full path and keep both loaded for the life of the process.
-fn preload(path: &Path) -> Result<(), String> {
+/// it comes from a wheel) by full path and keep both loaded for the life of the process. Returns
+/// `Some(why)` when cudarc's lookup by name binds another NVRTC version than this one; an error
+/// when the library cannot be loaded or is not NVRTC.
+fn preload(path: &Path) -> Result<Option<String>, String> {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     let dir = path.parent().unwrap_or(Path::new("."));
     if let Ok(rd) = std::fs::read_dir(dir) {
@@ -213,13 +225,13 @@ fn preload(path: &Path) -> Result<(), String> {
     // SAFETY: NVRTC is present (checked above); both pointers are valid for writes.
     let bound = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
     match ours {
-        Some(v) if bound.result().is_ok() && v != (major, minor) => Err(format!(
+        Some(v) if bound.result().is_ok() && v != (major, minor) => Ok(Some(format!(
             "this is NVRTC {}.{}, but the NVRTC the system loader finds first by name is \
              {major}.{minor} and would compile instead (put this library's folder first in \
              LD_LIBRARY_PATH)",
             v.0, v.1
-        )),
-        _ => Ok(()),
+        ))),
+        _ => Ok(None),
     }
 }
 

@@ -196,7 +196,6 @@ impl Dispatcher {
         let compiler = Compiler::new(Some(cache_dir.clone())).map_err(|error| {
             RuntimeError::Compiler { cache_dir: Some(cache_dir.clone()), error }
         })?;
-        plan.warnings.extend(compiler.cache_warning().map(str::to_string));
         let t_compile = Instant::now();
         let built = plan.compile(&compiler)?;
         let compile_s = t_compile.elapsed().as_secs_f64();
@@ -245,6 +244,8 @@ impl Dispatcher {
             (Some(_), Some((t, _))) => Ok(MoeRouteTable::new(t)),
             _ => Err(moe_unavailable(table.map(|(t, _)| t), gpu.info())),
         };
+        // after every compile of the open: a store can fail on the way
+        plan.warnings.extend(compiler.cache_warning().map(str::to_string));
         gpu.synchronize()?;
         let load_s = t_load.elapsed().as_secs_f64();
         let (compiled, from_disk_cache, from_memory_cache) = origins(&built);

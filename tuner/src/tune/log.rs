@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Version of the record format this fp4tune writes. Version 2 added `Record::method`.
+/// Version of the record format this fp4tune writes. Version 2 added `Record::method`. Records
+/// refuse unknown fields, so a field added to `Record` or `Context` needs a new version (an older
+/// fp4tune then says "schema version", not "unknown field").
 pub const LOG_SCHEMA_VERSION: u32 = 2;
 /// Versions this fp4tune reads (version 1 records are all fused kernels).
 pub const LOG_SCHEMA_VERSIONS_READ: &[u32] = &[1, 2];
@@ -289,7 +291,13 @@ pub fn parse_log(bytes: &[u8], path: &Path) -> Result<LogContents, LogError> {
             _ => {}
         }
         let r = serde_json::from_str::<Record>(line).map_err(|e| {
-            parse(if is_grouped_line(line) { GROUPED_LINE.to_string() } else { e.to_string() })
+            parse(if is_grouped_line(line) {
+                GROUPED_LINE.to_string()
+            } else if e.to_string().starts_with("unknown field") {
+                format!("{e} (a misspelled field, or a log of a newer fp4tune)")
+            } else {
+                e.to_string()
+            })
         })?;
         check_record(&r).map_err(|reason| LogError::Implausible {
             path: path.to_path_buf(),
@@ -539,11 +547,18 @@ pub(crate) mod tests {
         let v1 = good.replace("\"schema_version\":2", "\"schema_version\":1");
         std::fs::write(&path, format!("{v1}\n")).unwrap();
         assert_eq!(read(&path).unwrap()[0].method, Method::Fused);
-        // A misspelled field is an error naming the line and the field, not dropped.
-        let typo = good.replace("\"at\":", "\"att\":");
+        // A misspelled field is an error naming the line and the field, not dropped: a
+        // composite record whose `method` is misspelled does not read as a fused one.
+        let composite = Record { method: Method::DequantCublasBf16, ..record(1, Some(3.0)) };
+        let composite = serde_json::to_string(&composite).unwrap();
+        let typo = composite.replace("\"method\":", "\"methd\":");
+        assert_ne!(typo, composite);
         std::fs::write(&path, format!("{good}\n{typo}\n")).unwrap();
         let e = read(&path).unwrap_err().to_string();
-        assert!(e.contains("log.jsonl:2") && e.contains("att"), "{e}");
+        assert!(
+            e.contains("log.jsonl:2") && e.contains("methd") && e.contains("misspelled"),
+            "{e}"
+        );
         let v9 = good.replace("\"schema_version\":2", "\"schema_version\":9");
         std::fs::write(&path, format!("{v9}\n")).unwrap();
         let e = read(&path).unwrap_err().to_string();

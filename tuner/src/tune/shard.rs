@@ -45,7 +45,7 @@ pub enum ShardError {
     Missing { var: &'static str, why: &'static str },
     #[error("--shard auto: {var}=0: a campaign needs at least one shard")]
     ZeroCount { var: &'static str },
-    #[error("--shard auto: {var}={value} gives shard index {index} (the array index less its minimum), not in 0..{count} ({count_var})")]
+    #[error("--shard auto: {var}={value} gives shard index {index} (the index less the array's minimum, {SLURM_MIN}, under Slurm), not in 0..{count} ({count_var})")]
     OutOfRange { var: &'static str, value: u32, index: i64, count: u32, count_var: &'static str },
     #[error(
         "--shard auto: {SLURM_MIN}={min} and {SLURM_MAX}={max} span {span} indices but \
