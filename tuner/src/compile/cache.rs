@@ -104,7 +104,9 @@ impl DiskCache {
             .map(|base| base.join("fp4tune"))
             .unwrap_or_else(|| {
                 let user = current_uid().map_or_else(|| "user".to_string(), |u| u.to_string());
-                std::env::temp_dir().join(format!("fp4tune-{user}"))
+                // a relative TMPDIR would move the cache with the working folder
+                let tmp = Some(std::env::temp_dir()).filter(|t| t.is_absolute());
+                tmp.unwrap_or_else(|| PathBuf::from("/tmp")).join(format!("fp4tune-{user}"))
             })
             .join("cubin")
     }

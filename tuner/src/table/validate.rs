@@ -320,10 +320,11 @@ pub fn reportable_time(us: f64) -> bool {
     us == 0.0 || (MIN_REPORTED_US..=MAX_PLAUSIBLE_US).contains(&us)
 }
 
-/// Why a recorded roofline fraction is unusable (not a finite number >= 0), if it is.
+/// Why a recorded roofline fraction (roofline time / median) is unusable, if it is: not a number
+/// in 0..=2 (a kernel twice as fast as its roofline is a wrong roofline or a wrong time; 0 is
+/// "not computed").
 fn bad_roofline_fraction(f: f64) -> Option<String> {
-    (!f.is_finite() || f < 0.0)
-        .then(|| format!("roofline_fraction {f} is not a finite number >= 0"))
+    (!(0.0..=2.0).contains(&f)).then(|| format!("roofline_fraction {f} is not a number in 0..=2"))
 }
 
 #[cfg(test)]
@@ -372,6 +373,7 @@ mod tests {
         check(&|t| t.entries[0].runners_up[0].config.stages = 0, "illegal runner-up");
         check(&|t| t.device.name = "NVIDIA\nH200".into(), "device.name: \"NVIDIA\\nH200\" holds");
         check(&|t| t.timing_policy = "x\u{1b}[31m".into(), "timing_policy");
+        check(&|t| t.entries[0].roofline_fraction = 1e300, "not a number in 0..=2");
     }
 
     #[test]
