@@ -69,6 +69,9 @@ pub enum InvalidReason {
     NoSets,
     /// Two shape sets share a name.
     DuplicateSet,
+    /// A set or shape name that is empty or holds a comma, a quote or a control character (names
+    /// become CSV fields, file names and report lines).
+    BadName,
     /// A shape set lists no GEMMs.
     NoShapes,
     /// Two GEMMs of one set share a name.
@@ -98,6 +101,11 @@ impl fmt::Display for InvalidReason {
         match self {
             InvalidReason::NoSets => write!(f, "the file has no shape sets"),
             InvalidReason::DuplicateSet => write!(f, "another shape set has the same name"),
+            InvalidReason::BadName => write!(
+                f,
+                "a name must be non-empty, without commas, quotes or control characters (it \
+                 becomes a CSV field and part of file names)"
+            ),
             InvalidReason::NoShapes => write!(f, "the set lists no GEMM shapes"),
             InvalidReason::DuplicateShape => {
                 write!(f, "another shape of this set has the same name")

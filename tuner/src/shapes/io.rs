@@ -95,6 +95,9 @@ impl ShapeFile {
         }
         let mut set_names = HashSet::new();
         for set in &self.sets {
+            if !good_name(&set.name) {
+                return Err(invalid(format!("set {:?}", set.name), InvalidReason::BadName));
+            }
             if !set_names.insert(set.name.as_str()) {
                 return Err(invalid(format!("set {:?}", set.name), InvalidReason::DuplicateSet));
             }
@@ -172,6 +175,9 @@ impl ShapeSet {
         let mut names = HashSet::new();
         for s in &self.shapes {
             let at = || format!("set {:?}, shape {:?}", self.name, s.name);
+            if !good_name(&s.name) {
+                return Err((at(), InvalidReason::BadName));
+            }
             if !names.insert(s.name.as_str()) {
                 return Err((at(), InvalidReason::DuplicateShape));
             }
@@ -222,6 +228,12 @@ impl ShapeSet {
         }
         Ok(())
     }
+}
+
+/// Whether a set or shape name can stand in a CSV field and a file name: non-empty, no comma,
+/// quote or control character.
+fn good_name(name: &str) -> bool {
+    !name.is_empty() && !name.chars().any(|c| c == ',' || c == '"' || c.is_control())
 }
 
 #[cfg(test)]
@@ -374,6 +386,13 @@ mod tests {
 
     #[test]
     fn size_errors_name_the_shape() {
+        // names that would break a CSV field, a file name or a report line
+        for bad in ["", "a,b", "a\"b", "a\nb", "a\u{1b}[31m"] {
+            let r = reason_after(|f| f.sets[0].shapes[1].name = bad.into()).1;
+            assert_eq!(r, InvalidReason::BadName, "{bad:?}");
+            let r = reason_after(|f| f.sets[0].name = bad.into()).1;
+            assert_eq!(r, InvalidReason::BadName, "{bad:?}");
+        }
         let (at, r) = reason_after(|f| f.sets[0].shapes[1].n = 0);
         assert_eq!(at, "set \"tp2\", shape \"routed_down\"");
         assert_eq!(r, InvalidReason::ZeroDim { dim: "n" });
