@@ -2,8 +2,9 @@
 //! ([`write_atomic`]) or several that are replaced together or not at all ([`write_atomic_all`]),
 //! through temporary files in the target's folder and renames; the folder a file goes into
 //! ([`create_parent_dir`]); the temporary files a killed writer left ([`remove_stale_temp_files`]).
-//! Reading inputs: only regular files ([`open_input`], [`read_input`]), so that a device, FIFO
-//! or socket given as an input file is an error, not an endless read or a wait.
+//! Reading inputs: only regular files ([`open_input`], [`read_input`], [`read_input_bytes`]), so
+//! that a device, FIFO or socket given as an input file is an error, not an endless read or a
+//! wait.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,14 @@ pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
         ));
     }
     std::fs::File::open(path)
+}
+
+/// The bytes of an input file ([`open_input`]).
+pub fn read_input_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    open_input(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// The text of an input file ([`open_input`]; not UTF-8 is an `InvalidData` error).
@@ -73,7 +82,7 @@ pub fn create_dir(dir: &Path) -> std::io::Result<()> {
 /// when part of it exists as a file ("X exists and is not a folder", not "File exists").
 pub fn create_parent_dir(path: &Path) -> std::io::Result<()> {
     match path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        Some(dir) => std::fs::create_dir_all(dir).map_err(|e| explain_create_dir(dir, e)),
+        Some(dir) => create_dir(dir),
         None => Ok(()),
     }
 }

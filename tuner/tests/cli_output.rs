@@ -87,23 +87,23 @@ fn a_full_stdout_is_a_one_line_error() {
             "num_hidden_layers": 48}"#,
     )
     .unwrap();
-    let out = Command::new(fp4tune())
-        .args(["shapes", "--from-config", cfg.to_str().unwrap(), "--tp", "8"])
-        .env_remove("RUST_BACKTRACE")
-        .stdout(std::fs::OpenOptions::new().write(true).open(full).unwrap())
-        .output()
-        .unwrap();
+    // the command's output with its standard output on the full device
+    let into_full = |args: &[&str]| {
+        Command::new(fp4tune())
+            .args(args)
+            .env_remove("RUST_BACKTRACE")
+            .stdout(std::fs::OpenOptions::new().write(true).open(full).unwrap())
+            .output()
+            .unwrap()
+    };
+    let out = into_full(&["shapes", "--from-config", cfg.to_str().unwrap(), "--tp", "8"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_clean_error(false, &err, &["writing to standard output", "os error 28"]);
     assert_eq!(err.lines().count(), 1, "{err}");
     // Help and version too: printed by the argument parser, checked all the same.
     for args in [&["--help"][..], &["--version"], &["tune", "--help"], &["help", "bench"]] {
-        let out = Command::new(fp4tune())
-            .args(args)
-            .stdout(std::fs::OpenOptions::new().write(true).open(full).unwrap())
-            .output()
-            .unwrap();
+        let out = into_full(args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert_clean_error(false, &err, &["writing to standard output", "os error 28"]);
@@ -119,11 +119,7 @@ fn a_full_stdout_is_a_one_line_error() {
         if args[0] == "check" {
             args.push(out_dir.to_str().unwrap());
         }
-        let out = Command::new(fp4tune())
-            .args(&args)
-            .stdout(std::fs::OpenOptions::new().write(true).open(full).unwrap())
-            .output()
-            .unwrap();
+        let out = into_full(&args);
         let err = String::from_utf8_lossy(&out.stderr);
         let plain = Command::new(fp4tune()).args(&args).output().unwrap();
         assert_eq!(out.status.code(), plain.status.code(), "{args:?}: {err}");

@@ -129,7 +129,8 @@ pub enum RuleError {
     BadSample { side: &'static str, value: f64 },
     #[error(
         "baseline summary (median {median}, interval {lo}..{hi}, n {n}) is not a positive interval \
-         around its median with n in 1..=10000"
+         around its median with n in 1..={max}",
+        max = super::baseline::MAX_POLICY_SAMPLES
     )]
     BadSummary { median: f64, lo: f64, hi: f64, n: usize },
     #[error("{0}")]

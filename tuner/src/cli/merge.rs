@@ -64,38 +64,37 @@ pub fn run(args: MergeArgs) -> Result<()> {
             bail!("--out {} and --table {} are the same file", out.display(), t.display());
         }
     }
-    for (flag, path) in std::iter::once(("--out", &out)).chain(table.iter().map(|t| ("--table", t)))
-    {
-        for l in &logs {
-            if same(path, l)? {
-                bail!(
-                    "{flag} {} is the log {} being merged: write the result to another file",
-                    path.display(),
-                    l.display()
-                );
+    // `inputs`: (path, how the error names it)
+    let refuse_inputs = |inputs: &[(PathBuf, String)]| -> Result<()> {
+        let outputs = std::iter::once(("--out", &out)).chain(table.iter().map(|t| ("--table", t)));
+        for (flag, path) in outputs {
+            for (input, what) in inputs {
+                if same(path, input)? {
+                    bail!("{flag} {} is {what}: write the result to another file", path.display());
+                }
             }
         }
-    }
+        Ok(())
+    };
+    let merged_logs: Vec<(PathBuf, String)> =
+        logs.iter().map(|l| (l.clone(), format!("the log {} being merged", l.display()))).collect();
+    refuse_inputs(&merged_logs)?;
     let shards = fp4tune::tune::merge::check_shards(&logs)?;
     // Nor on a shard's manifest or on the partial table a manifest names (inputs too).
     let partial_tables = partial_tables(&logs, &shards);
-    for (flag, path) in std::iter::once(("--out", &out)).chain(table.iter().map(|t| ("--table", t)))
-    {
-        let manifests = logs.iter().filter_map(|l| {
-            let name = l.file_name()?.to_string_lossy().into_owned();
-            fp4tune::tune::shard::Shard::of_file_name(&name)
-                .map(|_| fp4tune::tune::shard::Manifest::path_of_log(l))
-        });
-        for input in manifests.chain(partial_tables.iter().map(|(_, p)| p.clone())) {
-            if same(path, &input)? {
-                bail!(
-                    "{flag} {} is {}, an input of the merge: write the result to another file",
-                    path.display(),
-                    input.display()
-                );
-            }
-        }
-    }
+    let manifests = logs.iter().filter_map(|l| {
+        let name = l.file_name()?.to_string_lossy().into_owned();
+        fp4tune::tune::shard::Shard::of_file_name(&name)
+            .map(|_| fp4tune::tune::shard::Manifest::path_of_log(l))
+    });
+    let shard_inputs: Vec<(PathBuf, String)> = manifests
+        .chain(partial_tables.iter().map(|(_, p)| p.clone()))
+        .map(|p| {
+            let what = format!("{}, an input of the merge", p.display());
+            (p, what)
+        })
+        .collect();
+    refuse_inputs(&shard_inputs)?;
     // at most 16 shard numbers, then how many more
     let list = |v: &[u32]| {
         let shown: Vec<String> = v.iter().take(16).map(|i| i.to_string()).collect();

@@ -138,14 +138,9 @@ impl DiskCache {
         if !self.readable() {
             return None;
         }
-        // regular files only (fsio::open_input): a FIFO or device planted in the folder is a
-        // miss, not a read that never ends
-        let read = |path: PathBuf| -> Option<Vec<u8>> {
-            use std::io::Read;
-            let mut bytes = Vec::new();
-            crate::fsio::open_input(&path).ok()?.read_to_end(&mut bytes).ok()?;
-            Some(bytes)
-        };
+        // regular files only: a FIFO or device planted in the folder is a miss, not a read that
+        // never ends
+        let read = |path: PathBuf| crate::fsio::read_input_bytes(&path).ok();
         let meta = read(self.dir.join(format!("{key}.json")))?;
         // The version first, so that older metadata (without a hash) is a miss, not a parse error.
         #[derive(Deserialize)]
