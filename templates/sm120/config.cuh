@@ -1,6 +1,6 @@
 // SM120 kernel configuration: every tile size, warp layout and shared-memory offset of one variant,
 // derived from the template parameters and guarded by messaged static_asserts. The Rust mirror is
-// tuner/src/template/sm120.rs (smem_bytes, check) and its instantiation asserts SMEM_BYTES agrees.
+// tuner/src/template/sm120/mod.rs (smem_bytes, check) and its instantiation asserts SMEM_BYTES agrees.
 #pragma once
 #include "common/types.cuh"
 #include "common/params.cuh"

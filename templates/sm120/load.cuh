@@ -1,6 +1,6 @@
 // Data movement of the SM120 family: global -> shared (cp.async, zero-filled beyond the last row)
 // and shared -> MMA fragments (ldmatrix for codes, 32-bit loads for scale words). Every index
-// formula here is mirrored in tuner/src/template/sm120_fragments.rs and tested there against the
+// formula here is mirrored in tuner/src/template/sm120/fragments.rs and tested there against the
 // PTX fragment model; change both together.
 #pragma once
 #include "common/types.cuh"

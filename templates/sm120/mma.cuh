@@ -13,7 +13,7 @@ namespace sm120 {
 // Scale words hold the 4 scales of one row (column) for the 64-wide step, byte i for k in [16i, 16i+16).
 // TID_A = 0 reads SF_A from lanes with lane % 4 == 0 (row g) and 1 (row g+8); TID_A = 1 from lanes
 // 2 (row g) and 3 (row g+8). TID_B = j reads SF_B of column g from the lane with lane % 4 == j.
-// byte-id must be 0 with scale_vec::4X. The tuner's CPU model is sm120_fragments.rs.
+// byte-id must be 0 with scale_vec::4X. The tuner's CPU model is tuner/src/template/sm120/fragments.rs.
 struct SM120_16x8x64_F32E2M1E2M1F32_UE4M3_4X {
     template <int TID_A, int TID_B>
     __device__ __forceinline__ static void fma(float (&d)[4], const uint32_t (&a)[4],
