@@ -72,9 +72,10 @@ __device__ __forceinline__ int sm120_ctaid_z() {
 }
 
 // Weight row of P-tile row r of the CTA whose first weight row is n0, or -1 past the weight
-// (zero-filled). Mirrored by moe::sm120::weight_row in Rust.
+// (zero-filled). Mirrored by moe::sm120::weight_row in Rust (compared at compile time by
+// the_grouped_index_math_is_its_cpu_mirror).
 template <int OP>
-__device__ __forceinline__ int sm120_weight_row(int n, int n0, int r) {
+__host__ __device__ __forceinline__ constexpr int sm120_weight_row(int n, int n0, int r) {
     if constexpr (OP == OP_GATE_UP) {
         const int half = n / 2;
         const int col = (n0 + r - (r & 15)) / 2 + (r & 7);
@@ -108,8 +109,10 @@ struct GroupedSm120 {
                   "a partial slot is the wk == 0 warps' accumulators, one float each");
 
     // Index of accumulator register (mp, mq, i) of `lane` of the wk == 0 warp at warp_pq in a
-    // partial slot (mirrored by moe::sm120::split_element).
-    __device__ __forceinline__ static int slot_element(int warp_pq, int mp, int mq, int i, int lane) {
+    // partial slot (mirrored by moe::sm120::split_element; compared at compile time by
+    // the_grouped_index_math_is_its_cpu_mirror).
+    __host__ __device__ __forceinline__ static constexpr int slot_element(int warp_pq, int mp, int mq, int i,
+                                                                          int lane) {
         return (((warp_pq * Cfg::MMA_P + mp) * Cfg::MMA_Q + mq) * 4 + i) * 32 + lane;
     }
 

@@ -64,8 +64,9 @@ struct Epilogue {
     }
 
     // (m, n) of accumulator element i of MMA tile (mp, mq) held by `lane`.
-    __device__ __forceinline__ static void coords(int tile_p0, int tile_q0, int warp_p0, int warp_q0, int mp,
-                                                  int mq, int i, int lane, int& m, int& n) {
+    __host__ __device__ __forceinline__ static constexpr void coords(int tile_p0, int tile_q0, int warp_p0,
+                                                                     int warp_q0, int mp, int mq, int i, int lane,
+                                                                     int& m, int& n) {
         const int pp = tile_p0 + warp_p0 + mp * 16 + (lane >> 2) + (i >> 1) * 8;
         const int qq = tile_q0 + warp_q0 + mq * 8 + (lane & 3) * 2 + (i & 1);
         m = Cfg::SWAP_AB ? qq : pp;

@@ -1,7 +1,8 @@
 // Data movement of the SM120 family: global -> shared (cp.async, zero-filled beyond the last row)
 // and shared -> MMA fragments (ldmatrix for codes, 32-bit loads for scale words). Every index
 // formula here is mirrored in tuner/src/template/sm120/fragments.rs and tested there against the
-// PTX fragment model; change both together.
+// PTX fragment model; the pure ones (constexpr) are evaluated at compile time against the mirror's
+// values over every layout of the space (template/sm120/index_tests.rs), so the two cannot drift.
 #pragma once
 #include "common/types.cuh"
 #include "common/params.cuh"
@@ -13,13 +14,13 @@ namespace sm120 {
 
 // Physical 16-byte chunk of logical chunk `chunk` (32 e2m1 codes) in tile row `row`.
 template <class Cfg>
-__device__ __forceinline__ int swizzle_chunk(int row, int chunk) {
+__host__ __device__ __forceinline__ constexpr int swizzle_chunk(int row, int chunk) {
     return chunk ^ ((row >> Cfg::ROWS_PER_LINE_LOG2) & (Cfg::ROW_CHUNKS - 1));
 }
 
 // Byte offset of (row, logical chunk) inside a code tile (TILE, ROW_BYTES).
 template <class Cfg>
-__device__ __forceinline__ int code_offset(int row, int chunk) {
+__host__ __device__ __forceinline__ constexpr int code_offset(int row, int chunk) {
     return row * Cfg::ROW_BYTES + swizzle_chunk<Cfg>(row, chunk) * 16;
 }
 
@@ -143,7 +144,7 @@ __device__ __forceinline__ void load_rows(uint32_t code_dst, uint32_t sf_dst, co
 // matrices (rows 0-7, chunk 2s), (rows 8-15, chunk 2s), (rows 0-7, chunk 2s+1), (rows 8-15, chunk 2s+1)
 // land in a0..a3.
 template <class Cfg>
-__device__ __forceinline__ int a_frag_offset(int warp_p0, int mp, int step, int lane) {
+__host__ __device__ __forceinline__ constexpr int a_frag_offset(int warp_p0, int mp, int step, int lane) {
     const int row = warp_p0 + mp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
     const int chunk = 2 * step + (lane >> 4);
     return code_offset<Cfg>(row, chunk);
@@ -153,7 +154,7 @@ __device__ __forceinline__ int a_frag_offset(int warp_p0, int mp, int step, int 
 // (lanes 16-31): matrices (mq, chunk 2s), (mq, chunk 2s+1), (mq+1, 2s), (mq+1, 2s+1) -> b[mq][0..1],
 // b[mq+1][0..1]. With .x2 only lanes 0-15 are used.
 template <class Cfg>
-__device__ __forceinline__ int b_frag_offset(int warp_q0, int mq, int step, int lane) {
+__host__ __device__ __forceinline__ constexpr int b_frag_offset(int warp_q0, int mq, int step, int lane) {
     const int row = warp_q0 + (mq + (lane >> 4)) * 8 + (lane & 7);
     const int chunk = 2 * step + ((lane >> 3) & 1);
     return code_offset<Cfg>(row, chunk);
@@ -164,14 +165,14 @@ __device__ __forceinline__ int b_frag_offset(int warp_q0, int mq, int step, int 
 // 0 and 1, the convention CUTLASS uses); the duplicate makes thread-id-a 1 read the same words, so
 // the kernel does not depend on the order of lanes 2 and 3, which only the PTX figure documents.
 template <class Cfg>
-__device__ __forceinline__ int sfa_row(int warp_p0, int mp, int lane) {
+__host__ __device__ __forceinline__ constexpr int sfa_row(int warp_p0, int mp, int lane) {
     return warp_p0 + mp * 16 + (lane >> 2) + (lane & 1) * 8;
 }
 
 // Tile row (column of the MMA) whose SF_B word this lane holds for MMA tiles 4*group .. 4*group+3:
 // the lane with lane % 4 == j serves tile 4*group + j (thread-id-b j), column g.
 template <class Cfg>
-__device__ __forceinline__ int sfb_row(int warp_q0, int group, int lane) {
+__host__ __device__ __forceinline__ constexpr int sfb_row(int warp_q0, int group, int lane) {
     int tile = 4 * group + (lane & 3);
     tile = tile < Cfg::MMA_Q ? tile : Cfg::MMA_Q - 1;
     return warp_q0 + tile * 8 + (lane >> 2);

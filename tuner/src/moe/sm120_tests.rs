@@ -433,3 +433,98 @@ fn every_sm120_grouped_variant_compiles_with_omma_sf_and_no_spills() {
             .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     }
 }
+
+/// The grouped kernel's own index math against its mirror, at compile time (as
+/// `template::sm120::index_tests` does for the GEMM pieces under it): `sm120_weight_row` against
+/// [`weight_row`] over every CTA's weight rows of each op's N, and `GroupedSm120::slot_element`
+/// against [`split_element`] over each distinct warp layout's accumulators, for every distinct
+/// kernel of the spaces above; a mirror that differs fails the compile naming the function.
+#[test]
+fn the_grouped_index_math_is_its_cpu_mirror() {
+    use crate::template::sm120::index_tests::{compare, compile_checks};
+    let qwen = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
+    let air = MoeShape { hidden: 4096, inter: 176, experts: 128, top_k: 8 };
+    let loops = |v: &[(&str, String)]| -> Vec<String> {
+        v.iter().map(|(x, n)| format!("int {x} = 0; {x} < {n}; ++{x}")).collect()
+    };
+    let render = |slot_off: u32| {
+        let mut body = String::new();
+        let (mut rows_seen, mut slots_seen) = (Vec::new(), Vec::new());
+        for shape in [MoeShape::GLM5_TP8, MoeShape::GLM5_EP8, qwen, air] {
+            for c in distinct_kernels(&[shape]) {
+                let (n, _) = shape.nk(c.op);
+                let ns = format!("k{}", rows_seen.len() + slots_seen.len());
+                let cfg = format!(
+                    "fp4tune::sm120::Config<{}, {}, {}, 1, {}, {}, {}, {}, true>",
+                    c.block_m, c.block_n, c.block_k, c.warps_n, c.warps_k, c.depth, c.split_k
+                );
+                let op = c.op.template_op();
+                if !rows_seen.contains(&(c.op, n, c.block_n)) {
+                    rows_seen.push((c.op, n, c.block_n));
+                    let mut want = Vec::new();
+                    for n0 in (0..n).step_by(c.block_n as usize) {
+                        for r in 0..c.block_n {
+                            want.push(weight_row(c.op, n, n0, r).map_or(-1, i64::from));
+                        }
+                    }
+                    body.push_str(&format!("namespace {ns}r {{\n"));
+                    body.push_str(&compare(
+                        "weight_row",
+                        &format!("{op}, N {n}, BLOCK_N {}: sm120_weight_row of templates/moe/sm120.cuh differs from moe::sm120::weight_row", c.block_n),
+                        &want,
+                        &[
+                            format!("int n0 = 0; n0 < {n}; n0 += {}", c.block_n),
+                            format!("int r = 0; r < {}; ++r", c.block_n),
+                        ],
+                        &format!("fp4tune::moe::sm120_weight_row<{op}>({n}, n0, r)"),
+                    ));
+                    body.push_str("}\n");
+                }
+                let l = layout(&c).expect("a kernel of the space has a layout");
+                let key = (l.warps_p * l.warps_q, l.mma_p, l.mma_q, c.op);
+                if !slots_seen.contains(&key) {
+                    slots_seen.push(key);
+                    let warps = l.warps_p * l.warps_q;
+                    let mut want = Vec::new();
+                    for w in 0..warps {
+                        for mp in 0..l.mma_p {
+                            for mq in 0..l.mma_q {
+                                for i in 0..4 {
+                                    for lane in 0..32 {
+                                        want.push(split_element(&l, w, mp, mq, i, lane) + slot_off);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    let runner = if c.k_tail { "GroupedSm120Tail" } else { "GroupedSm120" };
+                    body.push_str(&format!("namespace {ns}s {{\nusing Cfg = {cfg};\n"));
+                    body.push_str(&compare(
+                        "slot_element",
+                        &format!("{cfg}: GroupedSm120::slot_element of templates/moe/sm120.cuh differs from moe::sm120::split_element"),
+                        &want,
+                        &loops(&[
+                            ("w", warps.to_string()),
+                            ("mp", "Cfg::MMA_P".into()),
+                            ("mq", "Cfg::MMA_Q".into()),
+                            ("e", "4".into()),
+                            ("lane", "32".into()),
+                        ]),
+                        &format!("fp4tune::moe::{runner}<Cfg, {op}>::slot_element(w, mp, mq, e, lane)"),
+                    ));
+                    body.push_str("}\n");
+                }
+            }
+        }
+        assert!(rows_seen.len() >= 4 && slots_seen.len() >= 4, "{rows_seen:?} {slots_seen:?}");
+        body
+    };
+    let check = |slot_off| {
+        compile_checks("fp4tune_sm120_grouped_index_check", "moe/sm120.cuh", &render(slot_off))
+    };
+    check(0).unwrap_or_else(|e| panic!("{e}"));
+    // a mirror one off fails, naming the function
+    let e = check(1).expect_err("a mirror that differs must fail the compile");
+    assert!(e.contains("slot_element of templates/moe/sm120.cuh differs"), "{e}");
+    assert!(!e.contains("sm120_weight_row of"), "{e}");
+}

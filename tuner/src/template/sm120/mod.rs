@@ -11,9 +11,12 @@
 //! P = W and Q = A, i.e. the kernel computes Y^T = W * A^T.
 //!
 //! [`fragments`] is the CPU model of the block-scaled MMA fragments the index math is tested
-//! against; [`report`] compiles every variant for `sm_120a` and checks its SASS.
+//! against; [`report`] compiles every variant for `sm_120a` and checks its SASS; `index_tests`
+//! compiles the template's constexpr index functions against the mirror's values of every layout.
 
 pub mod fragments;
+#[cfg(test)]
+pub(crate) mod index_tests;
 pub mod report;
 
 use super::{ConstraintError, Family, GemmConfig, Pipeline};
