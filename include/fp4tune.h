@@ -132,7 +132,8 @@ FP4TUNE_API void fp4tune_gemm_workspace_destroy(fp4tune_gemm_workspace* ws);
 FP4TUNE_API size_t fp4tune_gemm_workspace_bytes(const fp4tune_gemm_workspace* ws);
 
 /* fp4tune_gemm with `ws` (a workspace of `d`) as the scratch: no allocation, no synchronization
- * (capturable; codes prepared for the grouped layer are refused). It reads the list of prepared
+ * (capturable; on sm90, codes prepared for the grouped layer are refused: preparing reorders
+ * them). It reads the list of prepared
  * codes under a shared lock, which fp4tune_moe_prepare_weights and fp4tune_moe_restore_weights
  * hold exclusively while they run (load time), and a shape outside the table counts its fallback
  * launches under a short lock. A launch that

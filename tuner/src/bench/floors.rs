@@ -46,11 +46,13 @@ pub struct Floors<'g> {
 
 impl<'g> Floors<'g> {
     pub fn new(gpu: &'g Gpu, compiler: &Compiler) -> Result<Self, FloorError> {
-        let arch = Arch::for_compute_capability(
-            gpu.info().compute_capability.0,
-            gpu.info().compute_capability.1,
-        )
-        .unwrap_or(Arch::Sm90a);
+        let (major, minor) = gpu.info().compute_capability;
+        let arch = Arch::for_compute_capability(major, minor).ok_or_else(|| {
+            FloorError::Other(format!(
+                "{} (compute capability {major}.{minor}) has no fp4tune kernel family (supported: 9.0 -> sm90, 12.0 -> sm120)",
+                gpu.info().name
+            ))
+        })?;
         let load = |name: &str| -> Result<Kernel, FloorError> {
             let src =
                 KernelSource::from_unit(name.to_string(), arch, "#include \"bench/floors.cuh\"\n")

@@ -103,7 +103,7 @@ pub fn markdown(title: &str, prov: &Provenance, rows: &[Row], peers: &[&str]) ->
         "- Measured read bandwidth: {:.0} GB/s; launch floor (empty kernel, same policy): {:.2} us",
         prov.bandwidth_gbps, prov.launch_floor_us
     );
-    let _ = writeln!(md, "- Roofline: NVFP4 bytes / measured bandwidth vs 2MNK / {:.0} TFLOP/s (bf16 tensor peak of the data path); read floor: one kernel streaming the same bytes cold, best grid, this run", prov.tensor_peak_tflops);
+    let _ = writeln!(md, "- Roofline: NVFP4 bytes / measured bandwidth vs 2MNK / {:.0} TFLOP/s ({}); read floor: one kernel streaming the same bytes cold, best grid, this run", prov.tensor_peak_tflops, crate::search::DeviceModel::data_path_peak_label(&prov.device.name, prov.device.compute_capability));
     let _ = writeln!(md, "- Template source hash: `{}`", prov.template_hash);
     let _ = writeln!(
         md,

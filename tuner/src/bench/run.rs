@@ -135,6 +135,17 @@ pub fn tensor_peak_tflops(gpu: &Gpu) -> Result<f64, GpuError> {
     Ok(2.0 * (n as f64).powi(3) / (best * 1e-3) / 1e12)
 }
 
+/// The tensor peak of the data path of this GPU's family (TFLOP/s): the measured bf16 peak through
+/// [`crate::search::DeviceModel::data_path_peak_tflops`] (an FP4 peak on sm120).
+pub fn data_path_peak_tflops(gpu: &Gpu) -> Result<f64, GpuError> {
+    let info = gpu.info();
+    Ok(crate::search::DeviceModel::data_path_peak_tflops(
+        &info.name,
+        info.compute_capability,
+        tensor_peak_tflops(gpu)?,
+    ))
+}
+
 /// The physical floors of the run: the floor kernels, the launch floor, the read bandwidth and the
 /// tensor peak, measured under the run's policy.
 struct RunFloors<'g> {
@@ -155,7 +166,7 @@ impl<'g> RunFloors<'g> {
         let floors = Floors::new(gpu, compiler)?;
         let launch_floor = floors.launch_floor(policy, gpu.info().sm_count)?.median;
         let bandwidth = floors.read_bandwidth(policy, 1 << 30)?;
-        let peak = tensor_peak_tflops(gpu)?;
+        let peak = data_path_peak_tflops(gpu)?;
         Ok(Self { floors, launch_floor, bandwidth, peak, read_floors: HashMap::new() })
     }
 

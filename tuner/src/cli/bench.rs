@@ -61,9 +61,9 @@ pub struct BenchArgs {
     /// Token counts M, comma separated (default: 1,2,4,8,16,32,64,128,256,512,1024).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     pub m: Vec<u32>,
-    /// Activation type.
-    #[arg(long, value_enum, default_value = "w4a16")]
-    pub a_type: ATypeArg,
+    /// Activation type (default: the family's own, w4a16 on sm90, w4a4 on sm120).
+    #[arg(long, value_enum)]
+    pub a_type: Option<ATypeArg>,
     /// Which configurations: the whole search space, or only the family defaults.
     #[arg(long, value_enum, default_value = "space")]
     pub configs: ConfigsArg,
@@ -153,7 +153,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.tables.is_empty() {
         bail!("--table is for --moe runs (the per-expert loop peer)");
     }
-    let a_type = a.a_type.single("bench")?;
+    let a_type = a.a_type.map(|t| t.single("bench")).transpose()?;
     let file = match &a.shapes {
         Some(p) => ShapeFile::load(p)?,
         None => ShapeFile::glm5()?,
@@ -169,10 +169,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
         )
     })?;
     let family = Family::for_arch(arch);
+    let a_type = a_type.unwrap_or(template::family_a_type(family));
     let mut configs = match a.configs {
         ConfigsArg::Space => template::search_space(family, a_type),
         ConfigsArg::Default => template::family_defaults(family, a_type),
     };
+    configs.retain(|c| c.check().is_ok());
+    if configs.is_empty() {
+        bail!(
+            "{}: the {family} family has no {a_type} configuration (its kernels are {})",
+            info.name,
+            template::family_a_type(family)
+        );
+    }
     configs.retain(|c| a.pipeline.admits(c.pipeline));
     if configs.is_empty() {
         bail!(

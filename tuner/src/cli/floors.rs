@@ -14,6 +14,7 @@ pub struct FloorsArgs {
 pub fn run(args: FloorsArgs) -> Result<()> {
     let FloorsArgs { bytes, device } = args;
     use fp4tune::bench::{floors::Floors, run::tensor_peak_tflops, TimingPolicy};
+    use fp4tune::search::DeviceModel;
     let gpu = fp4tune::gpu::Gpu::open(device)?;
     let compiler = crate::default_compiler()?;
     let policy = TimingPolicy::default();
@@ -35,10 +36,16 @@ pub fn run(args: FloorsArgs) -> Result<()> {
         let s = floors.launch_floor(&policy, blocks)?;
         outln!("launch floor ({blocks} CTAs): {:.3} us [{:.3}, {:.3}]", s.median, s.lo, s.hi)?;
     }
-    outln!(
-        "bf16 tensor peak (cuBLAS 8192^3, best of 6): {:.0} TFLOP/s",
-        tensor_peak_tflops(&gpu)?
-    )?;
+    let bf16 = tensor_peak_tflops(&gpu)?;
+    outln!("bf16 tensor peak (cuBLAS 8192^3, best of 6): {bf16:.0} TFLOP/s")?;
+    let (name, cc) = (&info.name, info.compute_capability);
+    if cc.0 == 12 {
+        outln!(
+            "{}: {:.0} TFLOP/s",
+            DeviceModel::data_path_peak_label(name, cc),
+            DeviceModel::data_path_peak_tflops(name, cc, bf16)
+        )?;
+    }
     let sizes = if bytes.is_empty() {
         vec![
             885_000,

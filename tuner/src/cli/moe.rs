@@ -60,7 +60,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // sm120 grouped kernels are W4A4 (the native block-scaled MMA); sm90 runs both.
     let a_types: Vec<AType> = a
         .a_type
-        .types()
+        .map_or_else(|| vec![fp4tune::template::family_a_type(family)], |t| t.types())
         .into_iter()
         .filter(|t| family == Family::Sm90 || *t == AType::Nvfp4)
         .collect();

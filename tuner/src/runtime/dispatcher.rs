@@ -9,6 +9,7 @@ use crate::compile::cache::DiskCache;
 use crate::compile::Compiler;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceInfo, GemmParams, Gpu, Kernel};
+use crate::moe::order::WeightOrder;
 use crate::moe::MoeShape;
 use crate::problem::{AType, GemmProblem};
 use crate::table::{Fallback, Method, MismatchPolicy, Table, OP_GEMM};
@@ -450,10 +451,14 @@ impl Dispatcher {
         unsafe { self.launch(idx, kind, method, args, &p, Some(&ws), stream) }
     }
 
-    /// Refuse W codes that lie in weights prepared for the grouped kernels (another order than
-    /// the ModelOpt one the GEMM kernels read).
+    /// Refuse W codes that lie in weights prepared for the grouped kernels where that put them in
+    /// another order than the ModelOpt one the GEMM kernels read (sm90; on sm120 the grouped
+    /// kernels read the ModelOpt order and preparing leaves the codes as they are).
     fn refuse_prepared_codes(&self, args: &GemmArgs) -> Result<(), RuntimeError> {
         let Some(moe) = &self.moe else { return Ok(()) };
+        if WeightOrder::of(self.family()) == WeightOrder::ModelOpt {
+            return Ok(());
+        }
         let bytes = u64::from(args.n) * u64::from(args.k) / 2;
         match moe.prepared_overlap(args.w, bytes) {
             None => Ok(()),

@@ -5,6 +5,12 @@
 
 use super::model::{DeviceModel, H200_STREAM};
 
+/// Dense FP4 (block-scaled `mma ... kind::mxf4nvf4`) over dense bf16 (fp32 accumulate) tensor
+/// throughput of an SM120 GPU the data sheets do not name: 4 on the RTX PRO 6000's published
+/// rates; GeForce cards, whose bf16 with fp32 accumulate runs at half rate, have 8, so for them
+/// the roofline's compute side is at most 2x too slow.
+pub const SM120_FP4_PER_BF16: f64 = 4.0;
+
 impl DeviceModel {
     /// NVIDIA H200 (SM90), measured: 4.27 TB/s read bandwidth, ~790 TFLOP/s bf16 dense (989 by
     /// spec), 132 SMs, 60 MiB L2, 228 KiB shared memory per SM, 0.66 us launch floor in a CUDA
@@ -75,6 +81,38 @@ impl DeviceModel {
         }
     }
 
+    /// The tensor peak of the data path (TFLOP/s), which a roofline divides 2MNK by: the sm90
+    /// kernels run bf16 MMAs (W4A16, and W4A4 by exact emulation), so there it is the
+    /// `bf16_measured` cuBLAS peak; the sm120 kernels run the native FP4 MMA, so there it is the
+    /// data sheet's FP4 peak of a GPU the sheets name, else [`SM120_FP4_PER_BF16`] x the measured
+    /// bf16 peak, and never below the measured bf16 peak (a roofline at the bf16 rate would let a
+    /// native FP4 kernel measure faster than its roofline). [`Self::data_path_peak_label`] says
+    /// which.
+    pub fn data_path_peak_tflops(
+        device_name: &str,
+        compute_capability: (u32, u32),
+        bf16_measured: f64,
+    ) -> f64 {
+        if compute_capability.0 != 12 {
+            return bf16_measured;
+        }
+        match Self::data_sheet(device_name) {
+            Some(sheet) => sheet.tensor_tflops.max(bf16_measured),
+            None => SM120_FP4_PER_BF16 * bf16_measured,
+        }
+    }
+
+    /// What [`Self::data_path_peak_tflops`] is on this GPU, for reports.
+    pub fn data_path_peak_label(device_name: &str, compute_capability: (u32, u32)) -> &'static str {
+        if compute_capability.0 != 12 {
+            "bf16 tensor peak of the data path, measured by cuBLAS"
+        } else if Self::data_sheet(device_name).is_some() {
+            "FP4 tensor peak of the data path, from the GPU's data sheet"
+        } else {
+            "FP4 tensor peak of the data path, assumed 4x the bf16 peak measured by cuBLAS"
+        }
+    }
+
     /// Every data sheet.
     pub fn data_sheets() -> Vec<Self> {
         vec![Self::h200(), Self::rtx_pro_6000_ws(), Self::rtx_pro_6000_server(), Self::rtx_5090()]
@@ -101,6 +139,23 @@ impl DeviceModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// sm90 rooflines take the measured bf16 peak; sm120 ones an FP4 peak: the sheet's for a GPU
+    /// it names (never below the measured bf16), else 4x the measured bf16 peak.
+    #[test]
+    fn the_data_path_peak_is_the_family_mma_rate() {
+        let peak = DeviceModel::data_path_peak_tflops;
+        assert_eq!(peak("NVIDIA H200", (9, 0), 790.0), 790.0);
+        assert_eq!(peak("NVIDIA H100 80GB HBM3", (9, 0), 700.0), 700.0);
+        let pro = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition";
+        assert_eq!(peak(pro, (12, 0), 400.0), 1430.0);
+        assert_eq!(peak(pro, (12, 0), 2000.0), 2000.0);
+        assert_eq!(peak("NVIDIA GeForce RTX 5080", (12, 0), 200.0), 800.0);
+        let label = DeviceModel::data_path_peak_label;
+        assert!(label("NVIDIA H200", (9, 0)).starts_with("bf16"));
+        assert!(label(pro, (12, 0)).contains("data sheet"));
+        assert!(label("NVIDIA GeForce RTX 5080", (12, 0)).contains("assumed 4x"));
+    }
 
     #[test]
     fn data_sheets_hold_the_measured_and_published_numbers() {

@@ -407,6 +407,23 @@ mod tests {
         );
     }
 
+    /// sm120 without a table: every K that is a multiple of 16 has a default, K = 192 (a
+    /// multiple of 64, not of the generic tile's 256-k stages) the 64-k stage one, K = 176 the
+    /// K-tail form.
+    #[test]
+    fn sm120_defaults_run_every_whole_block_k() {
+        let (_, l) = lookup();
+        let defaults = default_configs(Family::Sm120, AType::Nvfp4);
+        assert_eq!(defaults.len(), 3);
+        for (k, which) in [(6144, 0), (256, 0), (192, 1), (1152, 1), (2880, 1), (176, 2), (16, 2)] {
+            for m in [1, 8, 64, 1024] {
+                let p = GemmProblem::new(m, 4096, k, AType::Nvfp4);
+                let r = l.resolve(OP_GEMM, Family::Sm120, &p, None).unwrap();
+                assert_eq!(r.config, defaults[which], "M {m} K {k}");
+            }
+        }
+    }
+
     #[test]
     fn illegal_entries_are_skipped_in_order() {
         // Fabricated index (a table file could not hold an illegal config): bucket 16's winner

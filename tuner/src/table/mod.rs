@@ -91,7 +91,7 @@ pub use schema::{
     TABLE_SCHEMA_VERSIONS_READ,
 };
 pub use summary::summary;
-pub use validate::{implausible_time, reportable_time, MIN_PLAUSIBLE_US};
+pub use validate::{implausible_time, reportable_time, MAX_ROOFLINE_FRACTION, MIN_PLAUSIBLE_US};
 
 /// Fixtures other modules' tests build on (a small legal table, fabricated devices).
 #[cfg(test)]

@@ -320,11 +320,15 @@ pub fn reportable_time(us: f64) -> bool {
     us == 0.0 || (MIN_REPORTED_US..=MAX_PLAUSIBLE_US).contains(&us)
 }
 
-/// Why a recorded roofline fraction (roofline time / median) is unusable, if it is: not a number
-/// in 0..=2 (a kernel twice as fast as its roofline is a wrong roofline or a wrong time; 0 is
-/// "not computed").
+/// The largest roofline fraction (roofline time / median) a table holds: a kernel twice as fast
+/// as its roofline is a wrong roofline or a wrong time.
+pub const MAX_ROOFLINE_FRACTION: f64 = 2.0;
+
+/// Why a recorded roofline fraction is unusable, if it is: not a number in
+/// 0..=[`MAX_ROOFLINE_FRACTION`] (0 is "not computed").
 fn bad_roofline_fraction(f: f64) -> Option<String> {
-    (!(0.0..=2.0).contains(&f)).then(|| format!("roofline_fraction {f} is not a number in 0..=2"))
+    (!(0.0..=MAX_ROOFLINE_FRACTION).contains(&f))
+        .then(|| format!("roofline_fraction {f} is not a number in 0..={MAX_ROOFLINE_FRACTION}"))
 }
 
 #[cfg(test)]

@@ -452,6 +452,15 @@ pub fn search_space(family: Family, a_type: AType) -> Vec<GemmConfig> {
     }
 }
 
+/// The activation type a family runs when none is asked for: W4A16 on sm90 (its serving case;
+/// W4A4 runs by exact emulation), W4A4 on sm120 (the native FP4 MMA, W4A4 only).
+pub fn family_a_type(family: Family) -> AType {
+    match family {
+        Family::Sm90 => AType::Bf16,
+        Family::Sm120 => AType::Nvfp4,
+    }
+}
+
 /// Configurations measured fastest on real hardware by the family's authors (the seeds every
 /// tuning run measures on every key where they are legal, next to the model's picks). Empty for a
 /// family nobody could run yet (SM120).
@@ -515,12 +524,17 @@ pub fn fallback_configs(family: Family, a_type: AType, m: u32, k: u32) -> Vec<Ge
     out
 }
 
-/// The family's defaults in lookup order: the generic configuration, then its K-tail form (64-k
-/// stages), which runs a K that is a multiple of 16 but not of 64 (shapes outside a table).
+/// The family's defaults in lookup order: the generic configuration; where its stages are deeper
+/// than 64 k (sm120's 256), the same tile with 64-k stages, which runs a K that is a multiple of
+/// 64 but not of the generic stage (K = 192, the down projection of a 1536-wide expert over 8
+/// GPUs); then the K-tail form (64-k stages), which runs a K that is a multiple of 16 but not of
+/// 64 (shapes outside a table).
 pub fn default_configs(family: Family, a_type: AType) -> Vec<GemmConfig> {
     let d = default_config(family, a_type);
-    let tail = GemmConfig { pipeline: Pipeline::KTail, block_k: 64, warps_k: 1, ..d };
+    let k64 = GemmConfig { block_k: 64, warps_k: 1, ..d };
+    let tail = GemmConfig { pipeline: Pipeline::KTail, ..k64 };
     let mut out = vec![d];
+    out.extend(Some(k64).filter(|c| d.block_k != 64 && c.check().is_ok()));
     out.extend(Some(tail).filter(|c| c.check().is_ok()));
     out
 }

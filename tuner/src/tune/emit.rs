@@ -19,6 +19,14 @@ pub fn roofline_us(p: &GemmProblem, ctx: &Context) -> f64 {
         .max(p.flops() / (ctx.tensor_peak_tflops * 1e6))
 }
 
+/// Roofline time over the measured median, capped at the table's bound: a kernel measured at more
+/// than twice its roofline has a roofline whose peak is below the GPU's (an SM120 GPU of another
+/// FP4 : bf16 rate than the one assumed), and the capped fraction keeps the tune's table instead
+/// of refusing to save it.
+pub fn roofline_fraction(roofline_us: f64, median_us: f64) -> f64 {
+    (roofline_us / median_us).min(crate::table::MAX_ROOFLINE_FRACTION)
+}
+
 /// Select winners and build the table. All records must be of one device (the caller checks).
 pub fn dispatch_table(
     records: &[Record],
@@ -50,7 +58,7 @@ pub fn dispatch_table(
             config: c.config,
             median_us: c.time.median,
             interval_us: (c.time.lo, c.time.hi),
-            roofline_fraction: roofline_us(&p, &ctx) / c.time.median,
+            roofline_fraction: roofline_fraction(roofline_us(&p, &ctx), c.time.median),
             runners_up: c
                 .runners_up
                 .iter()
@@ -88,6 +96,15 @@ mod tests {
         assert_eq!(t.entries.len(), 2);
         assert_eq!(sel.choices.len(), 2);
         assert!(t.entries.iter().all(|e| e.roofline_fraction > 0.0 && e.roofline_fraction < 1.0));
+        t.validate("test").unwrap();
+        // a peak far below the kernels' rate (a roofline 1000x their time): the fractions stop at
+        // the table's bound and the table still validates
+        recs[0].context.as_mut().unwrap().tensor_peak_tflops = 1e-3;
+        let (t, _) = dispatch_table(&recs, &SelectRules::default()).unwrap();
+        assert!(t
+            .entries
+            .iter()
+            .all(|e| e.roofline_fraction == crate::table::MAX_ROOFLINE_FRACTION));
         t.validate("test").unwrap();
     }
 }

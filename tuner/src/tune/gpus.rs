@@ -278,6 +278,10 @@ pub fn run(
     for (o, info) in &infos {
         progress(*o, Event::Device(info.clone()));
     }
+    let first = ordinals[0];
+    let info = infos[0].1.clone();
+    // a GPU of no kernel family is refused before anything is measured on it
+    let (family, a_type) = family_and_a_type(spec, &info)?;
     // Floors on every GPU at once (each worker measures its own).
     for w in workers.iter_mut() {
         send_floors(w, spec.policy)?;
@@ -286,9 +290,6 @@ pub fn run(
     for w in workers.iter_mut() {
         floors.push(recv_floors(w)?);
     }
-    let first = ordinals[0];
-    let info = infos[0].1.clone();
-    let (family, a_type) = family_and_a_type(spec, &info)?;
     let log_path = spec.out_dir.join(shard_log_file_name(&info, a_type, spec.shard));
     let template_hash = template::family_template_hash(family);
     let contexts: Vec<log::Context> = floors

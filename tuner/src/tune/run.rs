@@ -293,11 +293,7 @@ fn family_and_a_type(spec: &TuneSpec, info: &DeviceInfo) -> Result<(Family, ATyp
         ))
     })?;
     let family = Family::for_arch(arch);
-    let a_type = spec.a_type.unwrap_or(if template::search_space(family, AType::Bf16).is_empty() {
-        AType::Nvfp4
-    } else {
-        AType::Bf16
-    });
+    let a_type = spec.a_type.unwrap_or(template::family_a_type(family));
     Ok((family, a_type))
 }
 

@@ -104,7 +104,7 @@ pub fn serve(compiler: &Compiler) -> ! {
                         bandwidth_gbps: f
                             .read_bandwidth(&policy, 1 << 30)
                             .map_err(|e| e.to_string())?,
-                        tensor_peak_tflops: crate::bench::run::tensor_peak_tflops(g)
+                        tensor_peak_tflops: crate::bench::run::data_path_peak_tflops(g)
                             .map_err(|e| e.to_string())?,
                         launch_floor_us: f
                             .launch_floor(&policy, g.info().sm_count)
