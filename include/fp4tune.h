@@ -218,10 +218,10 @@ typedef struct fp4tune_moe_args {
  * once after loading (not while the stream captures a graph). The work runs on stream through a
  * scratch copy of up to 64 MiB; the call returns once the codes are in place. Grouped launches
  * return FP4TUNE_ERR_INVALID_ARGUMENT for weight codes that were not prepared for their
- * projection and shape, fp4tune_gemm for codes that were, and so does preparing codes that
- * overlap prepared ones. Prepared codes serve the grouped layer only:
- * fp4tune_moe_restore_weights (same shape, projection and codes) puts them back for
- * fp4tune_gemm; fp4tune_moe_forget_weights (same arguments) drops them from the dispatcher's list
+ * projection and shape, fp4tune_gemm on sm90 for codes that were (sm90 reorders them; sm120
+ * reads them as loaded), and so does preparing codes that overlap prepared ones. On sm90 prepared
+ * codes serve the grouped layer only: fp4tune_moe_restore_weights (same shape, projection and
+ * codes) puts them back for fp4tune_gemm; fp4tune_moe_forget_weights (same arguments) drops them from the dispatcher's list
  * without touching them: call one of the two before the memory is freed or reused. */
 #define FP4TUNE_MOE_W13 0u
 #define FP4TUNE_MOE_W2 1u

@@ -244,7 +244,8 @@ unsafe fn weights_call(
 /// expert's codes, no scales, at device address `codes`) into the layout the grouped kernels
 /// read, in place, once after loading; returns once they are in place (`stream` runs the work).
 /// Grouped launches refuse codes that were not prepared for their projection and shape, GEMM
-/// launches codes that were; overlapping a prepared range and a capturing stream are refused.
+/// launches on sm90 codes that were (sm120 reads them as loaded); overlapping a prepared range
+/// and a capturing stream are refused.
 ///
 /// # Safety
 /// `d` live; `codes` the projection's codes on the device, not used by other work until the

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 pub enum ConfigsArg {
     Space,
     /// The family defaults a shape outside the table falls back to: the decode defaults (the
-    /// runtime's first choice up to M = 64), the generic configuration and its K-tail form.
+    /// runtime's first choice up to M = 64), the generic configuration, on sm120 its 64-k stage
+    /// form, and its K-tail form.
     Default,
 }
 

@@ -250,10 +250,12 @@ pub fn check_layer(family: Family, a_type: AType, shape: &MoeShape) -> Result<()
 /// ([`GroupedConfig::tiled`]); below it their tiles of 16 or 32 rows are mostly empty.
 pub const TILED_MIN_ROWS_PER_EXPERT: u32 = 4;
 /// Routed rows per active expert from which a grouped screen measures the wgmma configurations
-/// ([`GroupedConfig::wgmma`]) among the tiled ones: their tiles have 32 to 128 rows, and on the
-/// H200 the best of them is still 1.39-1.51x slower than the best other configuration at 32 and
-/// 64 rows per expert, even at 128 and faster only from 256 (EP8 W4A16, both ops,
-/// `results/h200/nvidia-h200-ep8-moe-w4a16-wgmma.jsonl.gz`).
+/// ([`GroupedConfig::wgmma`]) among the tiled ones: their tiles have 32 to 128 rows, mostly empty
+/// below 16 rows per expert. On the H200 the best of them is still 1.39-1.51x slower than the
+/// best other configuration at 32 and 64 rows per expert, even at 128 and faster only from 256
+/// (EP8 W4A16, both ops, `results/h200/nvidia-h200-ep8-moe-w4a16-wgmma.jsonl.gz`); the screen
+/// measures them from 16 on all the same, since where they overtake depends on the GPU and the
+/// layer, and a screen that skipped them would never see it (they cost screen time only).
 pub const WGMMA_MIN_ROWS_PER_EXPERT: u32 = 16;
 /// Routed rows per active expert from which a grouped screen measures only tiled configurations:
 /// there the streamed kernels, which decode every weight once per tile of at most 32 rows and

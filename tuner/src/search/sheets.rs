@@ -107,7 +107,7 @@ impl DeviceModel {
         if compute_capability.0 != 12 {
             "bf16 tensor peak of the data path, measured by cuBLAS"
         } else if Self::data_sheet(device_name).is_some() {
-            "FP4 tensor peak of the data path, from the GPU's data sheet"
+            "FP4 tensor peak of the data path, from fp4tune's data sheet of this GPU"
         } else {
             "FP4 tensor peak of the data path, assumed 4x the bf16 peak measured by cuBLAS"
         }

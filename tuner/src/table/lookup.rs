@@ -415,11 +415,20 @@ mod tests {
         let (_, l) = lookup();
         let defaults = default_configs(Family::Sm120, AType::Nvfp4);
         assert_eq!(defaults.len(), 3);
+        // sm90's generic configuration has 64-k stages already: the generic one and its K-tail form
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            let d = default_configs(Family::Sm90, a_type);
+            assert_eq!(d.len(), 2);
+            assert_eq!(d[0], default_config(Family::Sm90, a_type));
+            let tail = crate::template::Pipeline::KTail;
+            assert_eq!(d[1], GemmConfig { pipeline: tail, block_k: 64, warps_k: 1, ..d[0] });
+        }
         for (k, which) in [(6144, 0), (256, 0), (192, 1), (1152, 1), (2880, 1), (176, 2), (16, 2)] {
             for m in [1, 8, 64, 1024] {
                 let p = GemmProblem::new(m, 4096, k, AType::Nvfp4);
                 let r = l.resolve(OP_GEMM, Family::Sm120, &p, None).unwrap();
                 assert_eq!(r.config, defaults[which], "M {m} K {k}");
+                assert_eq!(r.fallback, Fallback::Default { missing: Missing::Shape });
             }
         }
     }

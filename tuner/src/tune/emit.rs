@@ -4,6 +4,7 @@ use super::log::{Context, Record};
 use super::select::{select, SelectRules, Selection};
 use crate::problem::GemmProblem;
 use crate::table::{DeviceIdentity, Entry, RunnerUp, Table, Toolchain};
+use crate::template::Family;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmitError {
@@ -19,12 +20,19 @@ pub fn roofline_us(p: &GemmProblem, ctx: &Context) -> f64 {
         .max(p.flops() / (ctx.tensor_peak_tflops * 1e6))
 }
 
-/// Roofline time over the measured median, capped at the table's bound: a kernel measured at more
-/// than twice its roofline has a roofline whose peak is below the GPU's (an SM120 GPU of another
-/// FP4 : bf16 rate than the one assumed), and the capped fraction keeps the tune's table instead
-/// of refusing to save it.
-pub fn roofline_fraction(roofline_us: f64, median_us: f64) -> f64 {
-    (roofline_us / median_us).min(crate::table::MAX_ROOFLINE_FRACTION)
+/// Roofline time over the measured median. On sm120, capped at the table's bound: its roofline's
+/// FP4 peak is a data sheet's or an assumed ratio to the measured bf16 peak, and a kernel measured
+/// at more than twice that roofline means the peak is below the GPU's, not a wrong time, so the
+/// capped fraction keeps the tune's table instead of refusing to save it. On sm90 the peak is
+/// measured and a fraction past the bound (a wrong time) still stops the table at validation.
+pub fn roofline_fraction(roofline_us: f64, median_us: f64, family: Family) -> f64 {
+    let f = roofline_us / median_us;
+    let cap = crate::table::MAX_ROOFLINE_FRACTION;
+    if family == Family::Sm120 && f > cap {
+        cap
+    } else {
+        f
+    }
 }
 
 /// Select winners and build the table. All records must be of one device (the caller checks).
@@ -58,7 +66,11 @@ pub fn dispatch_table(
             config: c.config,
             median_us: c.time.median,
             interval_us: (c.time.lo, c.time.hi),
-            roofline_fraction: roofline_fraction(roofline_us(&p, &ctx), c.time.median),
+            roofline_fraction: roofline_fraction(
+                roofline_us(&p, &ctx),
+                c.time.median,
+                c.key.family,
+            ),
             runners_up: c
                 .runners_up
                 .iter()
@@ -97,14 +109,20 @@ mod tests {
         assert_eq!(sel.choices.len(), 2);
         assert!(t.entries.iter().all(|e| e.roofline_fraction > 0.0 && e.roofline_fraction < 1.0));
         t.validate("test").unwrap();
-        // a peak far below the kernels' rate (a roofline 1000x their time): the fractions stop at
-        // the table's bound and the table still validates
+        // a peak far below the kernels' rate (a roofline 1000x their time): on sm90 (measured
+        // peak) the table refuses it; on sm120 (a sheet's or an assumed FP4 peak) the fractions
+        // stop at the table's bound
         recs[0].context.as_mut().unwrap().tensor_peak_tflops = 1e-3;
         let (t, _) = dispatch_table(&recs, &SelectRules::default()).unwrap();
-        assert!(t
-            .entries
-            .iter()
-            .all(|e| e.roofline_fraction == crate::table::MAX_ROOFLINE_FRACTION));
-        t.validate("test").unwrap();
+        assert!(t.validate("test").is_err());
+        let cap = crate::table::MAX_ROOFLINE_FRACTION;
+        assert_eq!(roofline_fraction(1000.0, 1.0, Family::Sm120), cap);
+        assert_eq!(roofline_fraction(1.0, 2.0, Family::Sm120), 0.5);
+        assert!(roofline_fraction(0.0, 0.0, Family::Sm120).is_nan(), "a NaN stays refused");
+        for r in recs.iter_mut() {
+            r.key.family = Family::Sm120;
+        }
+        let (t, _) = dispatch_table(&recs, &SelectRules::default()).unwrap();
+        assert!(t.entries.iter().all(|e| e.roofline_fraction == cap));
     }
 }

@@ -114,7 +114,8 @@ pub struct Context {
     /// older logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvrtc_build: Option<String>,
-    /// Read bandwidth and bf16 tensor peak measured at the start of the campaign.
+    /// Read bandwidth and the data path's tensor peak (`bench::run::data_path_peak_tflops`: bf16
+    /// on sm90, FP4 on sm120) measured at the start of the campaign.
     pub bandwidth_gbps: f64,
     pub tensor_peak_tflops: f64,
     /// Empty-kernel launch floor under the same policy (absent in the first logs).

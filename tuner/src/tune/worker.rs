@@ -22,7 +22,8 @@ pub enum Request {
     Hello { device: usize },
     /// How many GPUs the driver reports (`tune --gpus all`).
     Devices,
-    /// Measure read bandwidth (GB/s) and bf16 tensor peak (TFLOP/s) for roofline fractions.
+    /// Measure read bandwidth (GB/s) and the data path's tensor peak (TFLOP/s) for roofline
+    /// fractions.
     Floors { policy: TimingPolicy },
     /// Verify every config on `problem` (random operands from `seed`), then time the correct ones.
     Evaluate { problem: GemmProblem, configs: Vec<GemmConfig>, policy: TimingPolicy, seed: u64 },
