@@ -6,7 +6,7 @@ use super::stats::Summary;
 use super::timer::{measure, LaunchFn};
 use crate::compile::Compiler;
 use crate::gpu::{DeviceBuf, Gpu, GpuError, Kernel};
-use crate::template::{Arch, KernelSource, LaunchDims};
+use crate::template::{KernelSource, LaunchDims};
 use serde::{Deserialize, Serialize};
 
 /// Errors while measuring floors.
@@ -46,13 +46,9 @@ pub struct Floors<'g> {
 
 impl<'g> Floors<'g> {
     pub fn new(gpu: &'g Gpu, compiler: &Compiler) -> Result<Self, FloorError> {
-        let (major, minor) = gpu.info().compute_capability;
-        let arch = Arch::for_compute_capability(major, minor).ok_or_else(|| {
-            FloorError::Other(format!(
-                "{} (compute capability {major}.{minor}) has no fp4tune kernel family (supported: 9.0 -> sm90, 12.0 -> sm120)",
-                gpu.info().name
-            ))
-        })?;
+        let arch = crate::runtime::family_for(gpu.info())
+            .map_err(|e| FloorError::Other(e.to_string()))?
+            .arch();
         let load = |name: &str| -> Result<Kernel, FloorError> {
             let src =
                 KernelSource::from_unit(name.to_string(), arch, "#include \"bench/floors.cuh\"\n")

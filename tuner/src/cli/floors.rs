@@ -39,7 +39,7 @@ pub fn run(args: FloorsArgs) -> Result<()> {
     let bf16 = tensor_peak_tflops(&gpu)?;
     outln!("bf16 tensor peak (cuBLAS 8192^3, best of 6): {bf16:.0} TFLOP/s")?;
     let (name, cc) = (&info.name, info.compute_capability);
-    if cc.0 == 12 {
+    if DeviceModel::fp4_data_path(cc) {
         outln!(
             "{}: {:.0} TFLOP/s",
             DeviceModel::data_path_peak_label(name, cc),

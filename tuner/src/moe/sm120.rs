@@ -168,10 +168,7 @@ pub fn check(c: &GroupedConfig, shape: &MoeShape) -> Result<(), String> {
 pub fn instantiation(c: &GroupedConfig) -> String {
     let mut unit = c.unit(UnitParts {
         header: "moe/sm120.cuh",
-        cfg: format!(
-            "fp4tune::sm120::Config<{}, {}, {}, 1, {}, {}, {}, {}, true>",
-            c.block_m, c.block_n, c.block_k, c.warps_n, c.warps_k, c.depth, c.split_k
-        ),
+        cfg: gemm::config_type(&gemm_config(c)),
         rust_side: "moe/sm120.rs",
         template_side: "sm120/config.cuh",
         launch: format!("__launch_bounds__({})", c.threads()),

@@ -454,10 +454,7 @@ fn the_grouped_index_math_is_its_cpu_mirror() {
             for c in distinct_kernels(&[shape]) {
                 let (n, _) = shape.nk(c.op);
                 let ns = format!("k{}", rows_seen.len() + slots_seen.len());
-                let cfg = format!(
-                    "fp4tune::sm120::Config<{}, {}, {}, 1, {}, {}, {}, {}, true>",
-                    c.block_m, c.block_n, c.block_k, c.warps_n, c.warps_k, c.depth, c.split_k
-                );
+                let cfg = gemm::config_type(&gemm_config(&c));
                 let op = c.op.template_op();
                 if !rows_seen.contains(&(c.op, n, c.block_n)) {
                     rows_seen.push((c.op, n, c.block_n));

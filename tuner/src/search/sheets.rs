@@ -93,7 +93,7 @@ impl DeviceModel {
         compute_capability: (u32, u32),
         bf16_measured: f64,
     ) -> f64 {
-        if compute_capability.0 != 12 {
+        if !Self::fp4_data_path(compute_capability) {
             return bf16_measured;
         }
         match Self::data_sheet(device_name) {
@@ -102,9 +102,14 @@ impl DeviceModel {
         }
     }
 
+    /// Whether this GPU's kernels run the native FP4 MMA (SM 12.x), whose peak is not bf16's.
+    pub fn fp4_data_path(compute_capability: (u32, u32)) -> bool {
+        compute_capability.0 == 12
+    }
+
     /// What [`Self::data_path_peak_tflops`] is on this GPU, for reports.
     pub fn data_path_peak_label(device_name: &str, compute_capability: (u32, u32)) -> &'static str {
-        if compute_capability.0 != 12 {
+        if !Self::fp4_data_path(compute_capability) {
             "bf16 tensor peak of the data path, measured by cuBLAS"
         } else if Self::data_sheet(device_name).is_some() {
             "FP4 tensor peak of the data path, from fp4tune's data sheet of this GPU"

@@ -53,18 +53,7 @@ pub(crate) fn compare<T: ToString>(
 /// every warp's first and last MMA tiles, the mirror's values taken from `math`.
 pub(crate) fn layout_checks(c: &GemmConfig, ns: &str, math: &IndexMath) -> String {
     let l = Sm120Layout::of(c).expect("a configuration of the space has a layout");
-    let cfg = format!(
-        "fp4tune::sm120::Config<{}, {}, {}, {}, {}, {}, {}, {}, {}>",
-        c.block_m,
-        c.block_n,
-        c.block_k,
-        c.warps_m,
-        c.warps_n,
-        c.warps_k,
-        c.stages,
-        c.split_k,
-        c.swap_ab
-    );
+    let cfg = super::config_type(c);
     let side = |f: &str| {
         format!("{cfg}: {f} of templates/sm120 differs from its mirror in tuner/src/template/sm120/fragments.rs")
     };

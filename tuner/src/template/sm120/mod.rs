@@ -242,28 +242,36 @@ pub fn check_problem(c: &GemmConfig, p: &GemmProblem) -> Result<(), ConstraintEr
     Ok(())
 }
 
+/// The template's configuration type of `c`: `fp4tune::sm120::Config<...>`.
+pub fn config_type(c: &GemmConfig) -> String {
+    format!(
+        "fp4tune::sm120::Config<{}, {}, {}, {}, {}, {}, {}, {}, {}>",
+        c.block_m,
+        c.block_n,
+        c.block_k,
+        c.warps_m,
+        c.warps_n,
+        c.warps_k,
+        c.stages,
+        c.split_k,
+        c.swap_ab
+    )
+}
+
 /// The instantiation unit: include the umbrella header, instantiate the config, assert the
 /// shared-memory size Rust computed and define the `extern "C"` kernel.
 pub fn instantiation(c: &GemmConfig) -> String {
     format!(
         "#include \"sm120/gemm.cuh\"\n\
          \n\
-         using Cfg = fp4tune::sm120::Config<{bm}, {bn}, {bk}, {wm}, {wn}, {wk}, {st}, {sk}, {swap}>;\n\
+         using Cfg = {cfg};\n\
          static_assert(Cfg::SMEM_BYTES == {smem}, \"shared-memory size of the template differs from sm120.rs::smem_bytes\");\n\
          static_assert(Cfg::THREADS == {threads}, \"thread count of the template differs from GemmConfig::threads\");\n\
          \n\
          extern \"C\" __global__ void __launch_bounds__({threads}) {name}(const fp4tune::GemmParams p) {{\n\
          \x20   fp4tune::sm120::gemm<Cfg{tail}>(p);\n\
          }}\n",
-        bm = c.block_m,
-        bn = c.block_n,
-        bk = c.block_k,
-        wm = c.warps_m,
-        wn = c.warps_n,
-        wk = c.warps_k,
-        st = c.stages,
-        sk = c.split_k,
-        swap = c.swap_ab,
+        cfg = config_type(c),
         smem = smem_bytes(c),
         threads = c.threads(),
         name = c.kernel_name(),
