@@ -123,20 +123,22 @@ impl DeviceModel {
         vec![Self::h200(), Self::rtx_pro_6000_ws(), Self::rtx_pro_6000_server(), Self::rtx_5090()]
     }
 
-    /// A data sheet by (case-insensitive) name fragment of the device name: "H200", "RTX PRO
-    /// 6000 ... Server Edition", "5090", "RTX PRO 6000".
+    /// A data sheet by (case-insensitive) name fragment of the device name: "H200", "5090", "RTX
+    /// PRO 6000 ... Server Edition", "RTX PRO 6000" (the Workstation Edition). The PRO 6000 Max-Q
+    /// Workstation Edition has none: the same chip at lower clocks, whose peaks no sheet holds (so
+    /// its roofline takes the measured bf16 peak's multiple, not the 600 W card's FP4 rate).
     pub fn data_sheet(device_name: &str) -> Option<Self> {
         let n = device_name.to_ascii_lowercase();
-        if n.contains("server") {
-            Some(Self::rtx_pro_6000_server())
-        } else if n.contains("5090") {
-            Some(Self::rtx_5090())
-        } else if n.contains("h200") {
+        if n.contains("h200") {
             Some(Self::h200())
-        } else if n.contains("6000") {
-            Some(Self::rtx_pro_6000_ws())
-        } else {
+        } else if n.contains("rtx 5090") {
+            Some(Self::rtx_5090())
+        } else if !n.contains("rtx pro 6000") || n.contains("max-q") {
             None
+        } else if n.contains("server") {
+            Some(Self::rtx_pro_6000_server())
+        } else {
+            Some(Self::rtx_pro_6000_ws())
         }
     }
 }
@@ -177,6 +179,12 @@ mod tests {
         assert_eq!(by("NVIDIA GeForce RTX 5090"), Some("GeForce RTX 5090".into()));
         assert_eq!(by("NVIDIA H200"), Some("NVIDIA H200".into()));
         assert_eq!(by("A100"), None);
+        let ws = Some(DeviceModel::rtx_pro_6000_ws().name);
+        assert_eq!(by("NVIDIA RTX PRO 6000 Blackwell Workstation Edition"), ws);
+        // Other cards whose names share a fragment with a sheet's take no sheet.
+        assert_eq!(by("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"), None);
+        assert_eq!(by("NVIDIA RTX PRO 4500 Blackwell Server Edition"), None);
+        assert_eq!(by("NVIDIA RTX 6000 Ada Generation"), None);
         for d in DeviceModel::data_sheets() {
             assert!(d.bandwidth_gbs > 0.0 && d.tensor_tflops > 0.0, "{}", d.name);
         }
