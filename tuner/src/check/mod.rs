@@ -38,7 +38,7 @@ pub use rule::{compare, Baseline, Comparison, RuleConfig, SummaryBaseline, Verdi
 use crate::bench::Summary;
 use crate::gpu::DeviceInfo;
 use crate::table::{Entry, Mismatch, MoeEntry, Table};
-use crate::template::{Arch, Family};
+use crate::template::Family;
 use crate::tune::log::Outcome;
 
 /// What the GPU side measured for one entry.
@@ -90,12 +90,8 @@ pub fn preflight(
                     d.name
                 )));
             }
-            let (ma, mi) = d.compute_capability;
-            if Arch::for_compute_capability(ma, mi).is_none() {
-                out.push(Blocker::NoFamily(format!(
-                    "{} (SM {ma}.{mi}) has no fp4tune kernel family (supported: 9.0, 12.0)",
-                    d.name
-                )));
+            if let Err(e) = crate::runtime::family_for(d) {
+                out.push(Blocker::NoFamily(e.to_string()));
             }
         }
     }

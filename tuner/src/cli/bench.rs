@@ -4,7 +4,7 @@ use super::ATypeArg;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use fp4tune::shapes::ShapeFile;
-use fp4tune::template::{self, Arch, Family, Pipeline};
+use fp4tune::template::{self, Pipeline};
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -162,14 +162,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let shapes = select_shapes(&file, &a.sets, &a.only)?;
     let gpu = fp4tune::gpu::Gpu::open(a.device)?;
     let info = gpu.info().clone();
-    let arch = Arch::for_compute_capability(info.compute_capability.0, info.compute_capability.1)
-        .with_context(|| {
-        format!(
-            "{} (compute capability {}.{}) has no fp4tune kernel family (supported: 9.0, 12.0)",
-            info.name, info.compute_capability.0, info.compute_capability.1
-        )
-    })?;
-    let family = Family::for_arch(arch);
+    let family = fp4tune::runtime::family_for(&info)?;
     let a_type = a_type.unwrap_or(template::family_a_type(family));
     let mut configs = match a.configs {
         ConfigsArg::Space => template::search_space(family, a_type),

@@ -7,11 +7,9 @@ use super::*;
 
 fn open() -> (Gpu, Family, Compiler) {
     let gpu = Gpu::open(0).unwrap_or_else(|e| panic!("the gpu feature is on but: {e}"));
-    let (ma, mi) = gpu.info().compute_capability;
-    let arch = Arch::for_compute_capability(ma, mi)
-        .unwrap_or_else(|| panic!("{} (cc {ma}.{mi}) has no kernel family", gpu.info().name));
+    let family = crate::runtime::family_for(gpu.info()).unwrap_or_else(|e| panic!("{e}"));
     let compiler = Compiler::with_default_cache().unwrap_or_else(|e| panic!("{e}"));
-    (gpu, Family::for_arch(arch), compiler)
+    (gpu, family, compiler)
 }
 
 #[test]

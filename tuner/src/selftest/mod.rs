@@ -24,7 +24,7 @@ mod gpu_tests;
 use crate::compile::Compiler;
 use crate::gpu::{DeviceInfo, Gpu};
 use crate::table::Table;
-use crate::template::{Arch, Family};
+use crate::template::Family;
 use kernels::KernelCheck;
 
 /// How one check ended.
@@ -196,16 +196,14 @@ pub fn run(
     };
     let info = gpu.info().clone();
     report.device = Some(info.clone());
-    let (ma, mi) = info.compute_capability;
-    let Some(arch) = Arch::for_compute_capability(ma, mi) else {
-        compile_only(&mut report, on_check);
-        report.cannot_run = Some(format!(
-            "{} (SM {ma}.{mi}) has no fp4tune kernel family (supported: 9.0, 12.0)",
-            info.name
-        ));
-        return report;
+    let family = match crate::runtime::family_for(&info) {
+        Ok(family) => family,
+        Err(e) => {
+            compile_only(&mut report, on_check);
+            report.cannot_run = Some(e.to_string());
+            return report;
+        }
     };
-    let family = Family::for_arch(arch);
     // The context is lost after a CUDA error: the checks after it do not run.
     let mut lost: Option<String> = None;
     let probe = probe_of(family);

@@ -12,7 +12,7 @@ use crate::gpu::DeviceInfo;
 use crate::problem::{AType, GemmProblem};
 use crate::table::Method;
 use crate::table::TableKey;
-use crate::template::{self, Arch, Family, GemmConfig};
+use crate::template::{self, Family, GemmConfig};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -285,14 +285,7 @@ impl Session {
 
 /// The family of the device and the activation type to tune (the family's own when not given).
 fn family_and_a_type(spec: &TuneSpec, info: &DeviceInfo) -> Result<(Family, AType), TuneError> {
-    let (ma, mi) = info.compute_capability;
-    let arch = Arch::for_compute_capability(ma, mi).ok_or_else(|| {
-        TuneError::Other(format!(
-            "{} (compute capability {ma}.{mi}) has no fp4tune kernel family (supported: 9.0 -> sm90, 12.0 -> sm120)",
-            info.name
-        ))
-    })?;
-    let family = Family::for_arch(arch);
+    let family = crate::runtime::family_for(info).map_err(|e| TuneError::Other(e.to_string()))?;
     let a_type = spec.a_type.unwrap_or(template::family_a_type(family));
     Ok((family, a_type))
 }
