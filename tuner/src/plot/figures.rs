@@ -198,7 +198,11 @@ pub fn gemm_time_vs_m(points: &[BenchPoint], tables: &[(&Table, &str)]) -> Vec<C
                 Method::Fused => per.0.insert(e.key.m, e.median_us),
                 _ => per.1.insert(e.key.m, e.median_us),
             };
-            if e.roofline_fraction > 0.0 {
+            // A fraction at the table's bound is a cap (sm120, a peak from a data sheet), not the
+            // roofline's value: no point is drawn for it.
+            if e.roofline_fraction > 0.0
+                && e.roofline_fraction < crate::table::MAX_ROOFLINE_FRACTION
+            {
                 g.table_roofline.insert(e.key.m, e.median_us * e.roofline_fraction);
             }
         }

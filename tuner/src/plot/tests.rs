@@ -165,3 +165,37 @@ fn io_errors_name_the_file_and_the_os_error_once() {
     assert!(std::error::Error::source(&e).is_none());
     assert!(e.to_string().starts_with("/x/y.svg: "), "{e}");
 }
+
+/// Without a benchmark's roofline the chart draws the one the table's fractions imply, except
+/// where a fraction sits at the table's bound (an sm120 cap: a bound, not the roofline).
+#[test]
+fn table_roofline_skips_capped_fractions() {
+    let mut table = crate::table::tests_support::sample();
+    let gemm: Vec<usize> = (0..table.entries.len())
+        .filter(|&i| table.entries[i].key.op == crate::table::OP_GEMM)
+        .collect();
+    assert!(gemm.len() >= 2, "the sample table has {} GEMM entries", gemm.len());
+    for &i in &gemm {
+        table.entries[i].roofline_fraction = 0.5;
+    }
+    let capped = table.entries[gemm[0]].key.clone();
+    table.entries[gemm[0]].roofline_fraction = crate::table::MAX_ROOFLINE_FRACTION;
+    let charts = gemm_time_vs_m(&[], &[(&table, "t.ron")]);
+    let mut drawn = 0;
+    for c in &charts {
+        for s in c.series.iter().filter(|s| s.name == "roofline (table)") {
+            for &(m, us) in &s.points {
+                let e = table.entries.iter().find(|e| {
+                    e.key.op == crate::table::OP_GEMM
+                        && e.key.m as f64 == m
+                        && c.file.contains(&format!("n{}-k{}", e.key.n, e.key.k))
+                });
+                let e = e.unwrap_or_else(|| panic!("{} has a point at m = {m}", c.file));
+                assert_ne!(e.key, capped, "the capped entry is drawn in {}", c.file);
+                assert!((us - e.median_us * 0.5).abs() < 1e-9);
+                drawn += 1;
+            }
+        }
+    }
+    assert_eq!(drawn, gemm.len() - 1);
+}
