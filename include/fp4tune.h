@@ -234,8 +234,11 @@ FP4TUNE_API int fp4tune_moe_restore_weights(const fp4tune_dispatcher* d, int32_t
 FP4TUNE_API int fp4tune_moe_forget_weights(const fp4tune_dispatcher* d, int32_t hidden, int32_t inter,
                                            int32_t experts, uint32_t projection, uint64_t codes);
 
-/* A workspace for up to max_tokens tokens of the layer; the table must have grouped entries for
- * it; max_tokens x top_k stays within INT32_MAX. Launches through `d` refuse a workspace of
+/* A workspace for up to max_tokens tokens of the layer; max_tokens x top_k stays within INT32_MAX.
+ * A layer the table has no grouped entries for runs the family defaults (one configuration per
+ * token bucket, legal for its shape; tune it for its own): the first workspace of such a layer
+ * builds them (NVRTC, or the cubin cache), so create it before capturing a graph. A layer the
+ * family's kernels cannot run (its K or N) is refused with a message saying what they take. Launches through `d` refuse a workspace of
  * another dispatcher, and a call of more tokens than a chosen kernel's grid of CTAs can take
  * (65535 rows of tiles), before anything is enqueued. On failure *out is NULL. */
 FP4TUNE_API int fp4tune_moe_workspace_create(const fp4tune_dispatcher* d, int32_t hidden,
@@ -262,13 +265,13 @@ FP4TUNE_API int fp4tune_moe_down(const fp4tune_dispatcher* d, fp4tune_moe_worksp
                                  const fp4tune_moe_args* args, uint64_t stream);
 
 /* Write the grouped kernels the layer launches for `tokens` and why into buf (NUL-terminated,
- * truncated to len), per activation type the table has grouped entries for, separated by " | ":
+ * truncated to len), per activation type the device runs the layer with, separated by " | ":
  *   w4a16: gate_up <config> (<why>); down <config> (<why>)
  * why: "exact" (a tuned bucket B), "nearest bucket B=8: 20 lies between B=8 and B=64, nearer in
  * log scale", or the nearest bucket below the smallest / above the largest tuned B; entries
- * tuned with other grouped templates say so. A layer without grouped routes (not in the table, no
- * table, or a device that cannot run them) returns FP4TUNE_ERR_INVALID_ARGUMENT and
- * fp4tune_last_error() says why. */
+ * tuned with other grouped templates say so, and so do the family defaults of a layer the table
+ * has no entries for. A layer the family's kernels cannot run returns
+ * FP4TUNE_ERR_INVALID_ARGUMENT and fp4tune_last_error() says why. */
 FP4TUNE_API int fp4tune_moe_route(const fp4tune_dispatcher* d, int32_t hidden, int32_t inter,
                                   int32_t experts, int32_t top_k, int32_t tokens, char* buf,
                                   size_t len);

@@ -29,8 +29,8 @@ fn moe_shape(
 }
 
 /// Create a workspace for one stream's grouped MoE launches of the layer (hidden, inter per GPU,
-/// local experts, top_k) with up to `max_tokens` tokens; the table must have grouped entries for
-/// that layer. Use one workspace per stream.
+/// local experts, top_k) with up to `max_tokens` tokens; the first workspace of a layer the table
+/// has no grouped entries for builds its family defaults. Use one workspace per stream.
 ///
 /// # Safety
 /// `d` must be a live handle; `out` valid for one write.
@@ -305,12 +305,13 @@ pub unsafe extern "C" fn fp4tune_moe_forget_weights(
     unsafe { weights_call(d, hidden, inter, experts, projection, codes, 0, WeightsCall::Forget) }
 }
 
-/// Write the grouped kernels the layer launches for `tokens`, per activation type the table has
-/// grouped entries for, and why (`Dispatcher::moe_route`): "w4a16: gate_up <config> (<why>);
-/// down <config> (<why>)", where why is `exact`, the nearest bucket between two tuned ones, or
-/// the nearest bucket outside the tuned range, and whether the entries were tuned with other
-/// grouped templates; several activation types are separated by " | ". Truncated to `len`. A
-/// layer without grouped routes is an error whose message says why.
+/// Write the grouped kernels the layer launches for `tokens`, per activation type the device runs
+/// it with, and why (`Dispatcher::moe_route`): "w4a16: gate_up <config> (<why>); down <config>
+/// (<why>)", where why is `exact`, the nearest bucket between two tuned ones, or the nearest
+/// bucket outside the tuned range, whether the entries were tuned with other grouped templates,
+/// and whether they are the family defaults (a layer the table has no entries for); several
+/// activation types are separated by " | ". Truncated to `len`. A layer the family's kernels
+/// cannot run is an error whose message says why.
 ///
 /// # Safety
 /// `d` must be a live handle; `buf` valid for `len` bytes of writes.

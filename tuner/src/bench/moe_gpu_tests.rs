@@ -3,7 +3,8 @@
 //! whole layer run twice (bit-identical) with finalize checked exactly, over routings that cover
 //! decode and prefill sizes, both GLM-5 layouts, top_k 8 and 1, skew, a shared expert joined as
 //! one more expert in every token's last slot, and a layer whose experts get nothing (expert
-//! parallelism with ids of other GPUs); for W4A16 and for W4A4 (NVFP4 X and H: the X the layer
+//! parallelism with ids of other GPUs), the family default of each step's layer and token count
+//! among the variants, and a layer of another model; for W4A16 and for W4A4 (NVFP4 X and H: the X the layer
 //! quantizes and the NVFP4 H of gate_up checked byte for byte against the CPU quantizer, each
 //! chosen kernel run twice bit-identical, the layer with X quantized on the GPU equal to the layer
 //! with X quantized on the CPU).
@@ -70,6 +71,16 @@ fn run_step(
         for c in a_smem {
             if !space.contains(&c) {
                 space.push(c);
+            }
+        }
+        // and the family default the runtime launches for this layer and token count when the
+        // table has no entry for the layer
+        let sms = gpu.info().sm_count;
+        if let Ok(d) = crate::moe::defaults::default_routes(family, a_type, &step.shape, sms) {
+            let list: Vec<_> = d.into_iter().filter(|x| x.0 == op).collect();
+            let i = crate::runtime::moe::nearest_bucket(list.iter().map(|x| x.1), step.tokens);
+            if !space.contains(&list[i].2) {
+                space.push(list[i].2);
             }
         }
         assert!(!space.is_empty(), "{step:?} {op}: empty {a_type} space");
@@ -256,6 +267,16 @@ fn grouped_moe_matches_the_cpu_reference_over_routings_and_sizes() {
         (step(ep8, 224, 3, Routing::Skewed, 10), 4),
         // the shared expert joined as expert 256 of 257, in every token's ninth slot
         (whole_layer(shared, 8, Routing::SharedLast, 12), 4),
+        // a layer of another model (Qwen3-30B-A3B over 8 GPUs: down's K of 96 on the K-tail form)
+        (
+            whole_layer(
+                MoeShape { hidden: 2048, inter: 96, experts: 128, top_k: 8 },
+                24,
+                Routing::Uniform,
+                13,
+            ),
+            2,
+        ),
     ] {
         checked += run_step(&gpu, &compiler, &launcher, s, bf16, per_op);
     }

@@ -28,6 +28,7 @@
 //! lists the configurations that won H200 campaigns, which every grouped screen measures.
 
 pub mod config;
+pub mod defaults;
 pub mod epilogue;
 pub mod order;
 pub mod reference;

@@ -3,7 +3,7 @@
 use super::composite::{DequantGemm, Operands};
 use super::error::RuntimeError;
 use super::plan::{origins, Plan};
-use super::route::{moe_unavailable, MoeLayerRoute, MoeRouteTable, Route, RouteKind};
+use super::route::{MoeLayerRoute, MoeRouteTable, Route, RouteKind};
 use super::workspace::{check_capacity, GemmWorkspace, ScratchSizes};
 use crate::compile::cache::DiskCache;
 use crate::compile::Compiler;
@@ -162,10 +162,14 @@ pub struct Dispatcher {
     /// First warning of each shape and configuration it fell back to, and how many launches
     /// took it (a shape outside the table takes a decode default up to M = 64, another above).
     fallbacks: Mutex<BTreeMap<(Shape, GemmConfig), (String, u64)>>,
-    /// The table's grouped MoE layers (`Table::moe`), when it has any this device runs.
-    moe: Option<super::moe::MoeRuntime>,
-    /// Their routes (GPU-free) when loaded, else why there are none.
-    moe_routes: Result<MoeRouteTable, String>,
+    /// The grouped MoE layers: loaded at open when the table has grouped entries, else at the
+    /// first use of [`Dispatcher::moe`] (the family defaults only); `Err`: why it could not load.
+    moe: std::sync::OnceLock<Result<super::moe::MoeRuntime, String>>,
+    /// The cubin cache folder, for the grouped kernels loaded after open.
+    cache_dir: PathBuf,
+    /// The grouped routes (GPU-free): the table's entries of this device's family, the family
+    /// defaults of every other layer.
+    moe_routes: MoeRouteTable,
     report: StartupReport,
 }
 
@@ -237,14 +241,16 @@ impl Dispatcher {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let scratch = scratch_with(&plan, options.max_m, composite.is_some());
         let workspace = GemmWorkspace::new(&gpu, id, options.max_m, scratch)?;
-        let moe = match table {
-            Some((t, _)) => super::moe::MoeRuntime::load(&gpu, &compiler, t, &mut plan.warnings)?,
-            None => None,
-        };
-        let moe_routes = match (&moe, table) {
-            (Some(_), Some((t, _))) => Ok(MoeRouteTable::new(t)),
-            _ => Err(moe_unavailable(table.map(|(t, _)| t), gpu.info())),
-        };
+        let moe = std::sync::OnceLock::new();
+        if let Some((t, _)) = table.filter(|(t, _)| !t.moe.is_empty()) {
+            let own = Compiler::new(Some(cache_dir.clone())).map_err(|error| {
+                RuntimeError::Compiler { cache_dir: Some(cache_dir.clone()), error }
+            })?;
+            let runtime = super::moe::MoeRuntime::load(&gpu, own, Some(t), &mut plan.warnings)?;
+            let _ = moe.set(Ok(runtime));
+        }
+        let moe_routes =
+            MoeRouteTable::with_defaults(table.map(|(t, _)| t), plan.family, gpu.info().sm_count);
         // after every compile of the open: a store can fail on the way
         plan.warnings.extend(compiler.cache_warning().map(str::to_string));
         gpu.synchronize()?;
@@ -260,7 +266,7 @@ impl Dispatcher {
             compiled,
             from_disk_cache,
             from_memory_cache,
-            cache_dir: Some(cache_dir),
+            cache_dir: Some(cache_dir.clone()),
             compile_s,
             load_s,
             total_s: t0.elapsed().as_secs_f64(),
@@ -268,7 +274,7 @@ impl Dispatcher {
             workspace_bytes: workspace.bytes(),
             composite_bytes: scratch.bytes()
                 - ScratchSizes { composite_elems: 0, blas_bytes: 0, ..scratch }.bytes(),
-            moe_layers: moe_routes.as_ref().map_or(Vec::new(), |r| r.summary()),
+            moe_layers: moe_routes.summary(),
             warnings: plan.warnings.clone(),
         };
         Ok(Self {
@@ -282,23 +288,28 @@ impl Dispatcher {
             composite,
             fallbacks: Mutex::new(BTreeMap::new()),
             moe,
+            cache_dir,
             moe_routes,
             report,
         })
     }
 
-    /// The grouped MoE operations of the table's layers; an error saying why when there are
-    /// none (no table, no grouped entries, or entries this device cannot run).
+    /// The grouped MoE operations: the table's layers as tuned, every other layer on the family
+    /// defaults (`moe::defaults`), loaded by its first workspace. Without grouped entries in the
+    /// table, the first call loads the fixed kernels (align, finalize, weight order); an error
+    /// saying why when they cannot load (no NVRTC, a compile error).
     pub fn moe(&self) -> Result<super::moe::MoeOps<'_>, RuntimeError> {
-        match (&self.moe, &self.moe_routes) {
-            (Some(runtime), _) => {
-                Ok(super::moe::MoeOps { gpu: &self.gpu, runtime, owner: self.id })
-            }
-            (None, Err(why)) => Err(RuntimeError::InvalidArgument(why.clone())),
-            (None, Ok(_)) => Err(RuntimeError::InvalidArgument(
-                "the dispatch table has no grouped MoE entries (tune them with `fp4tune tune`)"
-                    .into(),
-            )),
+        let loaded = self.moe.get_or_init(|| {
+            let compiler = Compiler::new(Some(self.cache_dir.clone())).map_err(|error| {
+                RuntimeError::Compiler { cache_dir: Some(self.cache_dir.clone()), error }
+            });
+            compiler
+                .and_then(|c| super::moe::MoeRuntime::load(&self.gpu, c, None, &mut Vec::new()))
+                .map_err(|e| format!("the grouped MoE kernels could not load: {e}"))
+        });
+        match loaded {
+            Ok(runtime) => Ok(super::moe::MoeOps { gpu: &self.gpu, runtime, owner: self.id }),
+            Err(why) => Err(RuntimeError::InvalidArgument(why.clone())),
         }
     }
 
@@ -311,15 +322,13 @@ impl Dispatcher {
         a_type: AType,
         tokens: u32,
     ) -> Result<MoeLayerRoute, RuntimeError> {
-        match &self.moe_routes {
-            Ok(routes) => routes.route(shape, a_type, tokens),
-            Err(why) => Err(RuntimeError::InvalidArgument(format!("no grouped route: {why}"))),
-        }
+        self.moe_routes.route(shape, a_type, tokens)
     }
 
-    /// Every (layer shape, activation type) with grouped routes.
+    /// Every (layer shape, activation type) the table has grouped routes for (any other layer
+    /// runs the family defaults).
     pub fn moe_layers(&self) -> Vec<(MoeShape, AType)> {
-        self.moe_routes.as_ref().map_or(Vec::new(), |r| r.layers())
+        self.moe_routes.layers()
     }
 
     pub fn report(&self) -> &StartupReport {
@@ -455,7 +464,8 @@ impl Dispatcher {
     /// another order than the ModelOpt one the GEMM kernels read (sm90; on sm120 the grouped
     /// kernels read the ModelOpt order and preparing leaves the codes as they are).
     fn refuse_prepared_codes(&self, args: &GemmArgs) -> Result<(), RuntimeError> {
-        let Some(moe) = &self.moe else { return Ok(()) };
+        // not loaded (or not loadable): nothing was prepared
+        let Some(Ok(moe)) = self.moe.get() else { return Ok(()) };
         if WeightOrder::of(self.family()) == WeightOrder::ModelOpt {
             return Ok(());
         }

@@ -489,7 +489,7 @@ fn dequantize_then_cublas_on_two_streams_with_their_own_workspaces_is_correct() 
 
 /// The grouped route a dispatcher reports is the kernel its grouped launches pick, at every
 /// token count (inside, between and beyond the tuned buckets), for the committed H200 table's
-/// grouped entries; a layer without grouped entries has no route and says so.
+/// grouped entries and for the family defaults of a layer outside the table.
 #[test]
 #[cfg_attr(
     not(feature = "gpu"),
@@ -529,8 +529,16 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
             assert_eq!(entry(crate::moe::MoeOp::Down, r.down.bucket), down, "{at}");
         }
     }
-    let e = disp.moe_route(&crate::moe::MoeShape::GLM5_EP8, AType::Bf16, 8).unwrap_err();
-    assert!(e.to_string().contains("no grouped route"), "{e}");
+    // A layer outside the table runs the family defaults, loaded by its first workspace; the
+    // route names the kernel the launches pick there too.
+    let ep8 = crate::moe::MoeShape::GLM5_EP8;
+    let _ep8_ws = disp.moe().unwrap().workspace(ep8, 64).unwrap();
+    for tokens in [1, 3, 8, 64] {
+        let r = disp.moe_route(&ep8, AType::Bf16, tokens).unwrap();
+        assert!(r.gate_up.family_default && r.to_string().contains("family default"), "{r}");
+        let picked = disp.moe().unwrap().route_for(&ep8, AType::Bf16, tokens).unwrap();
+        assert_eq!((r.gate_up.config, r.down.config), picked, "EP8 B={tokens}: {r}");
+    }
     // Weight codes: launches refuse codes that were not prepared for their projection and shape
     // (before anything is enqueued); preparing overlapping codes is refused, restoring and
     // forgetting take exactly a prepared projection.
@@ -656,9 +664,14 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     let most = crate::runtime::moe::max_tokens_of(&shape);
     let e = ops.workspace(shape, most + 1).unwrap_err().to_string();
     assert!(e.contains(&format!("1..={most}")), "{e}");
-    // Without grouped entries: no route, and the reason.
+    // Without grouped entries: the family defaults, loaded by the first workspace.
     let (gemm_only, _, _) = table_for(&gpu);
     let disp = Dispatcher::open_with(Some((&gemm_only, Path::new("t.ron"))), &options).unwrap();
-    let e = disp.moe_route(&shape, AType::Bf16, 8).unwrap_err().to_string();
-    assert!(e.contains("no grouped MoE entries"), "{e}");
+    let r = disp.moe_route(&shape, AType::Bf16, 8).unwrap();
+    assert!(r.gate_up.family_default && r.down.family_default, "{r}");
+    let e = disp.moe().unwrap().route_for(&shape, AType::Bf16, 8).unwrap_err().to_string();
+    assert!(e.contains("create its workspace first"), "{e}");
+    let _ws = disp.moe().unwrap().workspace(shape, 8).unwrap();
+    let picked = disp.moe().unwrap().route_for(&shape, AType::Bf16, 8).unwrap();
+    assert_eq!((r.gate_up.config, r.down.config), picked);
 }

@@ -73,7 +73,5 @@ mod gpu_tests;
 pub use dispatcher::{Dispatcher, GemmArgs, Options, StartupReport};
 pub use error::RuntimeError;
 pub use plan::{family_for, Plan, PlannedKernel};
-pub use route::{
-    moe_unavailable, MoeLayerRoute, MoeRoute, MoeRouteKind, MoeRouteTable, Route, RouteKind,
-};
+pub use route::{MoeLayerRoute, MoeRoute, MoeRouteKind, MoeRouteTable, Route, RouteKind};
 pub use workspace::{GemmWorkspace, ScratchSizes, BLAS_WORKSPACE_BYTES};

@@ -1,6 +1,7 @@
-//! The grouped layers of a dispatch table at run time: per layer shape and activation type the
-//! kernels chosen per token count (nearest bucket in log scale), and the operations an open
-//! dispatcher exposes.
+//! The grouped layers of a dispatcher at run time: per layer shape and activation type the
+//! kernels chosen per token count (nearest bucket in log scale), from the table's entries or, for
+//! a layer the table has none for, from the family defaults (`moe::defaults`, compiled when the
+//! layer's first workspace is created), and the operations an open dispatcher exposes.
 
 use super::*;
 
@@ -11,6 +12,8 @@ use super::*;
 pub struct MoeRoutes {
     pub shape: MoeShape,
     pub a_type: AType,
+    /// The buckets are the family defaults (the table has no entries for this layer).
+    pub family_default: bool,
     kernels: Vec<GroupedKernel>,
     gate_up: Vec<(u32, usize)>,
     down: Vec<(u32, usize)>,
@@ -72,8 +75,14 @@ impl MoeRoutes {
         }
         let index =
             |c: &GroupedConfig| configs.iter().position(|x| x == c).expect("collected above");
-        let mut routes =
-            MoeRoutes { shape, a_type, kernels, gate_up: Vec::new(), down: Vec::new() };
+        let mut routes = MoeRoutes {
+            shape,
+            a_type,
+            family_default: false,
+            kernels,
+            gate_up: Vec::new(),
+            down: Vec::new(),
+        };
         for (op, bucket, config) in choices {
             let k = index(config);
             match op {
@@ -115,12 +124,19 @@ pub fn nearest_bucket(buckets: impl Iterator<Item = u32>, tokens: u32) -> usize 
     best.1
 }
 
-/// The grouped layers of a dispatch table, loaded at open: every layer shape's routes and the
-/// fixed kernels.
+/// The grouped layers of a dispatcher: the table's, loaded at open, and the family defaults of
+/// the others, loaded by their first workspace; the fixed kernels.
 #[derive(Debug)]
 pub struct MoeRuntime {
     kernels: MoeKernels,
-    layers: Vec<MoeRoutes>,
+    /// Grows only (a layer's routes never change once loaded); launches take a shared read.
+    layers: std::sync::RwLock<Vec<std::sync::Arc<MoeRoutes>>>,
+    family: crate::template::Family,
+    sm_count: u32,
+    /// Builds the family defaults of a layer at its first workspace.
+    compiler: Compiler,
+    /// Warnings of the default layers loaded since open (a default kernel that spills).
+    notes: std::sync::Mutex<Vec<String>>,
     /// The weight codes put into the grouped kernels' layout (`MoeOps::prepare_weights`);
     /// grouped launches read only codes of their own projection inside one of them, GEMM
     /// launches none (`Dispatcher::gemm` asks `prepared_overlap`).
@@ -151,23 +167,32 @@ impl MoeRuntime {
     /// templates) with a warning pushed to `warnings`.
     pub fn load(
         gpu: &Gpu,
-        compiler: &Compiler,
-        table: &crate::table::Table,
+        compiler: Compiler,
+        table: Option<&crate::table::Table>,
         warnings: &mut Vec<String>,
-    ) -> Result<Option<Self>, RuntimeError> {
-        if table.moe.is_empty() {
-            return Ok(None);
-        }
+    ) -> Result<Self, RuntimeError> {
+        let family = crate::runtime::family_for(gpu.info())?;
+        let mut runtime = MoeRuntime {
+            kernels: MoeKernels::load(gpu, &compiler)?,
+            layers: std::sync::RwLock::new(Vec::new()),
+            family,
+            sm_count: gpu.info().sm_count,
+            compiler,
+            notes: std::sync::Mutex::new(Vec::new()),
+            prepared: std::sync::RwLock::new(Vec::new()),
+        };
+        let Some(table) = table.filter(|t| !t.moe.is_empty()) else {
+            return Ok(runtime);
+        };
         // The entries of this device's family (a table is measured on one device, so all of
         // them or none).
-        let family = crate::runtime::family_for(gpu.info())?;
         if table.moe.iter().any(|e| e.key.family != family) {
             warnings.push(format!(
-                "the table's grouped MoE entries are not all for the {family} family of {}: the \
-                 grouped layer is not available",
+                "the table's grouped MoE entries are not all for the {family} family of {}: every \
+                 grouped layer runs the family defaults",
                 gpu.info().name
             ));
-            return Ok(None);
+            return Ok(runtime);
         }
         if table.moe_templates_stale() {
             warnings.push(
@@ -191,19 +216,67 @@ impl MoeRuntime {
                 .filter(|e| e.key.shape() == shape && e.key.a_type == a_type)
                 .map(|e| (e.key.op, e.key.tokens, e.config))
                 .collect();
-            layers.push(MoeRoutes::load(gpu, compiler, shape, a_type, &choices, warnings)?);
+            let routes =
+                MoeRoutes::load(gpu, &runtime.compiler, shape, a_type, &choices, warnings)?;
+            layers.push(std::sync::Arc::new(routes));
         }
-        Ok(Some(MoeRuntime {
-            kernels: MoeKernels::load(gpu, compiler)?,
-            layers,
-            prepared: std::sync::RwLock::new(Vec::new()),
-        }))
+        runtime.layers = std::sync::RwLock::new(layers);
+        Ok(runtime)
     }
 
-    /// The layer shapes the table has grouped entries for (each once).
+    /// The loaded layers, to read (append-only: a poisoned lock still holds whole layers).
+    fn layers(&self) -> std::sync::RwLockReadGuard<'_, Vec<std::sync::Arc<MoeRoutes>>> {
+        self.layers.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Load the family defaults of `shape` for every activation type the family runs it with
+    /// and the table has no entries for; nothing when every one is loaded. An error (the
+    /// family's one line on what its kernels take) when the family runs the layer with neither.
+    fn ensure_layer(&self, gpu: &Gpu, shape: MoeShape) -> Result<(), RuntimeError> {
+        let mut runnable = Vec::new();
+        let mut why = None;
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            match crate::moe::space::check_layer(self.family, a_type, &shape) {
+                Ok(()) => runnable.push(a_type),
+                Err(e) => {
+                    why.get_or_insert(e);
+                }
+            }
+        }
+        let loaded = |a: AType| self.layers().iter().any(|l| l.shape == shape && l.a_type == a);
+        if runnable.is_empty() {
+            // a table's layer the family cannot check (no default) still serves
+            if loaded(AType::Bf16) || loaded(AType::Nvfp4) {
+                return Ok(());
+            }
+            return Err(RuntimeError::InvalidArgument(why.unwrap_or_default()));
+        }
+        for a_type in runnable {
+            if loaded(a_type) {
+                continue;
+            }
+            let choices =
+                crate::moe::defaults::default_routes(self.family, a_type, &shape, self.sm_count)
+                    .map_err(RuntimeError::InvalidArgument)?;
+            // compiled outside the lock: launches of other layers go on meanwhile
+            let mut notes = Vec::new();
+            let mut routes =
+                MoeRoutes::load(gpu, &self.compiler, shape, a_type, &choices, &mut notes)?;
+            routes.family_default = true;
+            notes.extend(self.compiler.cache_warning().map(str::to_string));
+            let mut layers = self.layers.write().unwrap_or_else(|e| e.into_inner());
+            if !layers.iter().any(|l| l.shape == shape && l.a_type == a_type) {
+                layers.push(std::sync::Arc::new(routes));
+                self.notes.lock().unwrap_or_else(|e| e.into_inner()).extend(notes);
+            }
+        }
+        Ok(())
+    }
+
+    /// The layer shapes with loaded routes (each once).
     pub fn shapes(&self) -> Vec<MoeShape> {
         let mut out: Vec<MoeShape> = Vec::new();
-        for l in &self.layers {
+        for l in self.layers().iter() {
             if !out.contains(&l.shape) {
                 out.push(l.shape);
             }
@@ -223,15 +296,21 @@ impl MoeRuntime {
         self.prepared.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn routes(&self, shape: &MoeShape, a_type: AType) -> Result<&MoeRoutes, RuntimeError> {
-        self.layers.iter().find(|l| l.shape == *shape && l.a_type == a_type).ok_or_else(|| {
+    fn routes(
+        &self,
+        shape: &MoeShape,
+        a_type: AType,
+    ) -> Result<std::sync::Arc<MoeRoutes>, RuntimeError> {
+        let layers = self.layers();
+        let found = layers.iter().find(|l| l.shape == *shape && l.a_type == a_type);
+        found.cloned().ok_or_else(|| {
+            let others = layers.iter().filter(|l| l.shape == *shape).map(|l| l.a_type.to_string());
             RuntimeError::InvalidArgument(format!(
-                "the table has no {a_type} grouped entries for the layer {shape} (it has: {})",
-                self.layers
-                    .iter()
-                    .map(|l| format!("{} {}", l.a_type, l.shape))
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                "no {a_type} grouped kernels for the layer {shape} (it runs: {})",
+                match others.collect::<Vec<_>>() {
+                    v if v.is_empty() => "nothing loaded yet: create its workspace first".into(),
+                    v => v.join(", "),
+                }
             ))
         })
     }
@@ -252,18 +331,15 @@ impl MoeOps<'_> {
     }
 
     /// A workspace for one stream's launches of `shape` with up to `max_tokens` tokens (both
-    /// activation types).
+    /// activation types). The first workspace of a layer the table has no entries for loads
+    /// the layer's family defaults (compiled, or taken from the cubin cache): create it before
+    /// capturing a graph, as any workspace.
     pub fn workspace(
         &self,
         shape: MoeShape,
         max_tokens: u32,
     ) -> Result<MoeWorkspace, RuntimeError> {
-        if !self.runtime.shapes().contains(&shape) {
-            return Err(RuntimeError::InvalidArgument(format!(
-                "the table has no grouped entries for the layer {shape} (it has: {})",
-                self.runtime.shapes().iter().map(|s| s.to_string()).collect::<Vec<_>>().join("; ")
-            )));
-        }
+        self.runtime.ensure_layer(self.gpu, shape)?;
         let mut ws = MoeWorkspace::new(self.gpu, shape, max_tokens)?;
         ws.owner = self.owner;
         Ok(ws)

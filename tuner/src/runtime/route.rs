@@ -11,7 +11,6 @@
 
 use super::error::RuntimeError;
 use super::moe::nearest_bucket;
-use crate::gpu::DeviceInfo;
 use crate::moe::{GroupedConfig, MoeOp, MoeShape};
 use crate::problem::AType;
 use crate::table::{Method, Table};
@@ -101,6 +100,9 @@ pub struct MoeRoute {
     /// The table's grouped entries were tuned with other grouped kernel templates: the kernel is
     /// built from this build's templates and the entry's recorded time may not hold.
     pub stale_templates: bool,
+    /// The table has no entries for this layer and activation type: the buckets are the family
+    /// defaults (`moe::defaults`).
+    pub family_default: bool,
 }
 
 impl MoeRoute {
@@ -131,7 +133,17 @@ impl MoeRoute {
             Family::Sm120 => crate::moe::sm120::split_room(&config, shape),
             Family::Sm90 => 0,
         };
-        MoeRoute { op, a_type, tokens, bucket, config, kind, split_room, stale_templates }
+        MoeRoute {
+            op,
+            a_type,
+            tokens,
+            bucket,
+            config,
+            kind,
+            split_room,
+            stale_templates,
+            family_default: false,
+        }
     }
 
     fn op_label(&self) -> &'static str {
@@ -175,6 +187,9 @@ impl fmt::Display for MoeRoute {
         if self.stale_templates {
             f.write_str("; tuned with other grouped templates, built from this build's")?;
         }
+        if self.family_default {
+            f.write_str("; family default: the table has no entry for this layer")?;
+        }
         f.write_str(")")
     }
 }
@@ -204,11 +219,28 @@ struct Layer {
     down: Vec<(u32, GroupedConfig)>,
 }
 
-/// The grouped routes of a dispatch table, GPU-free.
+impl Layer {
+    /// The family defaults of a layer (`moe::defaults::default_routes`, buckets ascending).
+    fn family_default(
+        family: Family,
+        a_type: AType,
+        shape: &MoeShape,
+        sm_count: u32,
+    ) -> Result<Self, String> {
+        let routes = crate::moe::defaults::default_routes(family, a_type, shape, sm_count)?;
+        let of = |op| routes.iter().filter(|r| r.0 == op).map(|r| (r.1, r.2)).collect();
+        Ok(Layer { shape: *shape, a_type, gate_up: of(MoeOp::GateUp), down: of(MoeOp::Down) })
+    }
+}
+
+/// The grouped routes of a dispatch table, GPU-free; with a kernel family, the family defaults
+/// (`moe::defaults`) of every layer the table has no entries for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeRouteTable {
     layers: Vec<Layer>,
     stale_templates: bool,
+    /// (family, SMs) of the device whose defaults serve the other layers; `None`: no defaults.
+    defaults: Option<(Family, u32)>,
 }
 
 impl MoeRouteTable {
@@ -236,7 +268,20 @@ impl MoeRouteTable {
             l.gate_up.sort_by_key(|(b, _)| *b);
             l.down.sort_by_key(|(b, _)| *b);
         }
-        MoeRouteTable { layers, stale_templates: table.moe_templates_stale() }
+        MoeRouteTable { layers, stale_templates: table.moe_templates_stale(), defaults: None }
+    }
+
+    /// The routes a dispatcher on a device of `family` with `sm_count` SMs launches: the table's
+    /// grouped entries when they are of `family` (a table's entries are all of one device), and
+    /// the family defaults of every other layer.
+    pub fn with_defaults(table: Option<&Table>, family: Family, sm_count: u32) -> Self {
+        let own = table.filter(|t| t.moe.iter().all(|e| e.key.family == family));
+        let mut routes = own.map_or(
+            MoeRouteTable { layers: Vec::new(), stale_templates: false, defaults: None },
+            Self::new,
+        );
+        routes.defaults = Some((family, sm_count));
+        routes
     }
 
     /// (layer shape, activation type) of every layer with grouped entries.
@@ -256,20 +301,33 @@ impl MoeRouteTable {
         if tokens == 0 {
             return Err(RuntimeError::InvalidArgument("a grouped route needs tokens >= 1".into()));
         }
-        let layer = self
+        let tabled = self
             .layers
             .iter()
             .find(|l| l.shape == *shape && l.a_type == a_type)
-            .filter(|l| !l.gate_up.is_empty() && !l.down.is_empty())
-            .ok_or_else(|| {
-                RuntimeError::InvalidArgument(format!(
+            .filter(|l| !l.gate_up.is_empty() && !l.down.is_empty());
+        let default;
+        let (layer, family_default) = match (tabled, self.defaults) {
+            (Some(l), _) => (l, false),
+            (None, Some((family, sm_count))) => {
+                default =
+                    Layer::family_default(family, a_type, shape, sm_count).map_err(|why| {
+                        RuntimeError::InvalidArgument(format!("no grouped route: {why}"))
+                    })?;
+                (&default, true)
+            }
+            (None, None) => {
+                return Err(RuntimeError::InvalidArgument(format!(
                     "no grouped route: the table has no {a_type} grouped gate_up and down entries \
                      for the layer {shape} (it has: {})",
                     self.describe_layers()
-                ))
-            })?;
-        let pick = |op, list: &[(u32, GroupedConfig)]| {
-            MoeRoute::pick(op, a_type, shape, list, tokens, self.stale_templates)
+                )))
+            }
+        };
+        let stale = self.stale_templates && !family_default;
+        let pick = |op, list: &[(u32, GroupedConfig)]| MoeRoute {
+            family_default,
+            ..MoeRoute::pick(op, a_type, shape, list, tokens, stale)
         };
         Ok(MoeLayerRoute {
             shape: *shape,
@@ -289,12 +347,18 @@ impl MoeRouteTable {
     }
 
     /// One line per layer for the start-up report: its buckets per op and how many distinct
-    /// kernels they name.
+    /// kernels they name; with defaults, a last line saying what the other layers run.
     pub fn summary(&self) -> Vec<String> {
         let buckets = |list: &[(u32, GroupedConfig)]| {
             let v: Vec<String> = list.iter().map(|(b, _)| b.to_string()).collect();
             v.join(", ")
         };
+        let others = self.defaults.map(|(family, _)| {
+            format!(
+                "grouped MoE layers outside the table: the {family} family defaults, built by each \
+                 layer's first workspace"
+            )
+        });
         self.layers
             .iter()
             .map(|l| {
@@ -314,24 +378,8 @@ impl MoeRouteTable {
                     if self.stale_templates { ", tuned with other grouped templates" } else { "" }
                 )
             })
+            .chain(others)
             .collect()
-    }
-}
-
-/// Why a dispatcher has no grouped routes: no table, a table without grouped entries, or grouped
-/// entries this device cannot run (they are for the sm90 family).
-pub fn moe_unavailable(table: Option<&Table>, device: &DeviceInfo) -> String {
-    match table {
-        None => "the dispatcher was opened without a dispatch table: it has no grouped MoE routes"
-            .into(),
-        Some(t) if t.moe.is_empty() => {
-            "the dispatch table has no grouped MoE entries (tune them with `fp4tune tune`)".into()
-        }
-        Some(_) => format!(
-            "the table's grouped MoE entries are for the sm90 family; {} (compute capability {}.{}) \
-             cannot run them",
-            device.name, device.compute_capability.0, device.compute_capability.1
-        ),
     }
 }
 
@@ -517,15 +565,40 @@ mod tests {
         );
     }
 
+    /// A layer the table has no entries for takes the family defaults (its route says so); a
+    /// table of another family's entries serves no layer; without defaults (a table read alone)
+    /// such a layer has no route and the error names the table's layers.
     #[test]
-    fn why_there_are_no_grouped_routes() {
-        let h200 = crate::table::tests_support::device("NVIDIA H200", (9, 0), 132);
-        let rtx = crate::table::tests_support::device("NVIDIA RTX PRO 6000", (12, 0), 188);
-        assert!(moe_unavailable(None, &h200).contains("without a dispatch table"));
-        let mut t = table();
-        assert!(moe_unavailable(Some(&t), &rtx).contains("RTX PRO 6000 (compute capability 12.0)"));
-        t.moe.clear();
-        assert!(moe_unavailable(Some(&t), &h200).contains("no grouped MoE entries"));
+    fn layers_outside_the_table_take_the_family_defaults() {
+        let t = table();
+        let ep8 = MoeShape::GLM5_EP8;
+        let e = MoeRouteTable::new(&t).route(&ep8, AType::Bf16, 8).unwrap_err().to_string();
+        assert!(e.contains("no grouped route") && e.contains(&TP8.to_string()), "{e}");
+        let routes = MoeRouteTable::with_defaults(Some(&t), Family::Sm90, 132);
+        let tuned = routes.route(&TP8, AType::Bf16, 8).unwrap();
+        assert!(!tuned.gate_up.family_default && !tuned.to_string().contains("family default"));
+        let defaults =
+            crate::moe::defaults::default_routes(Family::Sm90, AType::Bf16, &ep8, 132).unwrap();
+        for tokens in [1, 3, 8, 100, 5000] {
+            let r = routes.route(&ep8, AType::Bf16, tokens).unwrap();
+            assert!(r.gate_up.family_default && r.down.family_default, "{r}");
+            assert!(r.to_string().contains("family default: the table has no entry"), "{r}");
+            let of = |op| {
+                let list: Vec<_> = defaults.iter().filter(|d| d.0 == op).collect();
+                list[nearest_bucket(list.iter().map(|d| d.1), tokens)].2
+            };
+            assert_eq!((r.gate_up.config, r.down.config), (of(MoeOp::GateUp), of(MoeOp::Down)));
+        }
+        // the H200 table on an SM120 GPU: every layer on sm120's defaults, W4A4 only
+        let sm120 = MoeRouteTable::with_defaults(Some(&t), Family::Sm120, 188);
+        assert!(sm120.layers().is_empty());
+        let r = sm120.route(&TP8, AType::Nvfp4, 8).unwrap();
+        assert_eq!((r.gate_up.config.family, r.gate_up.family_default), (Family::Sm120, true));
+        let e = sm120.route(&TP8, AType::Bf16, 8).unwrap_err().to_string();
+        assert!(e.contains("no sm120 w4a16 grouped kernel"), "{e}");
+        // no table at all
+        let none = MoeRouteTable::with_defaults(None, Family::Sm90, 132);
+        assert!(none.route(&TP8, AType::Nvfp4, 1).unwrap().down.family_default);
     }
 
     #[test]

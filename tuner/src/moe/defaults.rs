@@ -1,0 +1,255 @@
+//! The family defaults of a grouped layer that no table has entries for: per op and token bucket
+//! one configuration legal for the layer's shape, so that the grouped layer runs on any layer
+//! and GPU of a kernel family before it is tuned (a tune measures the space and is faster).
+//!
+//! A bucket's configuration starts from a template chosen by the routed rows per expert, `B x
+//! top_k / experts`, as under tensor parallelism (an expert-parallel layer routes fewer rows to
+//! each of its local experts than this estimate: tune it). Family sm90's templates are the
+//! picks of the H200 tune of the GLM-5 TP8 layer (`results/nvidia-h200.ron`, W4A16 and W4A4),
+//! whose B = 1..4096 are 1/32..128 rows per expert. Family sm120 has no measurement: its template
+//! follows the space's rules (the smallest tile list that holds most experts' rows, K split over
+//! CTAs while the step has fewer tiles than SMs). Where a template is not legal for the
+//! shape (its K passes, ring depth or tiles do not fit), the default is the configuration of the
+//! shape's search space nearest to it ([`distance`]), so a default is always a member of the
+//! space a tune would measure.
+
+use super::config::GroupedConfig;
+use super::space::search_space_for;
+use super::{MoeOp, MoeShape};
+use crate::problem::AType;
+use crate::template::Family;
+
+/// The token buckets the defaults are chosen for (a launch takes the nearest in log scale, as it
+/// does among a table's buckets).
+pub const DEFAULT_BUCKETS: [u32; 12] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096];
+
+/// Every (op, bucket, configuration) of the family defaults of `shape` with activations
+/// `a_type` on a GPU of `sm_count` SMs; the error of [`super::space::check_layer`] (one line naming
+/// the projection and what the family's kernels take) when a projection has no legal one.
+pub fn default_routes(
+    family: Family,
+    a_type: AType,
+    shape: &MoeShape,
+    sm_count: u32,
+) -> Result<Vec<(MoeOp, u32, GroupedConfig)>, String> {
+    super::space::check_layer(family, a_type, shape)?;
+    let mut out = Vec::with_capacity(2 * DEFAULT_BUCKETS.len());
+    for op in MoeOp::ALL {
+        let space = search_space_for(family, a_type, op, shape);
+        for tokens in DEFAULT_BUCKETS {
+            let t = template(family, a_type, op, shape, tokens, sm_count);
+            out.push((op, tokens, nearest(&t, &space)));
+        }
+    }
+    Ok(out)
+}
+
+/// Routed rows per expert at `tokens`, as under tensor parallelism.
+fn rows_per_expert(shape: &MoeShape, tokens: u32) -> f64 {
+    f64::from(tokens) * f64::from(shape.top_k) / f64::from(shape.experts.max(1))
+}
+
+/// The configuration a bucket starts from (not necessarily legal for `shape`).
+fn template(
+    family: Family,
+    a_type: AType,
+    op: MoeOp,
+    shape: &MoeShape,
+    tokens: u32,
+    sm_count: u32,
+) -> GroupedConfig {
+    let rows = rows_per_expert(shape, tokens);
+    match family {
+        Family::Sm90 => sm90_template(a_type, op, rows),
+        Family::Sm120 => sm120_template(op, shape, tokens, rows, sm_count),
+    }
+}
+
+/// The kernel form of a template row: weights in the register ring (`R`), the warp ring (`P`),
+/// the warp ring with the activations (`PA`); the tiled kernel (`T`), its wgmma form (`W`).
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    R,
+    P,
+    Pa,
+    T,
+    W,
+}
+
+/// (GLM-5 TP8 B, [block_m, block_n, block_k], [warps_n, warps_k], form, depth, min_ctas, walk):
+/// the H200 table's pick at that B (split_k 1 throughout).
+type Row = (u32, [u32; 3], [u32; 2], Form, u32, u32, u32);
+
+#[rustfmt::skip]
+const SM90_W4A16_GATE_UP: &[Row] = &[
+    (1, [8, 32, 1024], [1, 8], Form::Pa, 3, 2, 0),
+    (2, [8, 32, 1024], [1, 4], Form::Pa, 3, 2, 0),
+    (4, [8, 32, 512], [1, 4], Form::Pa, 3, 4, 0),
+    (256, [16, 256, 128], [8, 1], Form::T, 3, 1, 0),
+    (512, [32, 64, 128], [2, 1], Form::T, 4, 1, 0),
+    (4096, [128, 256, 64], [8, 1], Form::W, 4, 1, 0),
+];
+
+#[rustfmt::skip]
+const SM90_W4A16_DOWN: &[Row] = &[
+    (1, [8, 128, 256], [4, 1], Form::R, 1, 2, 0),
+    (2, [8, 128, 256], [4, 1], Form::R, 1, 4, 4),
+    (4, [8, 128, 256], [2, 1], Form::R, 2, 4, 4),
+    (256, [16, 128, 256], [2, 1], Form::P, 2, 3, 4),
+    (1024, [32, 128, 64], [4, 1], Form::T, 4, 1, 0),
+    (4096, [64, 128, 64], [4, 1], Form::T, 3, 3, 0),
+];
+
+#[rustfmt::skip]
+const SM90_W4A4_GATE_UP: &[Row] = &[
+    (1, [8, 32, 6144], [1, 8], Form::R, 2, 1, 2),
+    (2, [8, 64, 6144], [2, 4], Form::P, 4, 1, 0),
+    (4, [8, 64, 1024], [2, 4], Form::R, 1, 2, 2),
+    (8, [8, 32, 6144], [1, 4], Form::P, 4, 1, 0),
+    (512, [16, 64, 1024], [1, 4], Form::P, 4, 2, 2),
+    (4096, [32, 64, 6144], [2, 4], Form::P, 4, 1, 2),
+];
+
+#[rustfmt::skip]
+const SM90_W4A4_DOWN: &[Row] = &[
+    (1, [8, 128, 256], [4, 1], Form::R, 1, 1, 0),
+    (4, [8, 128, 256], [4, 1], Form::R, 2, 1, 4),
+    (256, [16, 128, 256], [4, 1], Form::R, 1, 4, 0),
+    (512, [16, 128, 256], [4, 1], Form::R, 2, 2, 4),
+    (1024, [32, 128, 256], [4, 1], Form::R, 1, 2, 4),
+];
+
+/// The GLM-5 TP8 layer the sm90 rows were tuned on (256 experts, top-8: B / 32 rows per expert).
+const ROWS_PER_TP8_TOKEN: f64 = 8.0 / 256.0;
+
+/// The sm90 row whose rows per expert are the largest not above `rows` (the first row below
+/// them all), as a configuration.
+fn sm90_template(a_type: AType, op: MoeOp, rows: f64) -> GroupedConfig {
+    let table = match (a_type, op) {
+        (AType::Bf16, MoeOp::GateUp) => SM90_W4A16_GATE_UP,
+        (AType::Bf16, MoeOp::Down) => SM90_W4A16_DOWN,
+        (AType::Nvfp4, MoeOp::GateUp) => SM90_W4A4_GATE_UP,
+        (AType::Nvfp4, MoeOp::Down) => SM90_W4A4_DOWN,
+    };
+    // a bucket between two rows takes the lower row until its rows per expert reach the next
+    // (with a little slack: 1.5 rows per expert take the 2-row row)
+    let row = table
+        .iter()
+        .rev()
+        .find(|r| f64::from(r.0) * ROWS_PER_TP8_TOKEN <= rows * 1.01)
+        .unwrap_or(&table[0]);
+    let &(_, [block_m, block_n, block_k], [warps_n, warps_k], form, depth, min_ctas, walk) = row;
+    GroupedConfig {
+        op,
+        block_m,
+        block_n,
+        block_k,
+        warps_n,
+        warps_k,
+        depth,
+        split_k: 1,
+        min_ctas,
+        walk,
+        family: Family::Sm90,
+        a_type,
+        warp_ring: matches!(form, Form::P | Form::Pa),
+        tiled: matches!(form, Form::T | Form::W),
+        warps_m: 1,
+        wgmma: form == Form::W,
+        k_tail: false,
+        a_smem: form == Form::Pa,
+        flow: false,
+    }
+}
+
+/// The sm120 template: the smallest tile list that holds most experts' routed rows, and for
+/// gate_up's decode tiles K split over the fewest CTAs (1, 2 or 4) that give every SM one (the
+/// long K of a few experts' tiles would leave SMs idle).
+fn sm120_template(
+    op: MoeOp,
+    shape: &MoeShape,
+    tokens: u32,
+    rows: f64,
+    sm_count: u32,
+) -> GroupedConfig {
+    // the tile list whose tiles hold the routed rows of 9 in 10 experts (Poisson's 90th
+    // percentile, about r + 1.3 sqrt(r)), so few experts' weights are read for two tiles
+    let most = rows + 1.3 * rows.sqrt();
+    let block_m = [8, 16].into_iter().find(|&m| most <= f64::from(m)).unwrap_or(32);
+    let (block_n, warps_n) = match op {
+        MoeOp::GateUp => (64, 2),
+        MoeOp::Down => (128, 4),
+    };
+    let (n, k) = shape.nk(op);
+    let (block_k, depth) = if k % 128 == 0 { (128, 6) } else { (64, 8) };
+    let active = tokens.saturating_mul(shape.top_k).min(shape.experts).max(1);
+    let tiles = active * n.div_ceil(block_n);
+    let split_k = if op == MoeOp::GateUp && block_m <= 16 {
+        [1, 2, 4].into_iter().find(|s| tiles * s >= sm_count).unwrap_or(4)
+    } else {
+        1
+    };
+    GroupedConfig {
+        op,
+        block_m,
+        block_n,
+        block_k,
+        warps_n,
+        warps_k: 1,
+        depth,
+        split_k,
+        min_ctas: 1,
+        walk: 0,
+        family: Family::Sm120,
+        a_type: AType::Nvfp4,
+        warp_ring: false,
+        tiled: false,
+        warps_m: 1,
+        wgmma: false,
+        k_tail: k % 64 != 0,
+        a_smem: false,
+        flow: false,
+    }
+}
+
+/// How far `c` is from `t`: the kernel form first (a different pipeline or kernel outweighs
+/// every size), then the routed rows per tile, the weight rows and warps per CTA, the K pass,
+/// split-K, the ring's depth, the CTAs per SM and the walk.
+pub fn distance(t: &GroupedConfig, c: &GroupedConfig) -> f64 {
+    let log = |a: u32, b: u32| (f64::from(a.max(1)) / f64::from(b.max(1))).log2().abs();
+    let flags = [
+        (t.tiled, c.tiled),
+        (t.wgmma, c.wgmma),
+        (t.warp_ring, c.warp_ring),
+        (t.a_smem, c.a_smem),
+        (t.flow, c.flow),
+        (t.k_tail, c.k_tail),
+    ];
+    let form = flags.iter().filter(|(a, b)| a != b).count() as f64;
+    1000.0 * form
+        + 100.0 * log(t.block_m, c.block_m)
+        + 20.0 * (log(t.block_n, c.block_n) + log(t.warps_n, c.warps_n) + log(t.warps_m, c.warps_m))
+        + 10.0 * (log(t.warps_k, c.warps_k) + log(t.block_k, c.block_k) + log(t.split_k, c.split_k))
+        + 3.0 * f64::from(t.depth.abs_diff(c.depth))
+        + 2.0 * f64::from(t.min_ctas.abs_diff(c.min_ctas))
+        + 0.5 * f64::from(t.walk.abs_diff(c.walk))
+}
+
+/// `t` itself when `space` holds it, else the nearest member (the first of equals).
+fn nearest(t: &GroupedConfig, space: &[GroupedConfig]) -> GroupedConfig {
+    if space.contains(t) {
+        return *t;
+    }
+    let mut best = (f64::INFINITY, space[0]);
+    for c in space {
+        let d = distance(t, c);
+        if d < best.0 {
+            best = (d, *c);
+        }
+    }
+    best.1
+}
+
+#[cfg(test)]
+#[path = "defaults_tests.rs"]
+mod tests;

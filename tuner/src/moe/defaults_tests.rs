@@ -1,0 +1,161 @@
+use super::*;
+use crate::moe::space::check_layer;
+
+const SM90_SMS: u32 = 132;
+const SM120_SMS: u32 = 188;
+
+/// Routed layers of other models over 8 GPUs (hidden, inter per GPU, experts, top_k), besides
+/// GLM-5's two.
+fn layers() -> Vec<(&'static str, MoeShape)> {
+    let s = |hidden, inter, experts, top_k| MoeShape { hidden, inter, experts, top_k };
+    vec![
+        ("glm5-tp8", MoeShape::GLM5_TP8),
+        ("glm5-ep8", MoeShape::GLM5_EP8),
+        ("deepseek-v3-tp8", s(7168, 256, 256, 8)),
+        ("qwen3-235b-tp8", s(4096, 192, 128, 8)),
+        ("qwen3-30b-a3b-tp8", s(2048, 96, 128, 8)),
+        ("qwen3-next-tp8", s(2048, 64, 512, 10)),
+        ("glm-4.5-air-tp8", s(4096, 176, 128, 8)),
+        ("mixtral-tp8", s(4096, 1792, 8, 2)),
+        ("mixtral-ep8", s(4096, 14336, 1, 2)),
+    ]
+}
+
+fn families() -> [(Family, AType, u32); 3] {
+    [
+        (Family::Sm90, AType::Bf16, SM90_SMS),
+        (Family::Sm90, AType::Nvfp4, SM90_SMS),
+        (Family::Sm120, AType::Nvfp4, SM120_SMS),
+    ]
+}
+
+/// On the layer they were tuned on, the sm90 defaults are the committed H200 table's grouped
+/// entries at every bucket, both activation types and ops.
+#[test]
+fn the_glm5_tp8_defaults_are_the_h200_tables_picks() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/nvidia-h200.ron");
+    let table = crate::table::Table::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let mut compared = 0;
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        let defaults = default_routes(Family::Sm90, a_type, &MoeShape::GLM5_TP8, SM90_SMS).unwrap();
+        for e in table.moe.iter().filter(|e| e.key.a_type == a_type) {
+            assert_eq!(e.key.shape(), MoeShape::GLM5_TP8);
+            let d = defaults
+                .iter()
+                .find(|(op, b, _)| *op == e.key.op && *b == e.key.tokens)
+                .unwrap_or_else(|| panic!("no default at {} B = {}", e.key.op, e.key.tokens));
+            assert_eq!(d.2, e.config, "{a_type} {} B = {}", e.key.op, e.key.tokens);
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 2 * 2 * DEFAULT_BUCKETS.len());
+}
+
+/// Every layer a family's kernels run has a default at every bucket of both ops, each a member
+/// of the layer's search space (legal, and what a tune would measure); a layer they cannot run
+/// is refused with `check_layer`'s line.
+#[test]
+fn every_layer_a_family_runs_has_legal_defaults_at_every_bucket() {
+    let mut layers_with_defaults = 0;
+    for (family, a_type, sms) in families() {
+        for (name, shape) in layers() {
+            let r = default_routes(family, a_type, &shape, sms);
+            match check_layer(family, a_type, &shape) {
+                Err(why) => assert_eq!(r, Err(why), "{name} {family} {a_type}"),
+                Ok(()) => {
+                    let r = r.unwrap_or_else(|e| panic!("{name} {family} {a_type}: {e}"));
+                    assert_eq!(r.len(), 2 * DEFAULT_BUCKETS.len());
+                    for (op, b, c) in &r {
+                        let space = search_space_for(family, a_type, *op, &shape);
+                        assert!(space.contains(c), "{name} {family} {a_type} {op} B = {b}: {c}");
+                        assert_eq!((c.op, c.family, c.a_type), (*op, family, a_type));
+                    }
+                    for op in MoeOp::ALL {
+                        let buckets: Vec<u32> =
+                            r.iter().filter(|x| x.0 == op).map(|x| x.1).collect();
+                        assert_eq!(buckets, DEFAULT_BUCKETS, "{name} {op}");
+                    }
+                    layers_with_defaults += 1;
+                }
+            }
+        }
+    }
+    // every layer runs on W4A16 sm90 and W4A4 sm120; W4A4 sm90 needs K a multiple of 128
+    assert!(layers_with_defaults >= 2 * layers().len() + 3, "{layers_with_defaults}");
+}
+
+/// More routed rows per expert never take a smaller tile list (the defaults grow with the step),
+/// and the sm90 W4A16 defaults go from the streamed kernels to the tiled ones as the H200 picks
+/// do (from 8 rows per expert) and to wgmma at the largest bucket.
+#[test]
+fn defaults_grow_with_the_rows_per_expert() {
+    for (family, a_type, sms) in families() {
+        for (name, shape) in layers() {
+            let Ok(r) = default_routes(family, a_type, &shape, sms) else { continue };
+            for op in MoeOp::ALL {
+                let ms: Vec<u32> = r.iter().filter(|x| x.0 == op).map(|x| x.2.block_m).collect();
+                assert!(
+                    ms.windows(2).all(|w| w[0] <= w[1]),
+                    "{name} {family} {a_type} {op} {ms:?}"
+                );
+            }
+        }
+    }
+    let r = default_routes(Family::Sm90, AType::Bf16, &layers()[4].1, SM90_SMS).unwrap();
+    let at = |op, b| r.iter().find(|x| x.0 == op && x.1 == b).unwrap().2;
+    // Qwen3-30B-A3B: 128 experts, top-8: B / 16 rows per expert
+    assert!(!at(MoeOp::GateUp, 64).tiled && at(MoeOp::GateUp, 64).block_m == 8);
+    assert!(at(MoeOp::GateUp, 128).tiled, "{}", at(MoeOp::GateUp, 128));
+    assert!(at(MoeOp::GateUp, 4096).wgmma, "{}", at(MoeOp::GateUp, 4096));
+}
+
+/// sm120 gate_up splits K while the step's tiles are fewer than the SMs: GLM-5 TP8 at B = 1 has
+/// 8 experts x 8 tiles of 64 weight rows (4 CTAs each on 188 SMs), at B = 2 16 x 8 (2 each), and
+/// from B = 32 every expert's 8 tiles (no split).
+#[test]
+fn sm120_gate_up_splits_k_for_the_few_tiles_of_a_small_step() {
+    let r = default_routes(Family::Sm120, AType::Nvfp4, &MoeShape::GLM5_TP8, SM120_SMS).unwrap();
+    let split = |b| r.iter().find(|x| x.0 == MoeOp::GateUp && x.1 == b).unwrap().2.split_k;
+    assert_eq!((split(1), split(2), split(4), split(32), split(256)), (4, 2, 1, 1, 1));
+    assert!(r.iter().filter(|x| x.0 == MoeOp::Down).all(|x| x.2.split_k == 1));
+}
+
+/// The nearest member of a space is the template itself when present, and a form change costs
+/// more than any size change.
+#[test]
+fn the_distance_puts_the_kernel_form_first() {
+    let space = search_space_for(Family::Sm90, AType::Bf16, MoeOp::GateUp, &MoeShape::GLM5_TP8);
+    let t = space[0];
+    assert_eq!(nearest(&t, &space), t);
+    assert_eq!(distance(&t, &t), 0.0);
+    let tiled = space.iter().find(|c| c.tiled).unwrap();
+    let resized = space.iter().find(|c| !c.tiled && c.block_m == 32 && c.block_n != t.block_n);
+    assert!(distance(&t, tiled) > distance(&t, resized.unwrap()));
+}
+
+/// Every distinct default kernel of the GLM-5 layers and of three other models' compiles with
+/// this NVRTC without spills or local memory (ptxas report and SASS), for sm_90a and sm_120a:
+/// a layer without a table never loads a spilling default. Needs NVRTC and cuobjdump
+/// (scripts/cuda-tools.sh).
+#[test]
+fn default_kernels_compile_without_local_memory() {
+    let mut configs: Vec<GroupedConfig> = Vec::new();
+    for (family, a_type, sms) in families() {
+        for (_, shape) in layers().into_iter().filter(|(n, _)| {
+            ["glm5-tp8", "glm5-ep8", "deepseek-v3-tp8", "qwen3-30b-a3b-tp8", "mixtral-tp8"]
+                .contains(n)
+        }) {
+            let Ok(r) = default_routes(family, a_type, &shape, sms) else { continue };
+            for (_, _, c) in r {
+                // the walks share one kernel
+                let c = GroupedConfig { walk: 0, ..c };
+                if !configs.contains(&c) {
+                    configs.push(c);
+                }
+            }
+        }
+    }
+    let kernels: Vec<_> = configs.iter().map(|c| (c.to_string(), c.source())).collect();
+    let problems = crate::compile::sass::kernels_with_local_memory(&kernels);
+    assert!(problems.is_empty(), "default kernels with local memory:\n{}", problems.join("\n"));
+}
