@@ -758,7 +758,7 @@ pub use layer::{measure_layer, LayerTimes};
 mod run;
 pub use run::{
     run_moe_bench, run_moe_bench_for, screen_candidates, spread, MoeBenchPlan, MoeProgress, MoeRow,
-    OpLog,
+    OpLog, DEFAULT_IMPL,
 };
 
 #[path = "moe_loop.rs"]

@@ -182,9 +182,15 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<Vec<MoeRow>, String> {
 /// x read floor, and each peer's time and fp4tune's speed-up over it.
 pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]) -> String {
     let mut md = format!("# {title}\n\n{provenance}\n");
-    // fp4tune's per-expert loop, measured in the same run, is a peer column too.
-    let is_loop = |r: &&MoeRow| r.implementation == super::moe::moe_loop::IMPL;
-    let peers: Vec<MoeRow> = peers.iter().chain(rows.iter().filter(is_loop)).cloned().collect();
+    // fp4tune's per-expert loop and the family default (what a layer outside the table runs),
+    // measured in the same run, are peer columns too.
+    let default_w4a4 = format!("{}_w4a4", super::moe::DEFAULT_IMPL);
+    let is_own_peer = |r: &&MoeRow| {
+        r.implementation == super::moe::moe_loop::IMPL
+            || r.implementation == super::moe::DEFAULT_IMPL
+            || r.implementation == default_w4a4
+    };
+    let peers: Vec<MoeRow> = peers.iter().chain(rows.iter().filter(is_own_peer)).cloned().collect();
     let peers = &peers[..];
     // One table per (set, op, activation type): W4A16 rows are `fp4tune_grouped` /
     // `fp4tune_layer`, W4A4 rows carry the `_w4a4` suffix.
@@ -210,10 +216,17 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
             "\n## {set} {op}{a_type} (N {} x K {}, {} experts, top-{})\n",
             first.n, first.k, first.experts, first.top_k
         );
-        // fp4tune's per-expert loop runs W4A16 GEMMs: no peer of a W4A4 layer.
+        // fp4tune's per-expert loop runs W4A16 GEMMs: no peer of a W4A4 layer; each activation
+        // type's family default is a peer of its own rows only.
         let peer_names: Vec<&String> = peer_names
             .iter()
-            .filter(|p| a_type.is_empty() || p.as_str() != super::moe::moe_loop::IMPL)
+            .filter(|p| match a_type.is_empty() {
+                true => **p != default_w4a4,
+                false => {
+                    p.as_str() != super::moe::moe_loop::IMPL
+                        && p.as_str() != super::moe::DEFAULT_IMPL
+                }
+            })
             .collect();
         let mut head =
             String::from("| B | active | fp4tune us (95% CI) | x roofline | x read floor |");
@@ -439,6 +452,23 @@ mod tests {
         let md = markdown("t", "p", &rows, &[]);
         assert!(md.contains(" fp4tune_loop us (fp4tune x faster) |"), "{md}");
         assert!(md.contains("| 1 | 8 | 8.25 (8.17-8.33) | 2.50 | 1.38 | 33.0 (4.00x) |"), "{md}");
+    }
+
+    /// The family default's rows are a peer column of their activation type's tables only.
+    #[test]
+    fn the_family_default_rows_are_a_peer_column_of_their_activation_type() {
+        let rows = [
+            row("fp4tune_grouped", 1, 8.25),
+            row("fp4tune_default", 1, 9.9),
+            row("fp4tune_grouped_w4a4", 1, 11.0),
+            row("fp4tune_default_w4a4", 1, 13.2),
+        ];
+        let md = markdown("t", "p", &rows, &[]);
+        let (w4a16, w4a4) = md.split_once("## tp8 moe_gate_up w4a4 (").expect("a W4A4 table");
+        assert!(w4a16.contains("| 1 | 8 | 8.25 (8.17-8.33) | 2.50 | 1.38 | 9.9 (1.20x) |"), "{md}");
+        assert!(!w4a16.contains("fp4tune_default_w4a4"), "{md}");
+        assert!(w4a4.contains(" fp4tune_default_w4a4 us (fp4tune x faster) |"), "{md}");
+        assert!(w4a4.contains(" 13.2 (1.20x) |") && !w4a4.contains("fp4tune_default us"), "{md}");
     }
 
     #[test]

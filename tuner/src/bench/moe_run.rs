@@ -125,6 +125,26 @@ pub fn screen_candidates(
     space
 }
 
+/// The implementation name of the benchmark's rows of the family default (`moe::defaults`: what a
+/// layer the table has no entries for runs), W4A4's with the `_w4a4` suffix.
+pub const DEFAULT_IMPL: &str = "fp4tune_default";
+
+/// The family default of `op` at `tokens` on `shape` (the bucket the runtime's launches pick),
+/// `None` where the family has no kernel for the layer.
+fn family_default(
+    family: crate::template::Family,
+    a_type: AType,
+    op: MoeOp,
+    shape: &MoeShape,
+    tokens: u32,
+    sm_count: u32,
+) -> Option<GroupedConfig> {
+    let routes = crate::moe::defaults::default_routes(family, a_type, shape, sm_count).ok()?;
+    let list: Vec<_> = routes.into_iter().filter(|r| r.0 == op).collect();
+    let i = crate::runtime::moe::nearest_bucket(list.iter().map(|r| r.1), tokens);
+    Some(list[i].2)
+}
+
 /// Every candidate measured for one (set, tokens, op).
 pub type OpLog = (String, u32, MoeOp, Vec<Measured>);
 
@@ -199,7 +219,7 @@ pub fn run_moe_bench_for(
             d.check_schedule(gpu, &launcher)?;
             let mut chosen: Vec<GroupedKernel> = Vec::new();
             for op in MoeOp::ALL {
-                let space = screen_candidates(
+                let mut space = screen_candidates(
                     (family, a_type, op),
                     &d.schedule,
                     shape,
@@ -207,6 +227,13 @@ pub fn run_moe_bench_for(
                     &plan.extra,
                     |c| plan.keeps(c),
                 );
+                // the family default the runtime launches for a layer outside the table
+                let default =
+                    family_default(family, a_type, op, shape, tokens, gpu.info().sm_count)
+                        .filter(|c| plan.keeps(c));
+                if let Some(c) = default.filter(|c| !space.contains(c)) {
+                    space.push(c);
+                }
                 let measured = measure_op(
                     gpu,
                     compiler,
@@ -250,6 +277,24 @@ pub fn run_moe_bench_for(
                     verified,
                     failed,
                 });
+                let default_time = default.and_then(|c| {
+                    let m = measured.iter().find(|m| m.config == c)?;
+                    match m.outcome {
+                        Outcome::Timed(t) => Some((c, t)),
+                        _ => None,
+                    }
+                });
+                if let Some((c, t)) = default_time {
+                    let row = rows.last().expect("pushed above").clone();
+                    rows.push(MoeRow {
+                        implementation: format!("{DEFAULT_IMPL}{suffix}"),
+                        config: c.name(),
+                        median_us: t.median,
+                        lo_us: t.lo,
+                        hi_us: t.hi,
+                        ..row
+                    });
+                }
                 chosen.push(GroupedKernel::load(gpu, compiler, top.config)?);
                 logs.push((label.clone(), tokens, op, measured));
             }
