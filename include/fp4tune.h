@@ -237,7 +237,8 @@ FP4TUNE_API int fp4tune_moe_forget_weights(const fp4tune_dispatcher* d, int32_t 
 /* A workspace for up to max_tokens tokens of the layer; max_tokens x top_k stays within INT32_MAX.
  * A layer the table has no grouped entries for runs the family defaults (one configuration per
  * token bucket, legal for its shape; tune it for its own): the first workspace of such a layer
- * builds them (NVRTC, or the cubin cache), so create it before capturing a graph. A layer the
+ * builds them for every activation type the family runs it with (NVRTC, or the cubin cache), so
+ * create it before capturing a graph. A layer the table has keeps to its entries. A layer the
  * family's kernels cannot run (its K or N) is refused with a message saying what they take. Launches through `d` refuse a workspace of
  * another dispatcher, and a call of more tokens than a chosen kernel's grid of CTAs can take
  * (65535 rows of tiles), before anything is enqueued. On failure *out is NULL. */

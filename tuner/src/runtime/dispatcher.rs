@@ -162,9 +162,12 @@ pub struct Dispatcher {
     /// First warning of each shape and configuration it fell back to, and how many launches
     /// took it (a shape outside the table takes a decode default up to M = 64, another above).
     fallbacks: Mutex<BTreeMap<(Shape, GemmConfig), (String, u64)>>,
-    /// The grouped MoE layers: loaded at open when the table has grouped entries, else at the
-    /// first use of [`Dispatcher::moe`] (the family defaults only); `Err`: why it could not load.
-    moe: std::sync::OnceLock<Result<super::moe::MoeRuntime, String>>,
+    /// The grouped MoE layers: loaded at open when the table has grouped entries of this
+    /// device's family, else at the first use of [`Dispatcher::moe`] (the family defaults only).
+    moe: std::sync::OnceLock<super::moe::MoeRuntime>,
+    /// Held while [`Dispatcher::moe`] loads the grouped layers after open (a failed load is
+    /// not kept: the next call tries again and returns its own error).
+    moe_init: Mutex<()>,
     /// The cubin cache folder, for the grouped kernels loaded after open.
     cache_dir: PathBuf,
     /// The grouped routes (GPU-free): the table's entries of this device's family, the family
@@ -242,12 +245,21 @@ impl Dispatcher {
         let scratch = scratch_with(&plan, options.max_m, composite.is_some());
         let workspace = GemmWorkspace::new(&gpu, id, options.max_m, scratch)?;
         let moe = std::sync::OnceLock::new();
-        if let Some((t, _)) = table.filter(|(t, _)| !t.moe.is_empty()) {
+        let grouped = table.map(|(t, _)| t).filter(|t| !t.moe.is_empty());
+        if let Some(t) = grouped.filter(|t| t.moe.iter().all(|e| e.key.family == plan.family)) {
             let own = Compiler::new(Some(cache_dir.clone())).map_err(|error| {
                 RuntimeError::Compiler { cache_dir: Some(cache_dir.clone()), error }
             })?;
             let runtime = super::moe::MoeRuntime::load(&gpu, own, Some(t), &mut plan.warnings)?;
-            let _ = moe.set(Ok(runtime));
+            plan.warnings.extend(runtime.cache_warning());
+            let _ = moe.set(runtime);
+        } else if grouped.is_some() {
+            plan.warnings.push(format!(
+                "the table's grouped MoE entries are not for the {} family of {}: every grouped \
+                 layer runs the family defaults",
+                plan.family,
+                gpu.info().name
+            ));
         }
         let moe_routes =
             MoeRouteTable::with_defaults(table.map(|(t, _)| t), plan.family, gpu.info().sm_count);
@@ -288,6 +300,7 @@ impl Dispatcher {
             composite,
             fallbacks: Mutex::new(BTreeMap::new()),
             moe,
+            moe_init: Mutex::new(()),
             cache_dir,
             moe_routes,
             report,
@@ -299,23 +312,26 @@ impl Dispatcher {
     /// table, the first call loads the fixed kernels (align, finalize, weight order); an error
     /// saying why when they cannot load (no NVRTC, a compile error).
     pub fn moe(&self) -> Result<super::moe::MoeOps<'_>, RuntimeError> {
-        let loaded = self.moe.get_or_init(|| {
-            let compiler = Compiler::new(Some(self.cache_dir.clone())).map_err(|error| {
-                RuntimeError::Compiler { cache_dir: Some(self.cache_dir.clone()), error }
-            });
-            compiler
-                .and_then(|c| super::moe::MoeRuntime::load(&self.gpu, c, None, &mut Vec::new()))
-                .map_err(|e| format!("the grouped MoE kernels could not load: {e}"))
-        });
-        match loaded {
-            Ok(runtime) => Ok(super::moe::MoeOps { gpu: &self.gpu, runtime, owner: self.id }),
-            Err(why) => Err(RuntimeError::InvalidArgument(why.clone())),
+        let ops = |runtime| super::moe::MoeOps { gpu: &self.gpu, runtime, owner: self.id };
+        if let Some(runtime) = self.moe.get() {
+            return Ok(ops(runtime));
         }
+        let _init = self.moe_init.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(runtime) = self.moe.get() {
+            return Ok(ops(runtime));
+        }
+        let compiler = Compiler::new(Some(self.cache_dir.clone())).map_err(|error| {
+            RuntimeError::Compiler { cache_dir: Some(self.cache_dir.clone()), error }
+        })?;
+        let runtime = super::moe::MoeRuntime::load(&self.gpu, compiler, None, &mut Vec::new())?;
+        Ok(ops(self.moe.get_or_init(|| runtime)))
     }
 
     /// The grouped kernels the layer `shape` with activations `a_type` launches for `tokens`
-    /// (gate_up and down), the token bucket each fell into and why, no launch. An error saying
-    /// why when the layer has no grouped route (the grouped launches are refused then too).
+    /// (gate_up and down), the token bucket each fell into and why (the table's entries, or the
+    /// family defaults of a layer the table has none for), no launch and no compile. An error
+    /// saying why when the layer has no grouped route (the grouped launches are refused then
+    /// too).
     pub fn moe_route(
         &self,
         shape: &MoeShape,
@@ -464,8 +480,8 @@ impl Dispatcher {
     /// another order than the ModelOpt one the GEMM kernels read (sm90; on sm120 the grouped
     /// kernels read the ModelOpt order and preparing leaves the codes as they are).
     fn refuse_prepared_codes(&self, args: &GemmArgs) -> Result<(), RuntimeError> {
-        // not loaded (or not loadable): nothing was prepared
-        let Some(Ok(moe)) = self.moe.get() else { return Ok(()) };
+        // not loaded: nothing was prepared
+        let Some(moe) = self.moe.get() else { return Ok(()) };
         if WeightOrder::of(self.family()) == WeightOrder::ModelOpt {
             return Ok(());
         }

@@ -511,7 +511,11 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     let mut layers = disp.moe_layers();
     layers.sort_by_key(|&(_, a)| a != AType::Bf16);
     assert_eq!(layers, vec![(shape, AType::Bf16), (shape, AType::Nvfp4)]);
-    assert!(!disp.report().moe_layers.is_empty(), "{}", disp.report());
+    let summary = disp.report().moe_layers.join("\n");
+    assert!(
+        summary.contains(&format!("grouped MoE w4a16 {shape}: gate_up at B = 1, 2")),
+        "{summary}"
+    );
     for a_type in [AType::Bf16, AType::Nvfp4] {
         for tokens in [1, 2, 3, 5, 8, 20, 23, 100, 700, 1024, 4096, 100_000] {
             let r = disp.moe_route(&shape, a_type, tokens).unwrap();
@@ -532,13 +536,16 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     // A layer outside the table runs the family defaults, loaded by its first workspace; the
     // route names the kernel the launches pick there too.
     let ep8 = crate::moe::MoeShape::GLM5_EP8;
-    let _ep8_ws = disp.moe().unwrap().workspace(ep8, 64).unwrap();
-    for tokens in [1, 3, 8, 64] {
-        let r = disp.moe_route(&ep8, AType::Bf16, tokens).unwrap();
-        assert!(r.gate_up.family_default && r.to_string().contains("family default"), "{r}");
-        let picked = disp.moe().unwrap().route_for(&ep8, AType::Bf16, tokens).unwrap();
-        assert_eq!((r.gate_up.config, r.down.config), picked, "EP8 B={tokens}: {r}");
+    let _ep8_ws = disp.moe().unwrap().workspace(ep8, 8192).unwrap();
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        for tokens in [1, 3, 8, 64, 700, 5000, 8192] {
+            let r = disp.moe_route(&ep8, a_type, tokens).unwrap();
+            assert!(r.gate_up.family_default && r.to_string().contains("family default"), "{r}");
+            let picked = disp.moe().unwrap().route_for(&ep8, a_type, tokens).unwrap();
+            assert_eq!((r.gate_up.config, r.down.config), picked, "EP8 {a_type} B={tokens}: {r}");
+        }
     }
+    assert!(disp.moe().unwrap().warnings().is_empty(), "{:?}", disp.moe().unwrap().warnings());
     // Weight codes: launches refuse codes that were not prepared for their projection and shape
     // (before anything is enqueued); preparing overlapping codes is refused, restoring and
     // forgetting take exactly a prepared projection.

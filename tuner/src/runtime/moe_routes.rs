@@ -137,6 +137,8 @@ pub struct MoeRuntime {
     compiler: Compiler,
     /// Warnings of the default layers loaded since open (a default kernel that spills).
     notes: std::sync::Mutex<Vec<String>>,
+    /// Held while a layer's defaults are built (one build at a time).
+    build: std::sync::Mutex<()>,
     /// The weight codes put into the grouped kernels' layout (`MoeOps::prepare_weights`);
     /// grouped launches read only codes of their own projection inside one of them, GEMM
     /// launches none (`Dispatcher::gemm` asks `prepared_overlap`).
@@ -179,6 +181,7 @@ impl MoeRuntime {
             sm_count: gpu.info().sm_count,
             compiler,
             notes: std::sync::Mutex::new(Vec::new()),
+            build: std::sync::Mutex::new(()),
             prepared: std::sync::RwLock::new(Vec::new()),
         };
         let Some(table) = table.filter(|t| !t.moe.is_empty()) else {
@@ -229,48 +232,59 @@ impl MoeRuntime {
         self.layers.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Load the family defaults of `shape` for every activation type the family runs it with
-    /// and the table has no entries for; nothing when every one is loaded. An error (the
-    /// family's one line on what its kernels take) when the family runs the layer with neither.
+    /// Load the family defaults of `shape`, a layer the table has no entries for, for every
+    /// activation type the family runs it with; nothing for a layer already loaded (the table's
+    /// layers run their entries only: an activation type the table lacks for them stays
+    /// refused). An error (the family's one line on what its kernels take) when the family runs
+    /// the layer with neither.
     fn ensure_layer(&self, gpu: &Gpu, shape: MoeShape) -> Result<(), RuntimeError> {
-        let mut runnable = Vec::new();
+        let loaded = || self.layers().iter().any(|l| l.shape == shape);
+        if loaded() {
+            return Ok(());
+        }
+        // one build at a time, so no layer is compiled and loaded twice; launches (a shared read
+        // of the layers) go on meanwhile
+        let _build = self.build.lock().unwrap_or_else(|e| e.into_inner());
+        if loaded() {
+            return Ok(());
+        }
+        let mut built = Vec::new();
         let mut why = None;
         for a_type in [AType::Bf16, AType::Nvfp4] {
-            match crate::moe::space::check_layer(self.family, a_type, &shape) {
-                Ok(()) => runnable.push(a_type),
-                Err(e) => {
-                    why.get_or_insert(e);
-                }
-            }
-        }
-        let loaded = |a: AType| self.layers().iter().any(|l| l.shape == shape && l.a_type == a);
-        if runnable.is_empty() {
-            // a table's layer the family cannot check (no default) still serves
-            if loaded(AType::Bf16) || loaded(AType::Nvfp4) {
-                return Ok(());
-            }
-            return Err(RuntimeError::InvalidArgument(why.unwrap_or_default()));
-        }
-        for a_type in runnable {
-            if loaded(a_type) {
+            if let Err(e) = crate::moe::space::check_layer(self.family, a_type, &shape) {
+                why.get_or_insert(e);
                 continue;
             }
             let choices =
                 crate::moe::defaults::default_routes(self.family, a_type, &shape, self.sm_count)
                     .map_err(RuntimeError::InvalidArgument)?;
-            // compiled outside the lock: launches of other layers go on meanwhile
             let mut notes = Vec::new();
             let mut routes =
                 MoeRoutes::load(gpu, &self.compiler, shape, a_type, &choices, &mut notes)?;
             routes.family_default = true;
-            notes.extend(self.compiler.cache_warning().map(str::to_string));
-            let mut layers = self.layers.write().unwrap_or_else(|e| e.into_inner());
-            if !layers.iter().any(|l| l.shape == shape && l.a_type == a_type) {
-                layers.push(std::sync::Arc::new(routes));
-                self.notes.lock().unwrap_or_else(|e| e.into_inner()).extend(notes);
-            }
+            built.push(std::sync::Arc::new(routes));
+            self.notes.lock().unwrap_or_else(|e| e.into_inner()).extend(notes);
         }
+        if built.is_empty() {
+            return Err(RuntimeError::InvalidArgument(why.unwrap_or_default()));
+        }
+        let cache = self.compiler.cache_warning().map(str::to_string);
+        self.notes.lock().unwrap_or_else(|e| e.into_inner()).extend(cache);
+        self.layers.write().unwrap_or_else(|e| e.into_inner()).extend(built);
         Ok(())
+    }
+
+    /// Warnings of the family defaults loaded since open (a default kernel this compiler makes
+    /// spill still runs, perhaps slower; a cubin cache that could not store), each once.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut v = self.notes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        v.dedup();
+        v
+    }
+
+    /// The cubin cache's warning of the grouped kernels' compiler, if a store failed.
+    pub fn cache_warning(&self) -> Option<String> {
+        self.compiler.cache_warning().map(str::to_string)
     }
 
     /// The layer shapes with loaded routes (each once).
@@ -304,13 +318,23 @@ impl MoeRuntime {
         let layers = self.layers();
         let found = layers.iter().find(|l| l.shape == *shape && l.a_type == a_type);
         found.cloned().ok_or_else(|| {
-            let others = layers.iter().filter(|l| l.shape == *shape).map(|l| l.a_type.to_string());
-            RuntimeError::InvalidArgument(format!(
-                "no {a_type} grouped kernels for the layer {shape} (it runs: {})",
-                match others.collect::<Vec<_>>() {
-                    v if v.is_empty() => "nothing loaded yet: create its workspace first".into(),
-                    v => v.join(", "),
+            let runs: Vec<String> =
+                layers.iter().filter(|l| l.shape == *shape).map(|l| l.a_type.to_string()).collect();
+            let why = match crate::moe::space::check_layer(self.family, a_type, shape) {
+                Err(e) => e,
+                Ok(()) if runs.is_empty() => {
+                    "not loaded yet: its first workspace loads it (MoeOps::workspace, \
+                     fp4tune_moe_workspace_create)"
+                        .into()
                 }
+                Ok(()) => format!(
+                    "the table has its {} entries only (tune {a_type} with `fp4tune tune \
+                     --a-type {a_type}`)",
+                    runs.join(", ")
+                ),
+            };
+            RuntimeError::InvalidArgument(format!(
+                "no {a_type} grouped kernels for the layer {shape}: {why}"
             ))
         })
     }
@@ -361,6 +385,11 @@ impl MoeOps<'_> {
         tokens: u32,
     ) -> Result<(GroupedConfig, GroupedConfig), RuntimeError> {
         self.route_for(shape, AType::Bf16, tokens)
+    }
+
+    /// Warnings of the family defaults loaded since open (`MoeRuntime::warnings`).
+    pub fn warnings(&self) -> Vec<String> {
+        self.runtime.warnings()
     }
 
     /// The configurations the layer of activation type `a_type` launches for `tokens`.

@@ -168,13 +168,17 @@ impl fmt::Display for MoeRoute {
             )?,
             MoeRouteKind::BelowSmallest => write!(
                 f,
-                "nearest bucket B={}: {} is below the smallest tuned B",
-                self.bucket, self.tokens
+                "nearest bucket B={}: {} is below the smallest {} B",
+                self.bucket,
+                self.tokens,
+                if self.family_default { "default" } else { "tuned" }
             )?,
             MoeRouteKind::AboveLargest => write!(
                 f,
-                "nearest bucket B={}: {} is above the largest tuned B",
-                self.bucket, self.tokens
+                "nearest bucket B={}: {} is above the largest {} B",
+                self.bucket,
+                self.tokens,
+                if self.family_default { "default" } else { "tuned" }
             )?,
         }
         if self.split_room > 0 {
@@ -290,8 +294,10 @@ impl MoeRouteTable {
     }
 
     /// The kernels the layer `shape` with activations `a_type` launches for `tokens`, and why.
-    /// A layer the table has no grouped entries for (or only some of its ops) is an error naming
-    /// the layers it has: grouped launches of it are refused too.
+    /// A layer the table has no grouped entries for takes the family defaults where the routes
+    /// have them (`with_defaults`); else, and for an activation type or op the table lacks for
+    /// a layer it has, the route is an error naming the table's layers, and grouped launches of
+    /// it are refused too.
     pub fn route(
         &self,
         shape: &MoeShape,
@@ -307,16 +313,18 @@ impl MoeRouteTable {
             .find(|l| l.shape == *shape && l.a_type == a_type)
             .filter(|l| !l.gate_up.is_empty() && !l.down.is_empty());
         let default;
+        // a layer of the table runs its entries only (an activation type it lacks stays refused)
+        let of_table = self.layers.iter().any(|l| l.shape == *shape);
         let (layer, family_default) = match (tabled, self.defaults) {
             (Some(l), _) => (l, false),
-            (None, Some((family, sm_count))) => {
+            (None, Some((family, sm_count))) if !of_table => {
                 default =
                     Layer::family_default(family, a_type, shape, sm_count).map_err(|why| {
                         RuntimeError::InvalidArgument(format!("no grouped route: {why}"))
                     })?;
                 (&default, true)
             }
-            (None, None) => {
+            (None, _) => {
                 return Err(RuntimeError::InvalidArgument(format!(
                     "no grouped route: the table has no {a_type} grouped gate_up and down entries \
                      for the layer {shape} (it has: {})",
@@ -589,6 +597,14 @@ mod tests {
             };
             assert_eq!((r.gate_up.config, r.down.config), (of(MoeOp::GateUp), of(MoeOp::Down)));
         }
+        let far = routes.route(&ep8, AType::Bf16, 5000).unwrap().to_string();
+        assert!(
+            far.contains("nearest bucket B=4096: 5000 is above the largest default B"),
+            "{far}"
+        );
+        // a layer of the table keeps to its entries: the W4A4 it lacks stays refused
+        let e = routes.route(&TP8, AType::Nvfp4, 8).unwrap_err().to_string();
+        assert!(e.contains("no grouped route") && e.contains("w4a4"), "{e}");
         // the H200 table on an SM120 GPU: every layer on sm120's defaults, W4A4 only
         let sm120 = MoeRouteTable::with_defaults(Some(&t), Family::Sm120, 188);
         assert!(sm120.layers().is_empty());
