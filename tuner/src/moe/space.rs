@@ -13,9 +13,9 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
 }
 
 /// A family's representative grouped configurations of one activation type and op on `shape`
-/// (what `fp4tune selftest` checks without a table): the first measured seed legal for the
-/// shape, else the space's first configuration; sm120 gate_up also its first configuration
-/// split along K. Empty where the family has no grouped kernels of `a_type`.
+/// (`fp4tune compile --configs representative`): the first measured seed legal for the shape,
+/// else the space's first configuration; sm120 gate_up also its first configuration split along
+/// K. Empty where the family has no grouped kernels of `a_type`.
 pub fn representative(
     family: Family,
     a_type: AType,

@@ -37,13 +37,13 @@ fn mma_probe_is_bit_exact_and_a_wrong_model_fails_it() {
     ignore = "GPU test: run with --features gpu on a machine with a CUDA GPU"
 )]
 fn selftest_passes_on_the_representative_kernels_and_the_committed_table() {
-    let (_gpu, family, compiler) = open();
+    let (gpu, family, compiler) = open();
     let mut lines = Vec::new();
     let r = run(&compiler, &Options { device: 0, table: None }, &mut |c| lines.push(c.line()));
     let e = exit_status(&r);
     assert_eq!(e.code, 0, "{e:?}\n{}", lines.join("\n"));
     // the probe, then a line per GEMM check and per grouped entry
-    let expected: usize = kernels::plan(family, None)
+    let expected: usize = kernels::plan(family, gpu.info().sm_count, None)
         .checks
         .iter()
         .map(|c| match c {

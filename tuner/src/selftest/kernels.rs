@@ -1,5 +1,5 @@
 //! The kernel checks of a self-test: every kernel of a dispatch table (or, without one, the
-//! family's representative kernels) run on the GPU against the CPU reference, through the same
+//! family's representative kernels and the grouped family defaults) run on the GPU against the CPU reference, through the same
 //! verification as the tuner's (`bench::gemm::verify`: poisoned output, two runs bit-identical,
 //! every element within the reference bound), the dequantize-then-cuBLAS path of entries that
 //! take it (`bench::composite`), and the grouped MoE entries (`check::grouped`, verification on
@@ -25,20 +25,25 @@ use std::collections::BTreeMap;
 /// down shape).
 pub const DEFAULT_PROBLEMS: [(u32, u32, u32); 2] = [(1, 512, 6144), (33, 6144, 2048)];
 
-/// The origin the representative grouped kernels' lines name.
-pub const REPRESENTATIVE_GROUPED: &str = "representative grouped kernels";
+/// The origin the grouped family defaults' lines name.
+pub const DEFAULT_GROUPED: &str = "grouped family defaults";
 
-/// The token counts the representative grouped kernels are checked at without a table, on the
-/// GLM-5 TP8 layer: decode steps of 1 and 8 tokens (gate_up and down).
+/// The token counts the grouped family defaults are checked at without a table, on the GLM-5
+/// TP8 layer: decode steps of 1 and 8 tokens (gate_up and down).
 pub const DEFAULT_MOE_TOKENS: [u32; 2] = [1, 8];
 
-/// The family's representative grouped kernels (`moe::space::representative`) as grouped entries
-/// on the GLM-5 TP8 layer at [`DEFAULT_MOE_TOKENS`], each step routed with the tuner's seed for its
-/// token count. They carry no recorded time: a self-test only verifies them.
-pub fn representative_moe_entries(family: Family) -> Vec<MoeEntry> {
+/// The grouped family defaults (`moe::defaults`: what the runtime launches for a layer without
+/// table entries) on a GPU of `sm_count` SMs, as grouped entries on the GLM-5 TP8 layer at
+/// [`DEFAULT_MOE_TOKENS`], each step routed with the tuner's seed for its token count. They
+/// carry no recorded time: a self-test only verifies them.
+pub fn default_moe_entries(family: Family, sm_count: u32) -> Vec<MoeEntry> {
     let shape = MoeShape::GLM5_TP8;
     let mut out = Vec::new();
     for a_type in [AType::Bf16, AType::Nvfp4] {
+        let Ok(defaults) = crate::moe::defaults::default_routes(family, a_type, &shape, sm_count)
+        else {
+            continue;
+        };
         for tokens in DEFAULT_MOE_TOKENS {
             for op in MoeOp::ALL {
                 let (n, k) = shape.nk(op);
@@ -52,7 +57,8 @@ pub fn representative_moe_entries(family: Family) -> Vec<MoeEntry> {
                     top_k: shape.top_k,
                     tokens,
                 };
-                for config in crate::moe::space::representative(family, a_type, op, &shape) {
+                let at = defaults.iter().filter(|d| d.0 == op && d.1 == tokens);
+                for &(_, _, config) in at {
                     out.push(MoeEntry {
                         key,
                         config,
@@ -89,9 +95,9 @@ pub struct Plan {
 }
 
 /// The checks of `table` (named `origin`) on a GPU of `family`, or without a table of the
-/// family's representative kernels on [`DEFAULT_PROBLEMS`] and its representative grouped
-/// kernels ([`representative_moe_entries`]).
-pub fn plan(family: Family, table: Option<(&Table, &str)>) -> Plan {
+/// family's representative kernels on [`DEFAULT_PROBLEMS`] and its grouped family defaults
+/// ([`default_moe_entries`]) on a GPU of `sm_count` SMs.
+pub fn plan(family: Family, sm_count: u32, table: Option<(&Table, &str)>) -> Plan {
     let mut checks = Vec::new();
     let mut skipped = Vec::new();
     let Some((table, origin)) = table else {
@@ -109,9 +115,9 @@ pub fn plan(family: Family, table: Option<(&Table, &str)>) -> Plan {
                 }
             }
         }
-        let entries = representative_moe_entries(family);
+        let entries = default_moe_entries(family, sm_count);
         if !entries.is_empty() {
-            checks.push(KernelCheck::Grouped { origin: REPRESENTATIVE_GROUPED.into(), entries });
+            checks.push(KernelCheck::Grouped { origin: DEFAULT_GROUPED.into(), entries });
         }
         return Plan { checks, skipped };
     };
@@ -227,7 +233,7 @@ mod tests {
     #[test]
     fn a_table_gives_every_entry_its_fallback_and_composite_and_the_grouped_entries() {
         let t = committed("nvidia-h200.ron");
-        let p = plan(Family::Sm90, Some((&t, "t.ron")));
+        let p = plan(Family::Sm90, 132, Some((&t, "t.ron")));
         assert!(p.skipped.is_empty(), "{:?}", p.skipped);
         let gemm = p.checks.iter().filter(|c| matches!(c, KernelCheck::Gemm { .. })).count();
         let composite =
@@ -260,7 +266,7 @@ mod tests {
     #[test]
     fn entries_of_another_family_are_skipped_with_the_reason() {
         let t = committed("nvidia-h200.ron");
-        let p = plan(Family::Sm120, Some((&t, "t.ron")));
+        let p = plan(Family::Sm120, 188, Some((&t, "t.ron")));
         assert!(p.checks.is_empty(), "{:?}", p.checks);
         assert_eq!(p.skipped.len(), 1, "{:?}", p.skipped);
         let line = p.skipped[0].line();
@@ -275,8 +281,8 @@ mod tests {
 
     #[test]
     fn without_a_table_the_representative_kernels_run_on_legal_problems() {
-        for family in [Family::Sm90, Family::Sm120] {
-            let p = plan(family, None);
+        for (family, sms) in [(Family::Sm90, 132), (Family::Sm120, 188)] {
+            let p = plan(family, sms, None);
             assert!(!p.checks.is_empty(), "{family}");
             let (grouped, gemm): (Vec<_>, Vec<_>) =
                 p.checks.iter().partition(|c| matches!(c, KernelCheck::Grouped { .. }));
@@ -285,13 +291,13 @@ mod tests {
                 assert_eq!(config.family, family);
                 assert!(config.check_problem(problem).is_ok(), "{config} on {problem}");
             }
-            // the grouped layer: every entry legal on its layer and measurable, both ops at
-            // every default token count and activation type the family runs; on sm120 a gate_up
-            // kernel split along K that splits on its decode step
+            // the grouped layer: the runtime's family defaults, every entry legal on its layer and
+            // measurable, both ops at every default token count and activation type the family
+            // runs; on sm120 a gate_up kernel split along K that splits on its decode step
             let [KernelCheck::Grouped { origin, entries }] = grouped.as_slice() else {
                 panic!("{family}: {grouped:?}")
             };
-            assert_eq!(origin, REPRESENTATIVE_GROUPED);
+            assert_eq!(origin, DEFAULT_GROUPED);
             let a_types: &[AType] =
                 if family == Family::Sm90 { &[AType::Bf16, AType::Nvfp4] } else { &[AType::Nvfp4] };
             for &a in a_types {
@@ -308,6 +314,10 @@ mod tests {
                     (e.key.family, e.config.family, e.config.a_type),
                     (family, family, e.key.a_type)
                 );
+                let defaults =
+                    crate::moe::defaults::default_routes(family, e.key.a_type, &e.key.shape(), sms)
+                        .unwrap();
+                assert!(defaults.contains(&(e.key.op, e.key.tokens, e.config)), "{}", e.key);
                 assert!(a_types.contains(&e.key.a_type), "{family}: {}", e.key);
                 e.config.check(&e.key.shape()).unwrap_or_else(|x| panic!("{x}"));
                 crate::check::grouped::measurable(&e.key).unwrap();

@@ -212,7 +212,7 @@ pub fn run(
         Err(e) => gpu_result(format!("{} on the GPU", probe.what), Err(e), &mut lost),
     };
     record(&mut report, on_check, r);
-    let plan = kernels::plan(family, opts.table);
+    let plan = kernels::plan(family, info.sm_count, opts.table);
     for s in plan.skipped {
         record(&mut report, on_check, s);
     }
