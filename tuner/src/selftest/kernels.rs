@@ -1,9 +1,9 @@
 //! The kernel checks of a self-test: every kernel of a dispatch table (or, without one, the
-//! family's representative kernels and the grouped family defaults) run on the GPU against the CPU reference, through the same
-//! verification as the tuner's (`bench::gemm::verify`: poisoned output, two runs bit-identical,
-//! every element within the reference bound), the dequantize-then-cuBLAS path of entries that
-//! take it (`bench::composite`), and the grouped MoE entries (`check::grouped`, verification on
-//! sampled routed rows).
+//! family's representative kernels and the grouped family defaults) run on the GPU against the
+//! CPU reference, through the same verification as the tuner's (`bench::gemm::verify`: poisoned
+//! output, two runs bit-identical, every element within the reference bound), the
+//! dequantize-then-cuBLAS path of entries that take it (`bench::composite`), and the grouped MoE
+//! entries (`check::grouped`, verification on sampled routed rows).
 //!
 //! [`plan`] is pure: which checks a table gives on a GPU of `family`, and the SKIP lines of what
 //! this GPU cannot run.
