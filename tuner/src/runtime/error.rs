@@ -39,7 +39,7 @@ pub enum RuntimeError {
     Compiler { cache_dir: Option<PathBuf>, error: CompileError },
     #[error("rendering kernel {config}: {reason}")]
     Render { config: String, reason: String },
-    #[error("compiling kernel {config} named by the table: {error}")]
+    #[error("compiling kernel {config}: {error}")]
     Compile { config: String, error: CompileError },
     #[error(transparent)]
     Lookup(#[from] LookupError),

@@ -66,8 +66,8 @@ impl MoeRoutes {
             if let Some(why) = kernel.spills(&compiled)? {
                 warnings.push(format!(
                     "grouped kernel {} with this compiler: {why}; it runs, perhaps slower than \
-                     its table time (a re-tune, `fp4tune tune --moe-only`, picks one that does \
-                     not spill)",
+                     where it was measured (a tune, `fp4tune tune --moe-only`, picks one that \
+                     does not spill)",
                     c.name()
                 ));
             }
