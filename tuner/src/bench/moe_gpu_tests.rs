@@ -76,12 +76,9 @@ fn run_step(
         // and the family default the runtime launches for this layer and token count when the
         // table has no entry for the layer
         let sms = gpu.info().sm_count;
-        if let Ok(d) = crate::moe::defaults::default_routes(family, a_type, &step.shape, sms) {
-            let list: Vec<_> = d.into_iter().filter(|x| x.0 == op).collect();
-            let i = crate::runtime::moe::nearest_bucket(list.iter().map(|x| x.1), step.tokens);
-            if !space.contains(&list[i].2) {
-                space.push(list[i].2);
-            }
+        let default = super::run::family_default(family, a_type, op, &step.shape, step.tokens, sms);
+        if let Some(c) = default.filter(|c| !space.contains(c)) {
+            space.push(c);
         }
         assert!(!space.is_empty(), "{step:?} {op}: empty {a_type} space");
         let measured =

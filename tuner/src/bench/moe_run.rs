@@ -131,7 +131,7 @@ pub const DEFAULT_IMPL: &str = "fp4tune_default";
 
 /// The family default of `op` at `tokens` on `shape` (the bucket the runtime's launches pick),
 /// `None` where the family has no kernel for the layer.
-fn family_default(
+pub(super) fn family_default(
     family: crate::template::Family,
     a_type: AType,
     op: MoeOp,

@@ -177,7 +177,49 @@ pub(crate) struct UnitParts<'a> {
     pub params: &'a str,
 }
 
+/// A streamed kernel's parameters, in this order: (op, activations, [block_m, block_n, block_k],
+/// [warps_n, warps_k], (warp_ring, a_smem, flow), depth, split_k, min_ctas, walk).
+pub type StreamedRow = (MoeOp, AType, [u32; 3], [u32; 2], (bool, bool, bool), u32, u32, u32, u32);
+
 impl GroupedConfig {
+    /// A streamed kernel's configuration of `family` (not tiled, one warp along the routed rows,
+    /// no K tail) from its parameters.
+    pub fn streamed(family: Family, row: StreamedRow) -> GroupedConfig {
+        let (
+            op,
+            a_type,
+            [block_m, block_n, block_k],
+            [warps_n, warps_k],
+            ring,
+            depth,
+            split_k,
+            min_ctas,
+            walk,
+        ) = row;
+        let (warp_ring, a_smem, flow) = ring;
+        GroupedConfig {
+            op,
+            block_m,
+            block_n,
+            block_k,
+            warps_n,
+            warps_k,
+            depth,
+            split_k,
+            min_ctas,
+            walk,
+            family,
+            a_type,
+            warp_ring,
+            tiled: false,
+            warps_m: 1,
+            wgmma: false,
+            k_tail: false,
+            a_smem,
+            flow,
+        }
+    }
+
     /// A tiled kernel's configuration (sm90, W4A16, one K slice and one tile per CTA): tile
     /// `[block_m, block_n, block_k]`, `[warps_m, warps_n]` warps, `depth` stages, `min_ctas` CTAs
     /// per SM. The wgmma kernel's are these with `wgmma` set (`moe::wgmma::config`).

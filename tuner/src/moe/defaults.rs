@@ -14,6 +14,7 @@
 //! space a tune would measure.
 
 use super::config::GroupedConfig;
+use super::seeds::R;
 use super::space::search_space_for;
 use super::{MoeOp, MoeShape};
 use crate::problem::AType;
@@ -138,28 +139,18 @@ fn sm90_template(a_type: AType, op: MoeOp, rows: f64) -> GroupedConfig {
         .rev()
         .find(|r| f64::from(r.0) * ROWS_PER_TP8_TOKEN <= rows * 1.01)
         .unwrap_or(&table[0]);
-    let &(_, [block_m, block_n, block_k], [warps_n, warps_k], form, depth, min_ctas, walk) = row;
-    GroupedConfig {
-        op,
-        block_m,
-        block_n,
-        block_k,
-        warps_n,
-        warps_k,
-        depth,
-        split_k: 1,
-        min_ctas,
-        walk,
-        family: Family::Sm90,
-        a_type,
-        warp_ring: matches!(form, Form::P | Form::Pa),
-        tiled: matches!(form, Form::T | Form::W),
-        warps_m: 1,
-        wgmma: form == Form::W,
-        k_tail: false,
-        a_smem: form == Form::Pa,
-        flow: false,
-    }
+    let &(_, tile, [warps_n, warps_k], form, depth, min_ctas, walk) = row;
+    let ring = match form {
+        Form::T | Form::W => {
+            let tiled = GroupedConfig::tiled(op, tile, [1, warps_n], depth, min_ctas);
+            return GroupedConfig { wgmma: form == Form::W, ..tiled };
+        }
+        Form::R => R,
+        Form::P => super::seeds::P,
+        Form::Pa => super::seeds::PA,
+    };
+    let row = (op, a_type, tile, [warps_n, warps_k], ring, depth, 1, min_ctas, walk);
+    GroupedConfig::streamed(Family::Sm90, row)
 }
 
 /// The sm120 template: the smallest tile list that holds most experts' routed rows, and for
@@ -189,27 +180,9 @@ fn sm120_template(
     } else {
         1
     };
-    GroupedConfig {
-        op,
-        block_m,
-        block_n,
-        block_k,
-        warps_n,
-        warps_k: 1,
-        depth,
-        split_k,
-        min_ctas: 1,
-        walk: 0,
-        family: Family::Sm120,
-        a_type: AType::Nvfp4,
-        warp_ring: false,
-        tiled: false,
-        warps_m: 1,
-        wgmma: false,
-        k_tail: k % 64 != 0,
-        a_smem: false,
-        flow: false,
-    }
+    let row =
+        (op, AType::Nvfp4, [block_m, block_n, block_k], [warps_n, 1], R, depth, split_k, 1, 0);
+    GroupedConfig { k_tail: k % 64 != 0, ..GroupedConfig::streamed(Family::Sm120, row) }
 }
 
 /// How far `c` is from `t`: the kernel form first (a different pipeline or kernel outweighs

@@ -13,14 +13,13 @@ const W4A16: AType = AType::Bf16;
 const W4A4: AType = AType::Nvfp4;
 /// (warp_ring, a_smem, flow): the weights in the register ring (`d` in names), the warp ring
 /// (`p`), the warp ring with the activations (`pa`), or that ring running on across tiles (`pf`).
-const R: (bool, bool, bool) = (false, false, false);
-const P: (bool, bool, bool) = (true, false, false);
-const PA: (bool, bool, bool) = (true, true, false);
-const PF: (bool, bool, bool) = (true, true, true);
+pub(super) const R: (bool, bool, bool) = (false, false, false);
+pub(super) const P: (bool, bool, bool) = (true, false, false);
+pub(super) const PA: (bool, bool, bool) = (true, true, false);
+pub(super) const PF: (bool, bool, bool) = (true, true, true);
 
-/// (op, activations, [block_m, block_n, block_k], [warps_n, warps_k], ring, depth, split_k,
-/// min_ctas, walk)
-type Row = (MoeOp, AType, [u32; 3], [u32; 2], (bool, bool, bool), u32, u32, u32, u32);
+/// One winner's parameters (`GroupedConfig::streamed`).
+type Row = super::config::StreamedRow;
 
 #[rustfmt::skip]
 const WINNERS: &[Row] = &[
@@ -104,41 +103,7 @@ pub fn measured_seeds(family: Family, a_type: AType, op: MoeOp) -> Vec<GroupedCo
     WINNERS
         .iter()
         .filter(|r| r.0 == op && r.1 == a_type)
-        .map(
-            |&(
-                op,
-                a_type,
-                [block_m, block_n, block_k],
-                [warps_n, warps_k],
-                (warp_ring, a_smem, flow),
-                depth,
-                split_k,
-                min_ctas,
-                walk,
-            )| {
-                GroupedConfig {
-                    op,
-                    block_m,
-                    block_n,
-                    block_k,
-                    warps_n,
-                    warps_k,
-                    depth,
-                    split_k,
-                    min_ctas,
-                    walk,
-                    family,
-                    a_type,
-                    warp_ring,
-                    tiled: false,
-                    warps_m: 1,
-                    wgmma: false,
-                    k_tail: false,
-                    a_smem,
-                    flow,
-                }
-            },
-        )
+        .map(|&row| GroupedConfig::streamed(family, row))
         .collect()
 }
 

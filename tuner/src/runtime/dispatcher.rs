@@ -168,8 +168,8 @@ pub struct Dispatcher {
     /// Held while [`Dispatcher::moe`] loads the grouped layers after open (a failed load is
     /// not kept: the next call tries again and returns its own error).
     moe_init: Mutex<()>,
-    /// The cubin cache folder, for the grouped kernels loaded after open.
-    cache_dir: PathBuf,
+    /// The compiler of the open, for the grouped kernels loaded after it.
+    compiler: std::sync::Arc<Compiler>,
     /// The grouped routes (GPU-free): the table's entries of this device's family, the family
     /// defaults of every other layer.
     moe_routes: MoeRouteTable,
@@ -204,6 +204,8 @@ impl Dispatcher {
         let compiler = Compiler::new(Some(cache_dir.clone())).map_err(|error| {
             RuntimeError::Compiler { cache_dir: Some(cache_dir.clone()), error }
         })?;
+        // kept: the grouped layers outside the table are built after open
+        let compiler = std::sync::Arc::new(compiler);
         let t_compile = Instant::now();
         let built = plan.compile(&compiler)?;
         let compile_s = t_compile.elapsed().as_secs_f64();
@@ -245,15 +247,11 @@ impl Dispatcher {
         let scratch = scratch_with(&plan, options.max_m, composite.is_some());
         let workspace = GemmWorkspace::new(&gpu, id, options.max_m, scratch)?;
         let moe = std::sync::OnceLock::new();
-        let grouped = table.map(|(t, _)| t).filter(|t| !t.moe.is_empty());
-        if let Some(t) = grouped.filter(|t| t.moe.iter().all(|e| e.key.family == plan.family)) {
-            let own = Compiler::new(Some(cache_dir.clone())).map_err(|error| {
-                RuntimeError::Compiler { cache_dir: Some(cache_dir.clone()), error }
-            })?;
-            let runtime = super::moe::MoeRuntime::load(&gpu, own, Some(t), &mut plan.warnings)?;
-            plan.warnings.extend(runtime.cache_warning());
-            let _ = moe.set(runtime);
-        } else if grouped.is_some() {
+        let own = super::route::own_grouped(table.map(|(t, _)| t), plan.family);
+        if let Some(t) = own {
+            let c = compiler.clone();
+            let _ = moe.set(super::moe::MoeRuntime::load(&gpu, c, Some(t), &mut plan.warnings)?);
+        } else if table.is_some_and(|(t, _)| !t.moe.is_empty()) {
             plan.warnings.push(format!(
                 "the table's grouped MoE entries are not for the {} family of {}: every grouped \
                  layer runs the family defaults",
@@ -301,7 +299,7 @@ impl Dispatcher {
             fallbacks: Mutex::new(BTreeMap::new()),
             moe,
             moe_init: Mutex::new(()),
-            cache_dir,
+            compiler,
             moe_routes,
             report,
         })
@@ -320,9 +318,7 @@ impl Dispatcher {
         if let Some(runtime) = self.moe.get() {
             return Ok(ops(runtime));
         }
-        let compiler = Compiler::new(Some(self.cache_dir.clone())).map_err(|error| {
-            RuntimeError::Compiler { cache_dir: Some(self.cache_dir.clone()), error }
-        })?;
+        let compiler = self.compiler.clone();
         let runtime = super::moe::MoeRuntime::load(&self.gpu, compiler, None, &mut Vec::new())?;
         Ok(ops(self.moe.get_or_init(|| runtime)))
     }

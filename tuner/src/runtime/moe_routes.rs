@@ -12,8 +12,6 @@ use super::*;
 pub struct MoeRoutes {
     pub shape: MoeShape,
     pub a_type: AType,
-    /// The buckets are the family defaults (the table has no entries for this layer).
-    pub family_default: bool,
     kernels: Vec<GroupedKernel>,
     gate_up: Vec<(u32, usize)>,
     down: Vec<(u32, usize)>,
@@ -75,14 +73,8 @@ impl MoeRoutes {
         }
         let index =
             |c: &GroupedConfig| configs.iter().position(|x| x == c).expect("collected above");
-        let mut routes = MoeRoutes {
-            shape,
-            a_type,
-            family_default: false,
-            kernels,
-            gate_up: Vec::new(),
-            down: Vec::new(),
-        };
+        let mut routes =
+            MoeRoutes { shape, a_type, kernels, gate_up: Vec::new(), down: Vec::new() };
         for (op, bucket, config) in choices {
             let k = index(config);
             match op {
@@ -132,9 +124,8 @@ pub struct MoeRuntime {
     /// Grows only (a layer's routes never change once loaded); launches take a shared read.
     layers: std::sync::RwLock<Vec<std::sync::Arc<MoeRoutes>>>,
     family: crate::template::Family,
-    sm_count: u32,
-    /// Builds the family defaults of a layer at its first workspace.
-    compiler: Compiler,
+    /// The dispatcher's compiler: builds the family defaults of a layer at its first workspace.
+    compiler: std::sync::Arc<Compiler>,
     /// Warnings of the default layers loaded since open (a default kernel that spills).
     notes: std::sync::Mutex<Vec<String>>,
     /// Held while a layer's defaults are built (one build at a time).
@@ -164,12 +155,14 @@ fn first_overlap(ranges: &[Prepared], codes: u64, end: u64) -> Option<(u64, u64)
 }
 
 impl MoeRuntime {
-    /// Load the table's grouped entries (grouped by layer shape). A table whose grouped templates
-    /// differ from this build's loads anyway (the kernels are rebuilt from this build's
-    /// templates) with a warning pushed to `warnings`.
+    /// Load the fixed kernels and the table's grouped entries (grouped by layer shape; entries of
+    /// this device's family: `route::own_grouped`), with `compiler`, which also builds the family
+    /// defaults of later layers. A table whose grouped templates differ from this build's loads
+    /// anyway (the kernels are rebuilt from this build's templates) with a warning pushed to
+    /// `warnings`.
     pub fn load(
         gpu: &Gpu,
-        compiler: Compiler,
+        compiler: std::sync::Arc<Compiler>,
         table: Option<&crate::table::Table>,
         warnings: &mut Vec<String>,
     ) -> Result<Self, RuntimeError> {
@@ -178,7 +171,6 @@ impl MoeRuntime {
             kernels: MoeKernels::load(gpu, &compiler)?,
             layers: std::sync::RwLock::new(Vec::new()),
             family,
-            sm_count: gpu.info().sm_count,
             compiler,
             notes: std::sync::Mutex::new(Vec::new()),
             build: std::sync::Mutex::new(()),
@@ -187,16 +179,6 @@ impl MoeRuntime {
         let Some(table) = table.filter(|t| !t.moe.is_empty()) else {
             return Ok(runtime);
         };
-        // The entries of this device's family (a table is measured on one device, so all of
-        // them or none).
-        if table.moe.iter().any(|e| e.key.family != family) {
-            warnings.push(format!(
-                "the table's grouped MoE entries are not all for the {family} family of {}: every \
-                 grouped layer runs the family defaults",
-                gpu.info().name
-            ));
-            return Ok(runtime);
-        }
         if table.moe_templates_stale() {
             warnings.push(
                 "the grouped MoE entries were tuned with other kernel templates: their kernels are built from \
@@ -255,13 +237,11 @@ impl MoeRuntime {
                 why.get_or_insert(e);
                 continue;
             }
-            let choices =
-                crate::moe::defaults::default_routes(self.family, a_type, &shape, self.sm_count)
-                    .map_err(RuntimeError::InvalidArgument)?;
+            let sms = gpu.info().sm_count;
+            let choices = crate::moe::defaults::default_routes(self.family, a_type, &shape, sms)
+                .map_err(RuntimeError::InvalidArgument)?;
             let mut notes = Vec::new();
-            let mut routes =
-                MoeRoutes::load(gpu, &self.compiler, shape, a_type, &choices, &mut notes)?;
-            routes.family_default = true;
+            let routes = MoeRoutes::load(gpu, &self.compiler, shape, a_type, &choices, &mut notes)?;
             built.push(std::sync::Arc::new(routes));
             self.notes.lock().unwrap_or_else(|e| e.into_inner()).extend(notes);
         }
@@ -280,22 +260,6 @@ impl MoeRuntime {
         let mut v = self.notes.lock().unwrap_or_else(|e| e.into_inner()).clone();
         v.dedup();
         v
-    }
-
-    /// The cubin cache's warning of the grouped kernels' compiler, if a store failed.
-    pub fn cache_warning(&self) -> Option<String> {
-        self.compiler.cache_warning().map(str::to_string)
-    }
-
-    /// The layer shapes with loaded routes (each once).
-    pub fn shapes(&self) -> Vec<MoeShape> {
-        let mut out: Vec<MoeShape> = Vec::new();
-        for l in self.layers().iter() {
-            if !out.contains(&l.shape) {
-                out.push(l.shape);
-            }
-        }
-        out
     }
 
     /// The prepared range that `bytes` of codes at `codes` overlap, if any. (A poisoned lock

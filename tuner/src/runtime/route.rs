@@ -214,6 +214,12 @@ impl fmt::Display for MoeLayerRoute {
     }
 }
 
+/// `table` when it has grouped entries and they are of `family` (a table is measured on one
+/// device, so all of them or none): the entries a device of `family` runs.
+pub fn own_grouped(table: Option<&Table>, family: Family) -> Option<&Table> {
+    table.filter(|t| !t.moe.is_empty() && t.moe.iter().all(|e| e.key.family == family))
+}
+
 /// One layer's grouped entries: per op (bucket, configuration), buckets ascending.
 #[derive(Debug, Clone, PartialEq)]
 struct Layer {
@@ -279,8 +285,7 @@ impl MoeRouteTable {
     /// grouped entries when they are of `family` (a table's entries are all of one device), and
     /// the family defaults of every other layer.
     pub fn with_defaults(table: Option<&Table>, family: Family, sm_count: u32) -> Self {
-        let own = table.filter(|t| t.moe.iter().all(|e| e.key.family == family));
-        let mut routes = own.map_or(
+        let mut routes = own_grouped(table, family).map_or(
             MoeRouteTable { layers: Vec::new(), stale_templates: false, defaults: None },
             Self::new,
         );

@@ -228,6 +228,24 @@ pub struct ConstraintError {
 }
 
 impl GemmConfig {
+    /// The tile, warp, stage, split and swap parameters every family's configuration type takes
+    /// first, in its template order: `block_m, block_n, block_k, warps_m, warps_n, warps_k,
+    /// stages, split_k, swap_ab`.
+    pub(crate) fn template_args(&self) -> String {
+        format!(
+            "{}, {}, {}, {}, {}, {}, {}, {}, {}",
+            self.block_m,
+            self.block_n,
+            self.block_k,
+            self.warps_m,
+            self.warps_n,
+            self.warps_k,
+            self.stages,
+            self.split_k,
+            self.swap_ab
+        )
+    }
+
     /// A cp.async-pipeline configuration (`Pipeline::CpAsync`, one CTA per SM) from its tile
     /// (block_m, block_n, block_k), its warp layout (warps_m, warps_n, warps_k), stages, split-K and
     /// swap-AB: the shape every family's cp.async space and seed list is written in.

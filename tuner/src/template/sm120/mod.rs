@@ -244,18 +244,7 @@ pub fn check_problem(c: &GemmConfig, p: &GemmProblem) -> Result<(), ConstraintEr
 
 /// The template's configuration type of `c`: `fp4tune::sm120::Config<...>`.
 pub fn config_type(c: &GemmConfig) -> String {
-    format!(
-        "fp4tune::sm120::Config<{}, {}, {}, {}, {}, {}, {}, {}, {}>",
-        c.block_m,
-        c.block_n,
-        c.block_k,
-        c.warps_m,
-        c.warps_n,
-        c.warps_k,
-        c.stages,
-        c.split_k,
-        c.swap_ab
-    )
+    format!("fp4tune::sm120::Config<{}>", c.template_args())
 }
 
 /// The instantiation unit: include the umbrella header, instantiate the config, assert the

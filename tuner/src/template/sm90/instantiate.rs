@@ -39,16 +39,8 @@ pub fn instantiation(c: &GemmConfig) -> String {
         (
             "sm90/gemm.cuh",
             format!(
-                "Sm90Config<{}, {}, {}, {}, {}, {}, {}, {}, {}, {fp4}{}>",
-                c.block_m,
-                c.block_n,
-                c.block_k,
-                c.warps_m,
-                c.warps_n,
-                c.warps_k,
-                c.stages,
-                c.split_k,
-                c.swap_ab,
+                "Sm90Config<{}, {fp4}{}>",
+                c.template_args(),
                 if c.pipeline == Pipeline::KTail { ", true" } else { "" }
             ),
             "templates/sm90/config.cuh",
