@@ -677,7 +677,7 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     let r = disp.moe_route(&shape, AType::Bf16, 8).unwrap();
     assert!(r.gate_up.family_default && r.down.family_default, "{r}");
     let e = disp.moe().unwrap().route_for(&shape, AType::Bf16, 8).unwrap_err().to_string();
-    assert!(e.contains("create its workspace first"), "{e}");
+    assert!(e.contains("its first workspace loads it"), "{e}");
     let _ws = disp.moe().unwrap().workspace(shape, 8).unwrap();
     let picked = disp.moe().unwrap().route_for(&shape, AType::Bf16, 8).unwrap();
     assert_eq!((r.gate_up.config, r.down.config), picked);
