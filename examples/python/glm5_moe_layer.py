@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from glm5_expert import quantize_weight, swizzle_scales  # noqa: E402
 
 HIDDEN, INTER, EXPERTS, TOP_K = 6144, 256, 256, 8  # GLM-5 at TP8
+EXPERTS_TOTAL = EXPERTS  # the model's routed experts: all of them on every GPU under TP
+ABI_VERSION = 3  # FP4TUNE_ABI_VERSION of the declarations below
 TOL_LAYER = 2.0**-5  # H is rounded to bf16 before down in both; f32 summation order differs
 
 
@@ -127,11 +129,16 @@ def main() -> int:
     lib.fp4tune_last_error.restype = ctypes.c_char_p
     lib.fp4tune_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
     i32 = ctypes.c_int32
-    lib.fp4tune_moe_workspace_create.argtypes = [ctypes.c_void_p, i32, i32, i32, i32, i32,
+    lib.fp4tune_abi_version.restype = ctypes.c_uint32
+    if lib.fp4tune_abi_version() != ABI_VERSION:
+        print(f"{args.lib}: ABI version {lib.fp4tune_abi_version()}, this example declares {ABI_VERSION}")
+        return 2
+    lib.fp4tune_moe_workspace_create.argtypes = [ctypes.c_void_p, i32, i32, i32, i32, i32, i32,
                                                  ctypes.POINTER(ctypes.c_void_p)]
     lib.fp4tune_moe_workspace_destroy.argtypes = [ctypes.c_void_p]
     lib.fp4tune_moe_layer.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(MoeArgs), ctypes.c_uint64]
-    lib.fp4tune_moe_route.argtypes = [ctypes.c_void_p, i32, i32, i32, i32, i32, ctypes.c_char_p, ctypes.c_size_t]
+    lib.fp4tune_moe_route.argtypes = [ctypes.c_void_p, i32, i32, i32, i32, i32, i32, ctypes.c_char_p,
+                                      ctypes.c_size_t]
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
     for f in (lib.fp4tune_moe_prepare_weights, lib.fp4tune_moe_restore_weights):
         f.argtypes = [ctypes.c_void_p, i32, i32, i32, u32, u64, u64]
@@ -149,7 +156,8 @@ def main() -> int:
     check(lib.fp4tune_open(args.table.encode(), 0, ctypes.byref(d)), "fp4tune_open")
     max_tokens = max(args.tokens)
     ws = ctypes.c_void_p()
-    check(lib.fp4tune_moe_workspace_create(d, HIDDEN, INTER, EXPERTS, TOP_K, max_tokens, ctypes.byref(ws)),
+    check(lib.fp4tune_moe_workspace_create(d, HIDDEN, INTER, EXPERTS, TOP_K, EXPERTS_TOTAL, max_tokens,
+                                           ctypes.byref(ws)),
           "fp4tune_moe_workspace_create")
     # weight copies for cold-L2 timing (the quantized bytes and the torch peer's bf16 weights)
     copies13 = [(w13.codes, w13.sf)] + [(w13.codes.clone(), w13.sf.clone()) for _ in range(args.copies - 1)]
@@ -220,7 +228,8 @@ def main() -> int:
 
         t_torch = graph_us([lambda c=c: torch_step(c) for c in range(len(w13t))])
         buf = ctypes.create_string_buffer(512)
-        check(lib.fp4tune_moe_route(d, HIDDEN, INTER, EXPERTS, TOP_K, b, buf, len(buf)), "fp4tune_moe_route")
+        check(lib.fp4tune_moe_route(d, HIDDEN, INTER, EXPERTS, TOP_K, EXPERTS_TOTAL, b, buf, len(buf)),
+              "fp4tune_moe_route")
         good = err <= TOL_LAYER and equal
         ok &= good
         print(f"{b},{t_fp4:.2f},{t_torch:.2f},{t_torch / t_fp4:.2f},{err:.2e},{equal},{buf.value.decode()}"

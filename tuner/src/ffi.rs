@@ -15,7 +15,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 /// Version of this ABI; bumped on any incompatible change of the header.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Status codes (`enum fp4tune_status` in the header).
 #[repr(C)]
@@ -68,13 +68,13 @@ pub const EXPORTS: &[(&str, usize)] = &[
     ("fp4tune_synchronize", 2),
     ("fp4tune_close", 1),
     ("fp4tune_scale_bytes", 2),
-    ("fp4tune_moe_workspace_create", 7),
+    ("fp4tune_moe_workspace_create", 8),
     ("fp4tune_moe_workspace_destroy", 1),
     ("fp4tune_moe_layer", 4),
     ("fp4tune_moe_align", 4),
     ("fp4tune_moe_gate_up", 4),
     ("fp4tune_moe_down", 4),
-    ("fp4tune_moe_route", 8),
+    ("fp4tune_moe_route", 9),
     ("fp4tune_moe_prepare_weights", 7),
     ("fp4tune_moe_restore_weights", 7),
     ("fp4tune_moe_forget_weights", 6),

@@ -28,9 +28,25 @@ fn moe_shape(
     })
 }
 
+/// The model's routed experts of a C call: `experts_total`, or the layer's local experts for 0
+/// (every expert on this GPU).
+fn experts_total_of(shape: &crate::moe::MoeShape, experts_total: i32) -> Result<u32, Failure> {
+    match experts_total {
+        0 => Ok(shape.experts),
+        t if t < 0 => {
+            Err(invalid(format!("experts_total {t} must be positive (or 0: every expert local)")))
+        }
+        t => {
+            crate::moe::defaults::check_experts_total(shape, t as u32).map_err(invalid)?;
+            Ok(t as u32)
+        }
+    }
+}
+
 /// Create a workspace for one stream's grouped MoE launches of the layer (hidden, inter per GPU,
-/// local experts, top_k) with up to `max_tokens` tokens; the first workspace of a layer the table
-/// has no grouped entries for builds its family defaults. Use one workspace per stream.
+/// local experts, top_k) of a model of `experts_total` routed experts (0: every expert local)
+/// with up to `max_tokens` tokens; the first workspace of a layer the table has no grouped
+/// entries for builds its family defaults for that routing. Use one workspace per stream.
 ///
 /// # Safety
 /// `d` must be a live handle; `out` valid for one write.
@@ -41,6 +57,7 @@ pub unsafe extern "C" fn fp4tune_moe_workspace_create(
     inter: i32,
     experts: i32,
     top_k: i32,
+    experts_total: i32,
     max_tokens: i32,
     out: *mut *mut Fp4tuneMoeWorkspace,
 ) -> c_int {
@@ -53,12 +70,13 @@ pub unsafe extern "C" fn fp4tune_moe_workspace_create(
         // SAFETY: live handle per the contract.
         let d = unsafe { handle(d)? };
         let shape = moe_shape(hidden, inter, experts, top_k)?;
+        let total = experts_total_of(&shape, experts_total)?;
         if max_tokens <= 0 {
             return Err(invalid(format!("max_tokens {max_tokens} must be positive")));
         }
         let ws = d
             .moe()
-            .and_then(|m| m.workspace(shape, max_tokens as u32))
+            .and_then(|m| m.workspace(shape, total, max_tokens as u32))
             .map_err(|e| fail(e, false))?;
         // SAFETY: as above.
         unsafe { *out = Box::into_raw(Box::new(Fp4tuneMoeWorkspace { inner: ws })) };
@@ -309,9 +327,10 @@ pub unsafe extern "C" fn fp4tune_moe_forget_weights(
 /// it with, and why (`Dispatcher::moe_route`): "w4a16: gate_up <config> (<why>); down <config>
 /// (<why>)", where why is `exact`, the nearest bucket between two tuned ones, or the nearest
 /// bucket outside the tuned range, whether the entries were tuned with other grouped templates,
-/// and whether they are the family defaults (a layer the table has no entries for); several
-/// activation types are separated by " | ". Truncated to `len`. A layer the family's kernels
-/// cannot run is an error whose message says why.
+/// and whether they are the family defaults (a layer the table has no entries for, chosen for a
+/// model of `experts_total` routed experts, 0: every expert local); several activation types are
+/// separated by " | ". Truncated to `len`. A layer the family's kernels cannot run is an error
+/// whose message says why.
 ///
 /// # Safety
 /// `d` must be a live handle; `buf` valid for `len` bytes of writes.
@@ -322,6 +341,7 @@ pub unsafe extern "C" fn fp4tune_moe_route(
     inter: i32,
     experts: i32,
     top_k: i32,
+    experts_total: i32,
     tokens: i32,
     buf: *mut c_char,
     len: usize,
@@ -330,13 +350,14 @@ pub unsafe extern "C" fn fp4tune_moe_route(
         // SAFETY: live handle per the contract.
         let d = unsafe { handle(d)? };
         let shape = moe_shape(hidden, inter, experts, top_k)?;
+        let total = experts_total_of(&shape, experts_total)?;
         if tokens <= 0 {
             return Err(invalid(format!("tokens {tokens} must be positive")));
         }
         let mut routes = Vec::new();
         let mut first_error = None;
         for a in [crate::problem::AType::Bf16, crate::problem::AType::Nvfp4] {
-            match d.moe_route(&shape, a, tokens as u32) {
+            match d.moe_route(&shape, total, a, tokens as u32) {
                 Ok(r) => routes.push(r.to_string()),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -414,17 +435,31 @@ mod tests {
         let mut ws: *mut Fp4tuneMoeWorkspace = std::ptr::null_mut();
         // SAFETY: as above; `ws` is a valid out pointer.
         let s = unsafe {
-            fp4tune_moe_workspace_create(std::ptr::null(), 6144, 256, 256, 8, 64, &mut ws)
+            fp4tune_moe_workspace_create(std::ptr::null(), 6144, 256, 256, 8, 0, 64, &mut ws)
         };
         assert_eq!(s, Status::InvalidArgument as c_int);
         assert!(ws.is_null());
         let mut buf = [0 as c_char; 64];
         // SAFETY: as above; `buf` is valid for its length.
         let s = unsafe {
-            fp4tune_moe_route(std::ptr::null(), 6144, 256, 256, 8, 1, buf.as_mut_ptr(), 64)
+            fp4tune_moe_route(std::ptr::null(), 6144, 256, 256, 8, 0, 1, buf.as_mut_ptr(), 64)
         };
         assert_eq!(s, Status::InvalidArgument as c_int);
         // SAFETY: NULL is ignored.
         unsafe { fp4tune_moe_workspace_destroy(std::ptr::null_mut()) };
+    }
+
+    /// `experts_total` 0 is the layer's local experts; a negative count or one below them is
+    /// refused with a line naming it.
+    #[test]
+    fn experts_total_zero_means_every_expert_local() {
+        let ep8 = crate::moe::MoeShape::GLM5_EP8;
+        assert_eq!(experts_total_of(&ep8, 0).unwrap(), 32);
+        assert_eq!(experts_total_of(&ep8, 256).unwrap(), 256);
+        let (status, e) = experts_total_of(&ep8, -1).unwrap_err();
+        assert_eq!(status, Status::InvalidArgument);
+        assert!(e.contains("experts_total -1 must be positive"), "{e}");
+        let (_, e) = experts_total_of(&ep8, 16).unwrap_err();
+        assert!(e.contains("(16) are fewer than the layer's 32 local experts"), "{e}");
     }
 }

@@ -76,7 +76,14 @@ fn run_step(
         // and the family default the runtime launches for this layer and token count when the
         // table has no entry for the layer
         let sms = gpu.info().sm_count;
-        let default = super::run::family_default(family, a_type, op, &step.shape, step.tokens, sms);
+        let default = super::run::family_default(
+            family,
+            a_type,
+            op,
+            (&step.shape, step.experts_total),
+            step.tokens,
+            sms,
+        );
         if let Some(c) = default.filter(|c| !space.contains(c)) {
             space.push(c);
         }

@@ -129,17 +129,20 @@ pub fn screen_candidates(
 /// layer the table has no entries for runs), W4A4's with the `_w4a4` suffix.
 pub const DEFAULT_IMPL: &str = "fp4tune_default";
 
-/// The family default of `op` at `tokens` on `shape` (the bucket the runtime's launches pick),
-/// `None` where the family has no kernel for the layer.
+/// The family default of `op` at `tokens` on `shape` in a model of `experts_total` routed
+/// experts (the bucket the runtime's launches pick), `None` where the family has no kernel for
+/// the layer.
 pub(super) fn family_default(
     family: crate::template::Family,
     a_type: AType,
     op: MoeOp,
-    shape: &MoeShape,
+    (shape, experts_total): (&MoeShape, u32),
     tokens: u32,
     sm_count: u32,
 ) -> Option<GroupedConfig> {
-    let routes = crate::moe::defaults::default_routes(family, a_type, shape, sm_count).ok()?;
+    let routes =
+        crate::moe::defaults::default_routes(family, a_type, shape, experts_total, sm_count)
+            .ok()?;
     let list: Vec<_> = routes.into_iter().filter(|r| r.0 == op).collect();
     let i = crate::runtime::moe::nearest_bucket(list.iter().map(|r| r.1), tokens);
     Some(list[i].2)
@@ -228,8 +231,9 @@ pub fn run_moe_bench_for(
                     |c| plan.keeps(c),
                 );
                 // the family default the runtime launches for a layer outside the table
+                let layer = (shape, plan.experts_total);
                 let default =
-                    family_default(family, a_type, op, shape, tokens, gpu.info().sm_count)
+                    family_default(family, a_type, op, layer, tokens, gpu.info().sm_count)
                         .filter(|c| plan.keeps(c));
                 if let Some(c) = default.filter(|c| !space.contains(c)) {
                     space.push(c);

@@ -3,8 +3,9 @@
 //! and GPU of a kernel family before it is tuned (a tune measures the space and is faster).
 //!
 //! A bucket's configuration starts from a template chosen by the routed rows per expert, `B x
-//! top_k / experts`, as under tensor parallelism (an expert-parallel layer routes fewer rows to
-//! each of its local experts than this estimate: tune it). Family sm90's templates are the
+//! top_k / experts_total` for a layer of `experts_total` routed experts in the whole model (all
+//! of them local under tensor parallelism; an expert-parallel GPU holds `experts` of them, and
+//! routes each of its experts as many rows as any other GPU does). Family sm90's templates are the
 //! picks of the H200 tune of the GLM-5 TP8 layer (`results/nvidia-h200.ron`, W4A16 and W4A4),
 //! whose B = 1..4096 are 1/32..128 rows per expert. Family sm120 has no measurement: its template
 //! follows the space's rules (the smallest tile list that holds most experts' rows, K split over
@@ -25,29 +26,61 @@ use crate::template::Family;
 pub const DEFAULT_BUCKETS: [u32; 12] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096];
 
 /// Every (op, bucket, configuration) of the family defaults of `shape` with activations
-/// `a_type` on a GPU of `sm_count` SMs; the error of [`super::space::check_layer`] (one line naming
-/// the projection and what the family's kernels take) when a projection has no legal one.
+/// `a_type`, in a model of `experts_total` routed experts (`shape.experts` when every expert is
+/// local), on a GPU of `sm_count` SMs; the error of [`super::space::check_layer`] (one line
+/// naming the projection and what the family's kernels take) when a projection has no legal one,
+/// or of an `experts_total` below the layer's local experts.
 pub fn default_routes(
     family: Family,
     a_type: AType,
     shape: &MoeShape,
+    experts_total: u32,
     sm_count: u32,
 ) -> Result<Vec<(MoeOp, u32, GroupedConfig)>, String> {
+    check_experts_total(shape, experts_total)?;
     super::space::check_layer(family, a_type, shape)?;
     let mut out = Vec::with_capacity(2 * DEFAULT_BUCKETS.len());
     for op in MoeOp::ALL {
         let space = search_space_for(family, a_type, op, shape);
         for tokens in DEFAULT_BUCKETS {
-            let t = template(family, a_type, op, shape, tokens, sm_count);
+            let routed = Routed::new(shape, experts_total, tokens);
+            let t = template(family, a_type, op, shape, &routed, sm_count);
             out.push((op, tokens, nearest(&t, &space)));
         }
     }
     Ok(out)
 }
 
-/// Routed rows per expert at `tokens`, as under tensor parallelism.
-fn rows_per_expert(shape: &MoeShape, tokens: u32) -> f64 {
-    f64::from(tokens) * f64::from(shape.top_k) / f64::from(shape.experts.max(1))
+/// An error naming the layer when `experts_total` (the model's routed experts) is below its
+/// local experts.
+pub fn check_experts_total(shape: &MoeShape, experts_total: u32) -> Result<(), String> {
+    if experts_total < shape.experts {
+        return Err(format!(
+            "{shape}: the model's routed experts ({experts_total}) are fewer than the layer's \
+             {} local experts",
+            shape.experts
+        ));
+    }
+    Ok(())
+}
+
+/// What a uniform routing of `tokens` brings one GPU's experts on average.
+struct Routed {
+    /// Routed rows of one local expert (`tokens x top_k / experts_total`).
+    per_expert: f64,
+    /// Routed rows of all local experts, rounded up (`tokens x top_k` when all are local).
+    local: u64,
+}
+
+impl Routed {
+    fn new(shape: &MoeShape, experts_total: u32, tokens: u32) -> Self {
+        let total = u64::from(experts_total.max(1));
+        let rows = u64::from(tokens) * u64::from(shape.top_k);
+        Routed {
+            per_expert: rows as f64 / total as f64,
+            local: (rows * u64::from(shape.experts)).div_ceil(total),
+        }
+    }
 }
 
 /// The configuration a bucket starts from (not necessarily legal for `shape`).
@@ -56,13 +89,12 @@ fn template(
     a_type: AType,
     op: MoeOp,
     shape: &MoeShape,
-    tokens: u32,
+    routed: &Routed,
     sm_count: u32,
 ) -> GroupedConfig {
-    let rows = rows_per_expert(shape, tokens);
     match family {
-        Family::Sm90 => sm90_template(a_type, op, rows),
-        Family::Sm120 => sm120_template(op, shape, tokens, rows, sm_count),
+        Family::Sm90 => sm90_template(a_type, op, routed.per_expert),
+        Family::Sm120 => sm120_template(op, shape, routed, sm_count),
     }
 }
 
@@ -156,15 +188,10 @@ fn sm90_template(a_type: AType, op: MoeOp, rows: f64) -> GroupedConfig {
 /// The sm120 template: the smallest tile list that holds most experts' routed rows, and for
 /// gate_up's decode tiles K split over the fewest CTAs (1, 2 or 4) that give every SM one (the
 /// long K of a few experts' tiles would leave SMs idle).
-fn sm120_template(
-    op: MoeOp,
-    shape: &MoeShape,
-    tokens: u32,
-    rows: f64,
-    sm_count: u32,
-) -> GroupedConfig {
+fn sm120_template(op: MoeOp, shape: &MoeShape, routed: &Routed, sm_count: u32) -> GroupedConfig {
     // the tile list whose tiles hold the routed rows of 9 in 10 experts (Poisson's 90th
     // percentile, about r + 1.3 sqrt(r)), so few experts' weights are read for two tiles
+    let rows = routed.per_expert;
     let most = rows + 1.3 * rows.sqrt();
     let block_m = [8, 16].into_iter().find(|&m| most <= f64::from(m)).unwrap_or(32);
     let (block_n, warps_n) = match op {
@@ -173,7 +200,9 @@ fn sm120_template(
     };
     let (n, k) = shape.nk(op);
     let (block_k, depth) = if k % 128 == 0 { (128, 6) } else { (64, 8) };
-    let active = tokens.saturating_mul(shape.top_k).min(shape.experts).max(1);
+    // the local experts a step touches: at most one per routed row (at least one, as the
+    // kernels' grid has)
+    let active = routed.local.min(u64::from(shape.experts)).max(1) as u32;
     let tiles = active * n.div_ceil(block_n);
     let split_k = if op == MoeOp::GateUp && block_m <= 16 {
         [1, 2, 4].into_iter().find(|s| tiles * s >= sm_count).unwrap_or(4)

@@ -4,20 +4,21 @@ use crate::moe::space::check_layer;
 const SM90_SMS: u32 = 132;
 const SM120_SMS: u32 = 188;
 
-/// Routed layers of other models over 8 GPUs (hidden, inter per GPU, experts, top_k), besides
-/// GLM-5's two.
-fn layers() -> Vec<(&'static str, MoeShape)> {
+/// Routed layers of other models over 8 GPUs (hidden, inter per GPU, experts, top_k) and the
+/// model's routed experts, besides GLM-5's two.
+fn layers() -> Vec<(&'static str, MoeShape, u32)> {
     let s = |hidden, inter, experts, top_k| MoeShape { hidden, inter, experts, top_k };
+    let tp = |name, shape: MoeShape| (name, shape, shape.experts);
     vec![
-        ("glm5-tp8", MoeShape::GLM5_TP8),
-        ("glm5-ep8", MoeShape::GLM5_EP8),
-        ("deepseek-v3-tp8", s(7168, 256, 256, 8)),
-        ("qwen3-235b-tp8", s(4096, 192, 128, 8)),
-        ("qwen3-30b-a3b-tp8", s(2048, 96, 128, 8)),
-        ("qwen3-next-tp8", s(2048, 64, 512, 10)),
-        ("glm-4.5-air-tp8", s(4096, 176, 128, 8)),
-        ("mixtral-tp8", s(4096, 1792, 8, 2)),
-        ("mixtral-ep8", s(4096, 14336, 1, 2)),
+        tp("glm5-tp8", MoeShape::GLM5_TP8),
+        ("glm5-ep8", MoeShape::GLM5_EP8, 256),
+        tp("deepseek-v3-tp8", s(7168, 256, 256, 8)),
+        tp("qwen3-235b-tp8", s(4096, 192, 128, 8)),
+        tp("qwen3-30b-a3b-tp8", s(2048, 96, 128, 8)),
+        tp("qwen3-next-tp8", s(2048, 64, 512, 10)),
+        tp("glm-4.5-air-tp8", s(4096, 176, 128, 8)),
+        tp("mixtral-tp8", s(4096, 1792, 8, 2)),
+        ("mixtral-ep8", s(4096, 14336, 1, 2), 8),
     ]
 }
 
@@ -37,7 +38,8 @@ fn the_glm5_tp8_defaults_are_the_h200_tables_picks() {
     let table = crate::table::Table::load(&path).unwrap_or_else(|e| panic!("{e}"));
     let mut compared = 0;
     for a_type in [AType::Bf16, AType::Nvfp4] {
-        let defaults = default_routes(Family::Sm90, a_type, &MoeShape::GLM5_TP8, SM90_SMS).unwrap();
+        let defaults =
+            default_routes(Family::Sm90, a_type, &MoeShape::GLM5_TP8, 256, SM90_SMS).unwrap();
         for e in table.moe.iter().filter(|e| e.key.a_type == a_type) {
             assert_eq!(e.key.shape(), MoeShape::GLM5_TP8);
             let d = defaults
@@ -58,8 +60,8 @@ fn the_glm5_tp8_defaults_are_the_h200_tables_picks() {
 fn every_layer_a_family_runs_has_legal_defaults_at_every_bucket() {
     let mut layers_with_defaults = 0;
     for (family, a_type, sms) in families() {
-        for (name, shape) in layers() {
-            let r = default_routes(family, a_type, &shape, sms);
+        for (name, shape, total) in layers() {
+            let r = default_routes(family, a_type, &shape, total, sms);
             match check_layer(family, a_type, &shape) {
                 Err(why) => assert_eq!(r, Err(why), "{name} {family} {a_type}"),
                 Ok(()) => {
@@ -90,8 +92,8 @@ fn every_layer_a_family_runs_has_legal_defaults_at_every_bucket() {
 #[test]
 fn defaults_grow_with_the_rows_per_expert() {
     for (family, a_type, sms) in families() {
-        for (name, shape) in layers() {
-            let Ok(r) = default_routes(family, a_type, &shape, sms) else { continue };
+        for (name, shape, total) in layers() {
+            let Ok(r) = default_routes(family, a_type, &shape, total, sms) else { continue };
             for op in MoeOp::ALL {
                 let ms: Vec<u32> = r.iter().filter(|x| x.0 == op).map(|x| x.2.block_m).collect();
                 assert!(
@@ -101,7 +103,8 @@ fn defaults_grow_with_the_rows_per_expert() {
             }
         }
     }
-    let r = default_routes(Family::Sm90, AType::Bf16, &layers()[4].1, SM90_SMS).unwrap();
+    let (_, qwen, total) = layers()[4];
+    let r = default_routes(Family::Sm90, AType::Bf16, &qwen, total, SM90_SMS).unwrap();
     let at = |op, b| r.iter().find(|x| x.0 == op && x.1 == b).unwrap().2;
     // Qwen3-30B-A3B: 128 experts, top-8: B / 16 rows per expert
     assert!(!at(MoeOp::GateUp, 64).tiled && at(MoeOp::GateUp, 64).block_m == 8);
@@ -114,10 +117,55 @@ fn defaults_grow_with_the_rows_per_expert() {
 /// from B = 32 every expert's 8 tiles (no split).
 #[test]
 fn sm120_gate_up_splits_k_for_the_few_tiles_of_a_small_step() {
-    let r = default_routes(Family::Sm120, AType::Nvfp4, &MoeShape::GLM5_TP8, SM120_SMS).unwrap();
+    let r =
+        default_routes(Family::Sm120, AType::Nvfp4, &MoeShape::GLM5_TP8, 256, SM120_SMS).unwrap();
     let split = |b| r.iter().find(|x| x.0 == MoeOp::GateUp && x.1 == b).unwrap().2.split_k;
     assert_eq!((split(1), split(2), split(4), split(32), split(256)), (4, 2, 1, 1, 1));
     assert!(r.iter().filter(|x| x.0 == MoeOp::Down).all(|x| x.2.split_k == 1));
+}
+
+/// An expert-parallel layer's defaults follow the rows per expert of the whole model's routing:
+/// GLM-5 over 8 GPUs by experts (32 of 256 per GPU) routes each local expert B / 32 rows, as
+/// tensor parallelism does, so its sm90 defaults start from the TP8 layer's picks at the same B
+/// (on an H100 the EP8 step measured fastest with those kernels at B = 64 and 512,
+/// `results/h100/bench-moe-untuned.md`); counted as if all 32 were the model's, they would
+/// expect 8 times the rows and take larger tiles. An `experts_total` below the layer's experts
+/// is refused.
+#[test]
+fn an_expert_parallel_layer_takes_the_rows_per_expert_of_the_whole_model() {
+    let ep8 = MoeShape::GLM5_EP8;
+    let at = |total, a_type, op, b| {
+        let r = default_routes(Family::Sm90, a_type, &ep8, total, SM90_SMS).unwrap();
+        r.into_iter().find(|x| x.0 == op && x.1 == b).unwrap().2
+    };
+    for (b, name) in [
+        (64, "moe_gate_up_m8n32k512_w1x4_pa3_s1_o4_walk0"),
+        (128, "moe_gate_up_m8n32k512_w1x4_pa3_s1_o4_walk0"),
+        (512, "moe_gate_up_m32n64k128_w1x2x1_t4_s1_o1_walk0"),
+    ] {
+        assert_eq!(at(256, AType::Bf16, MoeOp::GateUp, b).name(), name, "B = {b}");
+    }
+    let local = at(32, AType::Bf16, MoeOp::GateUp, 64);
+    assert!(local.tiled && local.block_m >= 16, "{local}");
+    // every bucket: the TP8 template, nearest in the EP8 layer's space
+    for a_type in [AType::Bf16, AType::Nvfp4] {
+        for op in MoeOp::ALL {
+            let space = search_space_for(Family::Sm90, a_type, op, &ep8);
+            for b in DEFAULT_BUCKETS {
+                let routed = Routed::new(&MoeShape::GLM5_TP8, 256, b);
+                let t = sm90_template(a_type, op, routed.per_expert);
+                assert_eq!(at(256, a_type, op, b), nearest(&t, &space), "{a_type} {op} B = {b}");
+            }
+        }
+    }
+    // sm120: 2 routed rows per expert at B = 64 fit 8-row tiles; 16 would take 32-row ones
+    let sm120 = |total| {
+        let r = default_routes(Family::Sm120, AType::Nvfp4, &ep8, total, SM120_SMS).unwrap();
+        r.into_iter().find(|x| x.0 == MoeOp::Down && x.1 == 64).unwrap().2.block_m
+    };
+    assert_eq!((sm120(256), sm120(32)), (8, 32));
+    let e = default_routes(Family::Sm90, AType::Bf16, &ep8, 31, SM90_SMS).unwrap_err();
+    assert!(e.contains("(31) are fewer than the layer's 32 local experts"), "{e}");
 }
 
 /// The nearest member of a space is the template itself when present, and a form change costs
@@ -141,11 +189,11 @@ fn the_distance_puts_the_kernel_form_first() {
 fn default_kernels_compile_without_local_memory() {
     let mut configs: Vec<GroupedConfig> = Vec::new();
     for (family, a_type, sms) in families() {
-        for (_, shape) in layers().into_iter().filter(|(n, _)| {
+        for (_, shape, total) in layers().into_iter().filter(|(n, _, _)| {
             ["glm5-tp8", "glm5-ep8", "deepseek-v3-tp8", "qwen3-30b-a3b-tp8", "mixtral-tp8"]
                 .contains(n)
         }) {
-            let Ok(r) = default_routes(family, a_type, &shape, sms) else { continue };
+            let Ok(r) = default_routes(family, a_type, &shape, total, sms) else { continue };
             for (_, _, c) in r {
                 // the walks share one kernel
                 let c = GroupedConfig { walk: 0, ..c };

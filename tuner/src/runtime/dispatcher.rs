@@ -323,18 +323,23 @@ impl Dispatcher {
         Ok(ops(self.moe.get_or_init(|| runtime)))
     }
 
-    /// The grouped kernels the layer `shape` with activations `a_type` launches for `tokens`
-    /// (gate_up and down), the token bucket each fell into and why (the table's entries, or the
-    /// family defaults of a layer the table has none for), no launch and no compile. An error
-    /// saying why when the layer has no grouped route (the grouped launches are refused then
-    /// too).
+    /// The grouped kernels the layer `shape` of a model of `experts_total` routed experts
+    /// (`MoeOps::workspace`) with activations `a_type` launches for `tokens` (gate_up and down),
+    /// the token bucket each fell into and why (the table's entries, or the family defaults of a
+    /// layer the table has none for), no launch and no compile. An error saying why when the
+    /// layer has no grouped route (the grouped launches are refused then too), or when its
+    /// defaults were loaded for another `experts_total`.
     pub fn moe_route(
         &self,
         shape: &MoeShape,
+        experts_total: u32,
         a_type: AType,
         tokens: u32,
     ) -> Result<MoeLayerRoute, RuntimeError> {
-        self.moe_routes.route(shape, a_type, tokens)
+        if let Some(runtime) = self.moe.get() {
+            runtime.loaded(shape, experts_total)?;
+        }
+        self.moe_routes.route(shape, experts_total, a_type, tokens)
     }
 
     /// Every (layer shape, activation type) the table has grouped routes for (any other layer

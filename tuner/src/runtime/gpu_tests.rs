@@ -518,7 +518,7 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     );
     for a_type in [AType::Bf16, AType::Nvfp4] {
         for tokens in [1, 2, 3, 5, 8, 20, 23, 100, 700, 1024, 4096, 100_000] {
-            let r = disp.moe_route(&shape, a_type, tokens).unwrap();
+            let r = disp.moe_route(&shape, 256, a_type, tokens).unwrap();
             let (gate_up, down) = disp.moe().unwrap().route_for(&shape, a_type, tokens).unwrap();
             let at = format!("{a_type:?} B={tokens}: {r}");
             assert_eq!((r.gate_up.config, r.down.config), (gate_up, down), "{at}");
@@ -536,21 +536,28 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     // A layer outside the table runs the family defaults, loaded by its first workspace; the
     // route names the kernel the launches pick there too.
     let ep8 = crate::moe::MoeShape::GLM5_EP8;
-    let _ep8_ws = disp.moe().unwrap().workspace(ep8, 8192).unwrap();
+    // (GLM-5 over 8 GPUs by experts: 32 of the model's 256 routed experts)
+    let _ep8_ws = disp.moe().unwrap().workspace(ep8, 256, 8192).unwrap();
     for a_type in [AType::Bf16, AType::Nvfp4] {
         for tokens in [1, 3, 8, 64, 700, 5000, 8192] {
-            let r = disp.moe_route(&ep8, a_type, tokens).unwrap();
+            let r = disp.moe_route(&ep8, 256, a_type, tokens).unwrap();
             assert!(r.gate_up.family_default && r.to_string().contains("family default"), "{r}");
             let picked = disp.moe().unwrap().route_for(&ep8, a_type, tokens).unwrap();
             assert_eq!((r.gate_up.config, r.down.config), picked, "EP8 {a_type} B={tokens}: {r}");
         }
     }
     assert!(disp.moe().unwrap().warnings().is_empty(), "{:?}", disp.moe().unwrap().warnings());
+    // its defaults were chosen for 256 routed experts: another count is refused by workspaces
+    // and routes alike (the launches would not run what the route says)
+    let e = disp.moe().unwrap().workspace(ep8, 32, 8).unwrap_err().to_string();
+    assert!(e.contains("for a model of 256 routed experts; this call names 32"), "{e}");
+    let e = disp.moe_route(&ep8, 32, AType::Bf16, 8).unwrap_err().to_string();
+    assert!(e.contains("this call names 32"), "{e}");
     // Weight codes: launches refuse codes that were not prepared for their projection and shape
     // (before anything is enqueued); preparing overlapping codes is refused, restoring and
     // forgetting take exactly a prepared projection.
     let ops = disp.moe().unwrap();
-    let ws = ops.workspace(shape, 4).unwrap();
+    let ws = ops.workspace(shape, 256, 4).unwrap();
     let mut rng = crate::moe::schedule::SplitMix64(0x5A5A);
     let host: Vec<u8> = (0..1 << 20).map(|_| rng.below(256) as u8).collect();
     let codes = gpu.upload(&host).unwrap();
@@ -669,16 +676,16 @@ fn grouped_routes_name_the_kernels_the_grouped_launches_run() {
     let e = unsafe { other.moe().unwrap().layer(&args, &ws, stream) }.unwrap_err();
     assert!(matches!(e, RuntimeError::ForeignWorkspace), "{e}");
     let most = crate::runtime::moe::max_tokens_of(&shape);
-    let e = ops.workspace(shape, most + 1).unwrap_err().to_string();
+    let e = ops.workspace(shape, 256, most + 1).unwrap_err().to_string();
     assert!(e.contains(&format!("1..={most}")), "{e}");
     // Without grouped entries: the family defaults, loaded by the first workspace.
     let (gemm_only, _, _) = table_for(&gpu);
     let disp = Dispatcher::open_with(Some((&gemm_only, Path::new("t.ron"))), &options).unwrap();
-    let r = disp.moe_route(&shape, AType::Bf16, 8).unwrap();
+    let r = disp.moe_route(&shape, 256, AType::Bf16, 8).unwrap();
     assert!(r.gate_up.family_default && r.down.family_default, "{r}");
     let e = disp.moe().unwrap().route_for(&shape, AType::Bf16, 8).unwrap_err().to_string();
     assert!(e.contains("its first workspace loads it"), "{e}");
-    let _ws = disp.moe().unwrap().workspace(shape, 8).unwrap();
+    let _ws = disp.moe().unwrap().workspace(shape, 256, 8).unwrap();
     let picked = disp.moe().unwrap().route_for(&shape, AType::Bf16, 8).unwrap();
     assert_eq!((r.gate_up.config, r.down.config), picked);
 }

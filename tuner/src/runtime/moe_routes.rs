@@ -12,6 +12,9 @@ use super::*;
 pub struct MoeRoutes {
     pub shape: MoeShape,
     pub a_type: AType,
+    /// The model's routed experts the family defaults were chosen for (`None`: the table's
+    /// entries).
+    defaults_for: Option<u32>,
     kernels: Vec<GroupedKernel>,
     gate_up: Vec<(u32, usize)>,
     down: Vec<(u32, usize)>,
@@ -74,7 +77,7 @@ impl MoeRoutes {
         let index =
             |c: &GroupedConfig| configs.iter().position(|x| x == c).expect("collected above");
         let mut routes =
-            MoeRoutes { shape, a_type, kernels, gate_up: Vec::new(), down: Vec::new() };
+            MoeRoutes { shape, a_type, defaults_for: None, kernels, gate_up: vec![], down: vec![] };
         for (op, bucket, config) in choices {
             let k = index(config);
             match op {
@@ -214,20 +217,42 @@ impl MoeRuntime {
         self.layers.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Load the family defaults of `shape`, a layer the table has no entries for, for every
-    /// activation type the family runs it with; nothing for a layer already loaded (the table's
-    /// layers run their entries only: an activation type the table lacks for them stays
-    /// refused). An error (the family's one line on what its kernels take) when the family runs
-    /// the layer with neither.
-    fn ensure_layer(&self, gpu: &Gpu, shape: MoeShape) -> Result<(), RuntimeError> {
-        let loaded = || self.layers().iter().any(|l| l.shape == shape);
-        if loaded() {
+    /// Whether `shape` is loaded; an error when its family defaults were built for a model of
+    /// other routed experts than `experts_total` (a layer's kernels are chosen once).
+    pub fn loaded(&self, shape: &MoeShape, experts_total: u32) -> Result<bool, RuntimeError> {
+        let layers = self.layers();
+        let mut of_shape = layers.iter().filter(|l| l.shape == *shape).peekable();
+        let found = of_shape.peek().is_some();
+        if let Some(built) = of_shape.find_map(|l| l.defaults_for.filter(|&b| b != experts_total)) {
+            return Err(RuntimeError::InvalidArgument(format!(
+                "the layer {shape} runs the family defaults its first workspace chose for a model \
+                 of {built} routed experts; this call names {experts_total}"
+            )));
+        }
+        Ok(found)
+    }
+
+    /// Load the family defaults of `shape`, a layer the table has no entries for, in a model of
+    /// `experts_total` routed experts, for every activation type the family runs it with;
+    /// nothing for a layer already loaded (the table's layers run their entries only: an
+    /// activation type the table lacks for them stays refused). An error (the family's one line
+    /// on what its kernels take) when the family runs the layer with neither, and when the
+    /// layer's defaults were loaded for another `experts_total`.
+    fn ensure_layer(
+        &self,
+        gpu: &Gpu,
+        shape: MoeShape,
+        experts_total: u32,
+    ) -> Result<(), RuntimeError> {
+        crate::moe::defaults::check_experts_total(&shape, experts_total)
+            .map_err(RuntimeError::InvalidArgument)?;
+        if self.loaded(&shape, experts_total)? {
             return Ok(());
         }
         // one build at a time, so no layer is compiled and loaded twice; launches (a shared read
         // of the layers) go on meanwhile
         let _build = self.build.lock().unwrap_or_else(|e| e.into_inner());
-        if loaded() {
+        if self.loaded(&shape, experts_total)? {
             return Ok(());
         }
         let mut built = Vec::new();
@@ -238,10 +263,17 @@ impl MoeRuntime {
                 continue;
             }
             let sms = gpu.info().sm_count;
-            let choices = crate::moe::defaults::default_routes(self.family, a_type, &shape, sms)
-                .map_err(RuntimeError::InvalidArgument)?;
+            let choices = crate::moe::defaults::default_routes(
+                self.family,
+                a_type,
+                &shape,
+                experts_total,
+                sms,
+            )
+            .map_err(RuntimeError::InvalidArgument)?;
             let mut notes = Vec::new();
             let routes = MoeRoutes::load(gpu, &self.compiler, shape, a_type, &choices, &mut notes)?;
+            let routes = MoeRoutes { defaults_for: Some(experts_total), ..routes };
             built.push(std::sync::Arc::new(routes));
             self.notes.lock().unwrap_or_else(|e| e.into_inner()).extend(notes);
         }
@@ -319,15 +351,19 @@ impl MoeOps<'_> {
     }
 
     /// A workspace for one stream's launches of `shape` with up to `max_tokens` tokens (both
-    /// activation types). The first workspace of a layer the table has no entries for loads
-    /// the layer's family defaults (compiled, or taken from the cubin cache): create it before
-    /// capturing a graph, as any workspace.
+    /// activation types), in a model of `experts_total` routed experts (`shape.experts` when
+    /// every expert is on this GPU; GLM-5 over 8 GPUs by experts: 256 for a layer of 32). The
+    /// first workspace of a layer the table has no entries for loads the layer's family defaults,
+    /// chosen for the rows per expert a uniform routing over `experts_total` gives (compiled, or
+    /// taken from the cubin cache): create it before capturing a graph, as any workspace. Later
+    /// workspaces of such a layer must name the same `experts_total`.
     pub fn workspace(
         &self,
         shape: MoeShape,
+        experts_total: u32,
         max_tokens: u32,
     ) -> Result<MoeWorkspace, RuntimeError> {
-        self.runtime.ensure_layer(self.gpu, shape)?;
+        self.runtime.ensure_layer(self.gpu, shape, experts_total)?;
         let mut ws = MoeWorkspace::new(self.gpu, shape, max_tokens)?;
         ws.owner = self.owner;
         Ok(ws)

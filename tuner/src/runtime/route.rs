@@ -235,9 +235,11 @@ impl Layer {
         family: Family,
         a_type: AType,
         shape: &MoeShape,
+        experts_total: u32,
         sm_count: u32,
     ) -> Result<Self, String> {
-        let routes = crate::moe::defaults::default_routes(family, a_type, shape, sm_count)?;
+        let routes =
+            crate::moe::defaults::default_routes(family, a_type, shape, experts_total, sm_count)?;
         let of = |op| routes.iter().filter(|r| r.0 == op).map(|r| (r.1, r.2)).collect();
         Ok(Layer { shape: *shape, a_type, gate_up: of(MoeOp::GateUp), down: of(MoeOp::Down) })
     }
@@ -298,20 +300,24 @@ impl MoeRouteTable {
         self.layers.iter().map(|l| (l.shape, l.a_type)).collect()
     }
 
-    /// The kernels the layer `shape` with activations `a_type` launches for `tokens`, and why.
-    /// A layer the table has no grouped entries for takes the family defaults where the routes
-    /// have them (`with_defaults`); else, and for an activation type or op the table lacks for
-    /// a layer it has, the route is an error naming the table's layers, and grouped launches of
-    /// it are refused too.
+    /// The kernels the layer `shape` of a model of `experts_total` routed experts (`shape.experts`
+    /// when every expert is local) with activations `a_type` launches for `tokens`, and why. A
+    /// layer the table has no grouped entries for takes the family defaults where the routes
+    /// have them (`with_defaults`; `experts_total` sets their rows per expert); else, and for an
+    /// activation type or op the table lacks for a layer it has, the route is an error naming
+    /// the table's layers, and grouped launches of it are refused too.
     pub fn route(
         &self,
         shape: &MoeShape,
+        experts_total: u32,
         a_type: AType,
         tokens: u32,
     ) -> Result<MoeLayerRoute, RuntimeError> {
         if tokens == 0 {
             return Err(RuntimeError::InvalidArgument("a grouped route needs tokens >= 1".into()));
         }
+        crate::moe::defaults::check_experts_total(shape, experts_total)
+            .map_err(RuntimeError::InvalidArgument)?;
         let tabled = self
             .layers
             .iter()
@@ -323,8 +329,8 @@ impl MoeRouteTable {
         let (layer, family_default) = match (tabled, self.defaults) {
             (Some(l), _) => (l, false),
             (None, Some((family, sm_count))) if !of_table => {
-                default =
-                    Layer::family_default(family, a_type, shape, sm_count).map_err(|why| {
+                default = Layer::family_default(family, a_type, shape, experts_total, sm_count)
+                    .map_err(|why| {
                         RuntimeError::InvalidArgument(format!("no grouped route: {why}"))
                     })?;
                 (&default, true)
@@ -426,7 +432,7 @@ mod tests {
         let t = table();
         let routes = MoeRouteTable::new(&t);
         assert_eq!(routes.layers(), vec![(TP8, AType::Bf16)]);
-        let at = |tokens| routes.route(&TP8, AType::Bf16, tokens).unwrap();
+        let at = |tokens| routes.route(&TP8, 256, AType::Bf16, tokens).unwrap();
         // A tuned bucket.
         let r = at(8);
         assert_eq!((r.gate_up.bucket, r.gate_up.kind), (8, MoeRouteKind::Exact));
@@ -478,7 +484,7 @@ mod tests {
         }
         t.moe_template_hash = Some(crate::moe::templates::family_template_hash(Family::Sm120));
         let routes = MoeRouteTable::new(&t);
-        let r = routes.route(&TP8, AType::Nvfp4, 1).unwrap();
+        let r = routes.route(&TP8, 256, AType::Nvfp4, 1).unwrap();
         // 128 routed-row slots at split 4: 16 tiles of 8 rows
         assert_eq!((r.gate_up.split_room, r.down.split_room), (16, 0));
         let text = r.to_string();
@@ -495,7 +501,7 @@ mod tests {
         t.moe.retain(|e| e.key.tokens >= 8);
         t.moe_template_hash = Some("0".repeat(64));
         let routes = MoeRouteTable::new(&t);
-        let r = routes.route(&TP8, AType::Bf16, 2).unwrap();
+        let r = routes.route(&TP8, 256, AType::Bf16, 2).unwrap();
         assert_eq!((r.gate_up.bucket, r.gate_up.kind), (8, MoeRouteKind::BelowSmallest));
         assert!(r.gate_up.stale_templates && r.down.stale_templates);
         let text = r.to_string();
@@ -515,7 +521,7 @@ mod tests {
         let routes = MoeRouteTable::new(&t);
         let buckets = [1u32, 8, 64, 256];
         for tokens in 1..=5000u32 {
-            let r = routes.route(&TP8, AType::Bf16, tokens).unwrap();
+            let r = routes.route(&TP8, 256, AType::Bf16, tokens).unwrap();
             let want = buckets[nearest_bucket(buckets.iter().copied(), tokens)];
             for op in [r.gate_up, r.down] {
                 assert_eq!(op.bucket, want, "B={tokens}");
@@ -537,24 +543,24 @@ mod tests {
     fn a_layer_without_grouped_entries_is_refused_naming_the_layers_there_are() {
         let t = table();
         let routes = MoeRouteTable::new(&t);
-        let e = routes.route(&MoeShape::GLM5_EP8, AType::Bf16, 8).unwrap_err().to_string();
+        let e = routes.route(&MoeShape::GLM5_EP8, 256, AType::Bf16, 8).unwrap_err().to_string();
         assert!(e.contains("no grouped route"), "{e}");
         assert!(e.contains(&MoeShape::GLM5_EP8.to_string()), "{e}");
         assert!(e.contains(&format!("it has: w4a16 {TP8}")), "{e}");
-        let e = routes.route(&TP8, AType::Nvfp4, 8).unwrap_err().to_string();
+        let e = routes.route(&TP8, 256, AType::Nvfp4, 8).unwrap_err().to_string();
         assert!(e.contains("no w4a4 grouped"), "{e}");
-        assert!(routes.route(&TP8, AType::Bf16, 0).is_err());
+        assert!(routes.route(&TP8, 256, AType::Bf16, 0).is_err());
         // Only gate_up entries: no route either (the layer cannot run).
         let mut half = t.clone();
         half.moe.retain(|e| e.key.op == MoeOp::GateUp);
-        let e = MoeRouteTable::new(&half).route(&TP8, AType::Bf16, 8).unwrap_err().to_string();
+        let e = MoeRouteTable::new(&half).route(&TP8, 256, AType::Bf16, 8).unwrap_err().to_string();
         assert!(e.contains("gate_up and down"), "{e}");
         // A table without grouped entries.
         let mut none = t;
         none.moe.clear();
         let routes = MoeRouteTable::new(&none);
         assert!(routes.layers().is_empty() && routes.summary().is_empty());
-        let e = routes.route(&TP8, AType::Bf16, 8).unwrap_err().to_string();
+        let e = routes.route(&TP8, 256, AType::Bf16, 8).unwrap_err().to_string();
         assert!(e.contains("it has: none"), "{e}");
     }
 
@@ -585,15 +591,16 @@ mod tests {
     fn layers_outside_the_table_take_the_family_defaults() {
         let t = table();
         let ep8 = MoeShape::GLM5_EP8;
-        let e = MoeRouteTable::new(&t).route(&ep8, AType::Bf16, 8).unwrap_err().to_string();
+        let e = MoeRouteTable::new(&t).route(&ep8, 256, AType::Bf16, 8).unwrap_err().to_string();
         assert!(e.contains("no grouped route") && e.contains(&TP8.to_string()), "{e}");
         let routes = MoeRouteTable::with_defaults(Some(&t), Family::Sm90, 132);
-        let tuned = routes.route(&TP8, AType::Bf16, 8).unwrap();
+        let tuned = routes.route(&TP8, 256, AType::Bf16, 8).unwrap();
         assert!(!tuned.gate_up.family_default && !tuned.to_string().contains("family default"));
         let defaults =
-            crate::moe::defaults::default_routes(Family::Sm90, AType::Bf16, &ep8, 132).unwrap();
+            crate::moe::defaults::default_routes(Family::Sm90, AType::Bf16, &ep8, 256, 132)
+                .unwrap();
         for tokens in [1, 3, 8, 100, 5000] {
-            let r = routes.route(&ep8, AType::Bf16, tokens).unwrap();
+            let r = routes.route(&ep8, 256, AType::Bf16, tokens).unwrap();
             assert!(r.gate_up.family_default && r.down.family_default, "{r}");
             assert!(r.to_string().contains("family default: the table has no entry"), "{r}");
             let of = |op| {
@@ -602,24 +609,31 @@ mod tests {
             };
             assert_eq!((r.gate_up.config, r.down.config), (of(MoeOp::GateUp), of(MoeOp::Down)));
         }
-        let far = routes.route(&ep8, AType::Bf16, 5000).unwrap().to_string();
+        // the model's routed experts set the defaults' rows per expert: GLM-5's 256 route each of
+        // an EP8 GPU's 32 experts B / 32 rows; counted as 32 they would be 8 times as many
+        let model = routes.route(&ep8, 256, AType::Bf16, 64).unwrap();
+        let local = routes.route(&ep8, 32, AType::Bf16, 64).unwrap();
+        assert!(!model.gate_up.config.tiled && local.gate_up.config.tiled, "{model} / {local}");
+        let e = routes.route(&ep8, 31, AType::Bf16, 8).unwrap_err().to_string();
+        assert!(e.contains("fewer than the layer's 32 local experts"), "{e}");
+        let far = routes.route(&ep8, 256, AType::Bf16, 5000).unwrap().to_string();
         assert!(
             far.contains("nearest bucket B=4096: 5000 is above the largest default B"),
             "{far}"
         );
         // a layer of the table keeps to its entries: the W4A4 it lacks stays refused
-        let e = routes.route(&TP8, AType::Nvfp4, 8).unwrap_err().to_string();
+        let e = routes.route(&TP8, 256, AType::Nvfp4, 8).unwrap_err().to_string();
         assert!(e.contains("no grouped route") && e.contains("w4a4"), "{e}");
         // the H200 table on an SM120 GPU: every layer on sm120's defaults, W4A4 only
         let sm120 = MoeRouteTable::with_defaults(Some(&t), Family::Sm120, 188);
         assert!(sm120.layers().is_empty());
-        let r = sm120.route(&TP8, AType::Nvfp4, 8).unwrap();
+        let r = sm120.route(&TP8, 256, AType::Nvfp4, 8).unwrap();
         assert_eq!((r.gate_up.config.family, r.gate_up.family_default), (Family::Sm120, true));
-        let e = sm120.route(&TP8, AType::Bf16, 8).unwrap_err().to_string();
+        let e = sm120.route(&TP8, 256, AType::Bf16, 8).unwrap_err().to_string();
         assert!(e.contains("no sm120 w4a16 grouped kernel"), "{e}");
         // no table at all
         let none = MoeRouteTable::with_defaults(None, Family::Sm90, 132);
-        assert!(none.route(&TP8, AType::Nvfp4, 1).unwrap().down.family_default);
+        assert!(none.route(&TP8, 256, AType::Nvfp4, 1).unwrap().down.family_default);
     }
 
     #[test]

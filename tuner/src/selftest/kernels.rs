@@ -40,8 +40,9 @@ pub fn default_moe_entries(family: Family, sm_count: u32) -> Vec<MoeEntry> {
     let shape = MoeShape::GLM5_TP8;
     let mut out = Vec::new();
     for a_type in [AType::Bf16, AType::Nvfp4] {
-        let Ok(defaults) = crate::moe::defaults::default_routes(family, a_type, &shape, sm_count)
-        else {
+        let defaults =
+            crate::moe::defaults::default_routes(family, a_type, &shape, shape.experts, sm_count);
+        let Ok(defaults) = defaults else {
             continue;
         };
         for tokens in DEFAULT_MOE_TOKENS {
@@ -314,9 +315,15 @@ mod tests {
                     (e.key.family, e.config.family, e.config.a_type),
                     (family, family, e.key.a_type)
                 );
-                let defaults =
-                    crate::moe::defaults::default_routes(family, e.key.a_type, &e.key.shape(), sms)
-                        .unwrap();
+                let shape = e.key.shape();
+                let defaults = crate::moe::defaults::default_routes(
+                    family,
+                    e.key.a_type,
+                    &shape,
+                    shape.experts,
+                    sms,
+                )
+                .unwrap();
                 assert!(defaults.contains(&(e.key.op, e.key.tokens, e.config)), "{}", e.key);
                 assert!(a_types.contains(&e.key.a_type), "{family}: {}", e.key);
                 e.config.check(&e.key.shape()).unwrap_or_else(|x| panic!("{x}"));
