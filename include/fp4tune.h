@@ -235,13 +235,14 @@ FP4TUNE_API int fp4tune_moe_forget_weights(const fp4tune_dispatcher* d, int32_t 
                                            int32_t experts, uint32_t projection, uint64_t codes);
 
 /* A workspace for up to max_tokens tokens of the layer; max_tokens x top_k stays within INT32_MAX.
- * experts_total: the model's routed experts (topk_ids range over 0..experts_total; GLM-5: 256),
- * or 0 when every expert is on this GPU (experts_total = experts). A layer the table has no
- * grouped entries for runs the family defaults (one configuration per token bucket, legal for
- * its shape, chosen for the rows per expert a uniform routing over experts_total gives; tune it
- * for its own): the first workspace of such a layer builds them for every activation type the
- * family runs it with (NVRTC, or the cubin cache), so create it before capturing a graph; later
- * workspaces and routes of the layer must name the same experts_total. A layer the table has
+ * experts_total: the experts topk_ids range over, 0..experts_total (GLM-5: 256 routed experts;
+ * 257 with its shared expert joined as one more), or 0 when every one of them is on this GPU
+ * (experts_total = experts). A layer the table has no grouped entries for runs the family
+ * defaults (one configuration per token bucket, legal for its shape, chosen for the rows per
+ * expert a uniform routing over experts_total gives; tune it for its own): the first workspace
+ * of such a layer builds them for every activation type the family runs it with (NVRTC, or the
+ * cubin cache), so create it before capturing a graph; later workspaces of the layer, and routes
+ * asked after its first workspace, must name the same experts_total. A layer the table has
  * keeps to its entries. A layer the family's kernels cannot run (its K or N) is refused with a
  * message saying what they take. Launches through `d` refuse a workspace of another dispatcher,
  * and a call of more tokens than a chosen kernel's grid of CTAs can take (65535 rows of tiles),
@@ -276,9 +277,10 @@ FP4TUNE_API int fp4tune_moe_down(const fp4tune_dispatcher* d, fp4tune_moe_worksp
  * why: "exact" (a tuned bucket B), "nearest bucket B=8: 20 lies between B=8 and B=64, nearer in
  * log scale", or the nearest bucket below the smallest / above the largest tuned B; entries
  * tuned with other grouped templates say so, and so do the family defaults of a layer the table
- * has no entries for (chosen for experts_total as in fp4tune_moe_workspace_create). A layer the
- * family's kernels cannot run, or an experts_total other than the one its first workspace named,
- * returns FP4TUNE_ERR_INVALID_ARGUMENT and fp4tune_last_error() says why. */
+ * has no entries for (chosen for experts_total as in fp4tune_moe_workspace_create; ask after the
+ * layer's first workspace to see what its launches run). A layer the family's kernels cannot run,
+ * or an experts_total other than the one its first workspace named, returns
+ * FP4TUNE_ERR_INVALID_ARGUMENT and fp4tune_last_error() says why. */
 FP4TUNE_API int fp4tune_moe_route(const fp4tune_dispatcher* d, int32_t hidden, int32_t inter,
                                   int32_t experts, int32_t top_k, int32_t experts_total,
                                   int32_t tokens, char* buf, size_t len);

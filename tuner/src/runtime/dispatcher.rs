@@ -328,7 +328,8 @@ impl Dispatcher {
     /// the token bucket each fell into and why (the table's entries, or the family defaults of a
     /// layer the table has none for), no launch and no compile. An error saying why when the
     /// layer has no grouped route (the grouped launches are refused then too), or when its
-    /// defaults were loaded for another `experts_total`.
+    /// defaults were loaded for another `experts_total` (a route asked before the layer's first
+    /// workspace is the one a workspace naming the same `experts_total` would load).
     pub fn moe_route(
         &self,
         shape: &MoeShape,

@@ -351,8 +351,9 @@ impl MoeOps<'_> {
     }
 
     /// A workspace for one stream's launches of `shape` with up to `max_tokens` tokens (both
-    /// activation types), in a model of `experts_total` routed experts (`shape.experts` when
-    /// every expert is on this GPU; GLM-5 over 8 GPUs by experts: 256 for a layer of 32). The
+    /// activation types), in a model of `experts_total` routed experts, the ids its router gives
+    /// (`shape.experts` when every expert is on this GPU; GLM-5 over 8 GPUs by experts: 256 for a
+    /// layer of 32; a shared expert joined as one more counts). The
     /// first workspace of a layer the table has no entries for loads the layer's family defaults,
     /// chosen for the rows per expert a uniform routing over `experts_total` gives (compiled, or
     /// taken from the cubin cache): create it before capturing a graph, as any workspace. Later
