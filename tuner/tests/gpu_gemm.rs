@@ -47,8 +47,9 @@ fn problems(a_type: AType) -> Vec<(u32, u32, Vec<u32>)> {
 fn run_suite(a_type: AType) {
     let (gpu, family, compiler) = open();
     let mut space = template::search_space(family, a_type);
-    // The family defaults (what a shape outside a table runs, the K-tail one included).
-    for d in template::default_configs(family, a_type) {
+    // The family defaults (what a shape outside a table runs: the decode and prefill defaults,
+    // the generic one and its K-tail form).
+    for d in template::family_defaults(family, a_type) {
         if d.check().is_ok() && !space.contains(&d) {
             space.push(d);
         }

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 pub enum ConfigsArg {
     Space,
     /// The family defaults a shape outside the table falls back to: the decode defaults (the
-    /// runtime's first choice up to M = 64), the generic configuration, on sm120 its 64-k stage
-    /// form, and its K-tail form.
+    /// runtime's first choice up to M = 64), the prefill defaults (above it), the generic
+    /// configuration, on sm120 its 64-k stage form, and its K-tail form.
     Default,
 }
 

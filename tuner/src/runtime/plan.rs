@@ -198,8 +198,8 @@ mod tests {
         for e in &t.entries {
             assert!(p.kernels.iter().any(|k| k.config == e.config && k.required));
         }
-        // Every fallback of both A types is planned (the decode defaults, the generic one and its
-        // K-tail form; W4A16's may coincide with a table config).
+        // Every fallback of both A types is planned (the decode and prefill defaults, the generic
+        // one and its K-tail form; W4A16's may coincide with a table config).
         for a in [AType::Bf16, AType::Nvfp4] {
             for d in family_defaults(Family::Sm90, a).into_iter().filter(|d| d.check().is_ok()) {
                 assert!(p.kernels.iter().any(|k| k.config == d), "default {d} planned");

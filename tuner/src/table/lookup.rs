@@ -273,7 +273,9 @@ mod tests {
     use super::*;
     use crate::table::schema::tests::sample;
     use crate::table::OP_GEMM;
-    use crate::template::{decode_default_configs, default_config, default_configs};
+    use crate::template::{
+        decode_default_configs, default_config, default_configs, prefill_default_configs,
+    };
 
     fn lookup() -> (Table, Lookup) {
         let t = sample();
@@ -336,15 +338,16 @@ mod tests {
         assert_eq!(r.config, decode_default_configs(Family::Sm90, AType::Bf16)[1]);
         let r = at(&l, 65, 512, 6144);
         assert_eq!(r.fallback, Fallback::Default { missing: Missing::FamilyDisabled });
-        assert_eq!(r.config, default_config(Family::Sm90, AType::Bf16));
+        assert_eq!(r.config, prefill_default_configs(Family::Sm90, AType::Bf16)[0]);
         let none = Lookup::new(None, &TableCheck::clean());
         assert_eq!(at(&none, 1, 512, 6144).fallback, Fallback::Default { missing: Missing::Shape });
     }
 
     /// Without a table entry or a common configuration, M up to 64 takes the decode defaults in
     /// their order for the problem (a short K the 32-row tiles, one or two rows of a deep K the
-    /// 1024-k warp ring, more rows the 256-k stages; the first whose stages divide K), other K and
-    /// larger M the generic default, a K that 64 does not divide its K-tail form; none splits K.
+    /// 1024-k warp ring, more rows the 256-k stages; the first whose stages divide K), larger M
+    /// the prefill default where its stages divide K (W4A16), other K and M the generic default,
+    /// a K that 64 does not divide its K-tail form; none splits K.
     #[test]
     fn small_m_outside_the_table_takes_the_decode_defaults_by_m_and_k() {
         let none = Lookup::new(None, &TableCheck::clean());
@@ -368,7 +371,10 @@ mod tests {
             assert_eq!(pick(16, 2048, 384), decode[2]);
             assert_eq!(pick(40, 2048, 640), decode[2], "256 does not divide K");
             assert_eq!(pick(1, 2048, 64), generic);
-            assert_eq!(pick(65, 128, 2048), generic);
+            let prefill = prefill_default_configs(Family::Sm90, a_type);
+            assert_eq!(pick(65, 128, 2048), prefill.first().copied().unwrap_or(generic));
+            assert_eq!(pick(4096, 6144, 256), prefill.first().copied().unwrap_or(generic));
+            assert_eq!(pick(65, 2048, 192), generic, "128 does not divide K");
             assert_eq!(pick(1, 2048, 96).pipeline, crate::template::Pipeline::KTail);
         }
     }

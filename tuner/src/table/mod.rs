@@ -56,9 +56,9 @@
 //!    that wins most entries (ties: most runner-up appearances, then the smallest configuration in
 //!    `GemmConfig`'s order), the first in that ranking that is legal for the problem;
 //! 4. the family default ([`crate::template::fallback_configs`]: up to
-//!    [`crate::template::DECODE_DEFAULT_MAX_M`] rows the decode defaults first, then the generic
-//!    configuration, on sm120 its 64-k stage form, and its K-tail form; the first legal for the
-//!    problem).
+//!    [`crate::template::DECODE_DEFAULT_MAX_M`] rows the decode defaults first, more rows the
+//!    prefill defaults, then the generic configuration, on sm120 its 64-k stage form, and its
+//!    K-tail form; the first legal for the problem).
 //!
 //! Steps 3 and 4 come with a [`Fallback`] that says what was missing (the shape, or a family
 //! disabled by a device/template mismatch, or no legal entry), so the caller can warn.

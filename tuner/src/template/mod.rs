@@ -508,7 +508,7 @@ pub fn default_config(family: Family, a_type: AType) -> GemmConfig {
 }
 
 /// Token counts up to which a shape outside the table (and without a legal common configuration)
-/// tries the family's decode defaults before the generic one.
+/// tries the family's decode defaults before the generic one; above it, the prefill defaults.
 pub const DECODE_DEFAULT_MAX_M: u32 = 64;
 
 /// Every decode default of the family (legal for both activation types: the sm90 tests hold
@@ -521,22 +521,35 @@ pub fn decode_default_configs(family: Family, a_type: AType) -> Vec<GemmConfig> 
     }
 }
 
-/// Every family default: the decode defaults, then [`default_configs`]. The runtime loads them
-/// for shapes outside its table; `bench --configs default` measures them.
+/// Every prefill default of the family: what a shape outside the table tries above
+/// [`DECODE_DEFAULT_MAX_M`] rows before the generic one (`sm90::prefill_defaults`; none for
+/// SM120).
+pub fn prefill_default_configs(family: Family, a_type: AType) -> Vec<GemmConfig> {
+    match family {
+        Family::Sm90 => sm90::prefill_defaults(a_type),
+        Family::Sm120 => Vec::new(),
+    }
+}
+
+/// Every family default: the decode defaults, the prefill defaults, then [`default_configs`].
+/// The runtime loads them for shapes outside its table; `bench --configs default` measures them.
 pub fn family_defaults(family: Family, a_type: AType) -> Vec<GemmConfig> {
     let mut out = decode_default_configs(family, a_type);
+    out.extend(prefill_default_configs(family, a_type));
     out.extend(default_configs(family, a_type));
     out
 }
 
 /// What a shape outside the table runs at M x K, in lookup order: up to [`DECODE_DEFAULT_MAX_M`]
-/// rows the decode defaults in their order for the problem, then [`default_configs`]; the first
-/// legal for the problem is taken.
+/// rows the decode defaults in their order for the problem, more rows the prefill defaults, then
+/// [`default_configs`]; the first legal for the problem is taken.
 pub fn fallback_configs(family: Family, a_type: AType, m: u32, k: u32) -> Vec<GemmConfig> {
     let mut out = Vec::new();
     if family == Family::Sm90 && m <= DECODE_DEFAULT_MAX_M {
         let decode = sm90::decode_defaults(a_type);
         out.extend(sm90::decode_default_order(m, k).iter().map(|&i| decode[i]));
+    } else if m > DECODE_DEFAULT_MAX_M {
+        out.extend(prefill_default_configs(family, a_type));
     }
     out.extend(default_configs(family, a_type));
     out

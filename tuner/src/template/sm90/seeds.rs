@@ -169,6 +169,26 @@ pub fn decode_defaults(a_type: AType) -> [GemmConfig; 3] {
     ]
 }
 
+/// The defaults above [`crate::template::DECODE_DEFAULT_MAX_M`] rows of a W4A16 shape without a
+/// table entry or a legal common configuration, tried before the generic one: 64 x 128 tiles of
+/// 128-k cp.async stages, 4 warps along N, no split-K. In the H200 and H100 tune logs of the
+/// GLM-5 and held-out expert shapes (`results/h200/nvidia-h200-w4a16.jsonl.gz`,
+/// `nvidia-h200-ep8-w4a16.jsonl.gz`, `exhaustive-tp8-down-w4a16.jsonl.gz`, `tune-default/`,
+/// `results/h100/heldout-*/`: 38 keys of M = 128..8192 that measured both) the generic 128 x 128
+/// tiles of 64-k stages take 1.14-3.31x its time (N = 512 and K = 6144 at M = 128: 102.2 against
+/// 51.7 us), and it is the fastest of the configurations without split-K measured there at 20 of
+/// them. A narrow N at a few hundred rows still leaves it few CTAs (8 at N = 512, M = 128, where
+/// 16-row swap-AB tiles measured 19 us). None for W4A4, whose GEMMs at these M have not been
+/// measured.
+pub fn prefill_defaults(a_type: AType) -> Vec<GemmConfig> {
+    match a_type {
+        AType::Bf16 => {
+            vec![GemmConfig::cp_async(Family::Sm90, a_type, [64, 128, 128], [1, 4, 1], 3, 1, false)]
+        }
+        AType::Nvfp4 => Vec::new(),
+    }
+}
+
 /// The order in which a problem of `m` rows and depth `k` tries the decode defaults (indices into
 /// [`decode_defaults`]; the first whose stages divide K runs), from their measurement on an H100
 /// over the routed shapes of GLM-5, Qwen3-Next, Mixtral-8x7B and DeepSeek-V3 at M = 1..64

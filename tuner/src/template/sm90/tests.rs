@@ -391,6 +391,13 @@ fn search_space_is_legal_rich_and_renders() {
             assert!(space.contains(&d), "decode default {d} missing from the space");
             assert_eq!((d.split_k, d.block_m, d.swap_ab), (1, 8, true), "{d}");
         }
+        // the prefill defaults likewise (W4A16 only)
+        let prefill = prefill_defaults(a_type);
+        assert_eq!(prefill.len(), usize::from(a_type == AType::Bf16));
+        for d in prefill {
+            assert!(space.contains(&d), "prefill default {d} missing from the space");
+            assert_eq!(d.split_k, 1, "{d}");
+        }
         for c in &space {
             assert!(check(c).is_ok(), "{c}");
             let src = c.render().unwrap_or_else(|e| panic!("{c}: {e}"));
