@@ -226,7 +226,7 @@ fn untuned_dispatcher_runs_both_activation_types_with_defaults() {
             let p = GemmProblem::new(m, n, k, a_type);
             let route = run(&gpu, &disp, p, 11 + u64::from(m));
             assert_eq!(route.kind, RouteKind::Default, "{p}");
-            let expected = fallback_configs(family, a_type, m, k)
+            let expected = fallback_configs(family, a_type, m, n, k)
                 .into_iter()
                 .find(|c| c.check_problem(&p).is_ok())
                 .unwrap();

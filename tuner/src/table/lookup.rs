@@ -227,7 +227,7 @@ impl Lookup {
                 fallback: Fallback::Common { missing },
             });
         }
-        let defaults = fallback_configs(family, problem.a_type, problem.m, problem.k);
+        let defaults = fallback_configs(family, problem.a_type, problem.m, problem.n, problem.k);
         let legal = || defaults.iter().filter(|c| c.check_problem(problem).is_ok());
         match legal().find(|c| loaded(c)).or_else(|| legal().next()) {
             Some(&config) => Ok(Resolved {
@@ -338,7 +338,8 @@ mod tests {
         assert_eq!(r.config, decode_default_configs(Family::Sm90, AType::Bf16)[1]);
         let r = at(&l, 65, 512, 6144);
         assert_eq!(r.fallback, Fallback::Default { missing: Missing::FamilyDisabled });
-        assert_eq!(r.config, prefill_default_configs(Family::Sm90, AType::Bf16)[0]);
+        // 2 x 4 tiles of 64 x 128: few CTAs, the 16-row tiles
+        assert_eq!(r.config, prefill_default_configs(Family::Sm90, AType::Bf16)[1]);
         let none = Lookup::new(None, &TableCheck::clean());
         assert_eq!(at(&none, 1, 512, 6144).fallback, Fallback::Default { missing: Missing::Shape });
     }
@@ -371,9 +372,18 @@ mod tests {
             assert_eq!(pick(16, 2048, 384), decode[2]);
             assert_eq!(pick(40, 2048, 640), decode[2], "256 does not divide K");
             assert_eq!(pick(1, 2048, 64), generic);
+            // above 64 rows (W4A16): the 64 x 128 tiles, or the 16-row ones where the former
+            // make at most 64 CTAs
             let prefill = prefill_default_configs(Family::Sm90, a_type);
-            assert_eq!(pick(65, 128, 2048), prefill.first().copied().unwrap_or(generic));
-            assert_eq!(pick(4096, 6144, 256), prefill.first().copied().unwrap_or(generic));
+            let (wide, narrow) = match prefill[..] {
+                [wide, narrow] => (wide, narrow),
+                _ => (generic, generic),
+            };
+            assert_eq!(pick(65, 128, 2048), narrow);
+            assert_eq!(pick(1024, 512, 6144), narrow, "16 x 4 = 64 CTAs");
+            assert_eq!(pick(1025, 512, 6144), wide, "17 x 4 CTAs");
+            assert_eq!(pick(128, 6144, 256), wide);
+            assert_eq!(pick(4096, 6144, 256), wide);
             assert_eq!(pick(65, 2048, 192), generic, "128 does not divide K");
             assert_eq!(pick(1, 2048, 96).pipeline, crate::template::Pipeline::KTail);
         }

@@ -540,16 +540,18 @@ pub fn family_defaults(family: Family, a_type: AType) -> Vec<GemmConfig> {
     out
 }
 
-/// What a shape outside the table runs at M x K, in lookup order: up to [`DECODE_DEFAULT_MAX_M`]
-/// rows the decode defaults in their order for the problem, more rows the prefill defaults, then
-/// [`default_configs`]; the first legal for the problem is taken.
-pub fn fallback_configs(family: Family, a_type: AType, m: u32, k: u32) -> Vec<GemmConfig> {
+/// What a shape outside the table runs at M x N x K, in lookup order: up to
+/// [`DECODE_DEFAULT_MAX_M`] rows the decode defaults in their order for the problem, more rows the
+/// prefill defaults in theirs, then [`default_configs`]; the first legal for the problem is taken.
+pub fn fallback_configs(family: Family, a_type: AType, m: u32, n: u32, k: u32) -> Vec<GemmConfig> {
     let mut out = Vec::new();
     if family == Family::Sm90 && m <= DECODE_DEFAULT_MAX_M {
         let decode = sm90::decode_defaults(a_type);
         out.extend(sm90::decode_default_order(m, k).iter().map(|&i| decode[i]));
-    } else if m > DECODE_DEFAULT_MAX_M {
-        out.extend(prefill_default_configs(family, a_type));
+    } else if family == Family::Sm90 {
+        let prefill = sm90::prefill_defaults(a_type);
+        let order = sm90::prefill_default_order(m, n);
+        out.extend(order.iter().filter_map(|&i| prefill.get(i).copied()));
     }
     out.extend(default_configs(family, a_type));
     out

@@ -170,22 +170,41 @@ pub fn decode_defaults(a_type: AType) -> [GemmConfig; 3] {
 }
 
 /// The defaults above [`crate::template::DECODE_DEFAULT_MAX_M`] rows of a W4A16 shape without a
-/// table entry or a legal common configuration, tried before the generic one: 64 x 128 tiles of
-/// 128-k cp.async stages, 4 warps along N, no split-K. In the H200 and H100 tune logs of the
-/// GLM-5 and held-out expert shapes (`results/h200/nvidia-h200-w4a16.jsonl.gz`,
-/// `nvidia-h200-ep8-w4a16.jsonl.gz`, `exhaustive-tp8-down-w4a16.jsonl.gz`, `tune-default/`,
-/// `results/h100/heldout-*/`: 38 keys of M = 128..8192 that measured both) the generic 128 x 128
-/// tiles of 64-k stages take 1.14-3.31x its time (N = 512 and K = 6144 at M = 128: 102.2 against
-/// 51.7 us), and it is the fastest of the configurations without split-K measured there at 20 of
-/// them. A narrow N at a few hundred rows still leaves it few CTAs (8 at N = 512, M = 128, where
-/// 16-row swap-AB tiles measured 19 us). None for W4A4, whose GEMMs at these M have not been
-/// measured.
+/// table entry or a legal common configuration, tried before the generic one, none splitting K:
+/// [0] 64 x 128 tiles of 128-k cp.async stages, 4 warps along N; [1] 16-row swap-AB tiles of 64
+/// weight rows and 128-k stages, for a grid the first leaves short of CTAs
+/// ([`prefill_default_order`]). In the H200 and H100 tune logs of the GLM-5 and held-out expert
+/// shapes (`results/h200/nvidia-h200-w4a16.jsonl.gz`, `nvidia-h200-ep8-w4a16.jsonl.gz`,
+/// `exhaustive-tp8-down-w4a16.jsonl.gz`, `tune-default/`, `results/h100/heldout-*/`: 38 keys of
+/// M = 128..8192 that measured [0] and the generic one) the generic 128 x 128 tiles of 64-k stages
+/// take 1.14-3.31x the time of [0] (N 6144 x K 256 at M = 8192: 171.6 against 53.1 us), which is
+/// the fastest of the configurations without split-K measured there at 20 of them. None for
+/// W4A4, whose GEMMs at these M have not been measured.
 pub fn prefill_defaults(a_type: AType) -> Vec<GemmConfig> {
     match a_type {
-        AType::Bf16 => {
-            vec![GemmConfig::cp_async(Family::Sm90, a_type, [64, 128, 128], [1, 4, 1], 3, 1, false)]
-        }
+        AType::Bf16 => vec![
+            GemmConfig::cp_async(Family::Sm90, a_type, [64, 128, 128], [1, 4, 1], 3, 1, false),
+            GemmConfig::cp_async(Family::Sm90, a_type, [16, 64, 128], [1, 4, 1], 4, 1, true),
+        ],
         AType::Nvfp4 => Vec::new(),
+    }
+}
+
+/// CTAs of [`prefill_defaults`]' 64 x 128 grid up to which a problem tries the 16-row tiles first
+/// (about half the SMs of an H100 or H200).
+pub const PREFILL_FEW_CTAS: u32 = 64;
+
+/// The order in which a problem of `m` rows and `n` columns tries the prefill defaults (indices
+/// into [`prefill_defaults`]): the 16-row tiles first when the 64 x 128 tiles make at most
+/// [`PREFILL_FEW_CTAS`] CTAs. In the same logs, at the 16 keys that measured both, this order
+/// puts the faster first at every one: a grid of 8 to 64 CTAs (N = 512, M = 128..1024; N = 4096,
+/// M = 128) took 18.8-49.0 us on the 16-row tiles against 51.7-52.2 us on the 64 x 128 ones, a
+/// grid of 96 or more (N = 4096 and 6144) 1.15-3.35x longer on the 16-row tiles.
+pub fn prefill_default_order(m: u32, n: u32) -> &'static [usize] {
+    if m.div_ceil(64).saturating_mul(n.div_ceil(128)) <= PREFILL_FEW_CTAS {
+        &[1, 0]
+    } else {
+        &[0, 1]
     }
 }
 
