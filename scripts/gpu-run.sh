@@ -23,7 +23,8 @@
 #                TP8 B = 1..256 and EP8 B = 8..128 ($OUT/probe-bulk.txt; results/h100/probe-bulk.txt
 #                on an H100, results/h200/probe-grouped.txt call 4 for the loads alone)
 # Usage: OUT=<folder> scripts/gpu-run.sh [phase ...]   (no phase: all of them, in this order)
-# (TABLES=<tp8 table>,<ep8 table> benchmarks other tables than the committed ones)
+# (TABLES=<tp8 table>,<ep8 table> benchmarks other tables than the committed ones; PACK=1 leaves
+# $OUT with log.txt and one archive, outputs.tar.gz, of every other file the phases wrote)
 #
 # Binaries come prebuilt in $B (default .device-bin/), so the GPU machine needs CUDA, Python with
 # torch (the peers, the Python examples) and a C compiler, but no cargo:
@@ -197,4 +198,10 @@ done
 for phase in "$@"; do
   "phase_$phase"
 done
+if [ -n "${PACK:-}" ]; then
+  (cd "$OUT" && find . -type f ! -name log.txt ! -name outputs.tar.gz | sort > /tmp/gpu-run-files &&
+    tar -czf outputs.tar.gz -T /tmp/gpu-run-files && xargs rm -f < /tmp/gpu-run-files &&
+    find . -mindepth 1 -type d -empty -delete) >> "$LOG" 2>&1
+  echo "== packed into $OUT/outputs.tar.gz" >> "$LOG"
+fi
 grep -v "running for over" "$LOG" | grep -v "^test .* ok$" | tail -80
