@@ -130,8 +130,8 @@ pub fn screen_candidates(
 pub const DEFAULT_IMPL: &str = "fp4tune_default";
 
 /// The family default of `op` at `tokens` on `shape` in a model of `experts_total` routed
-/// experts (the bucket the runtime's launches pick), `None` where the family has no kernel for
-/// the layer.
+/// experts: the route of a dispatcher whose table has no entries for the layer
+/// (`MoeRouteTable::with_defaults`), `None` where the family has no kernel for the layer.
 pub(super) fn family_default(
     family: crate::template::Family,
     a_type: AType,
@@ -140,12 +140,9 @@ pub(super) fn family_default(
     tokens: u32,
     sm_count: u32,
 ) -> Option<GroupedConfig> {
-    let routes =
-        crate::moe::defaults::default_routes(family, a_type, shape, experts_total, sm_count)
-            .ok()?;
-    let list: Vec<_> = routes.into_iter().filter(|r| r.0 == op).collect();
-    let i = crate::runtime::moe::nearest_bucket(list.iter().map(|r| r.1), tokens);
-    Some(list[i].2)
+    let routes = crate::runtime::MoeRouteTable::with_defaults(None, family, sm_count);
+    let r = routes.route(shape, experts_total, a_type, tokens).ok()?;
+    [r.gate_up, r.down].into_iter().find(|x| x.op == op).map(|x| x.config)
 }
 
 /// Every candidate measured for one (set, tokens, op).

@@ -212,27 +212,20 @@ pub fn search_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
                     for (&split_k, walk) in
                         splits.iter().flat_map(|s| [0, 2].into_iter().map(move |w| (s, w)))
                     {
-                        let c = GroupedConfig {
+                        let depth = stages.min((k.div_ceil(block_k) / split_k).max(2));
+                        let row = (
                             op,
-                            block_m,
-                            block_n,
-                            block_k,
-                            warps_n,
-                            warps_k,
-                            depth: stages.min((k.div_ceil(block_k) / split_k).max(2)),
+                            AType::Nvfp4,
+                            [block_m, block_n, block_k],
+                            [warps_n, warps_k],
+                            super::seeds::R,
+                            depth,
                             split_k,
-                            min_ctas: 1,
+                            1,
                             walk,
-                            family: Family::Sm120,
-                            a_type: AType::Nvfp4,
-                            warp_ring: false,
-                            tiled: false,
-                            warps_m: 1,
-                            wgmma: false,
-                            k_tail,
-                            a_smem: false,
-                            flow: false,
-                        };
+                        );
+                        let c =
+                            GroupedConfig { k_tail, ..GroupedConfig::streamed(Family::Sm120, row) };
                         if c.check(shape).is_ok() {
                             out.push(c);
                         }

@@ -142,27 +142,18 @@ pub fn search_space_for(
                         for &(warp_ring, a_smem, flow, depth) in &rings {
                             for &mc in min_ctas {
                                 for &walk in walks {
-                                    let c = GroupedConfig {
+                                    let row = (
                                         op,
-                                        block_m,
-                                        block_n,
-                                        block_k,
-                                        warps_n,
-                                        warps_k: wk,
+                                        a_type,
+                                        [block_m, block_n, block_k],
+                                        [warps_n, wk],
+                                        (warp_ring, a_smem, flow),
                                         depth,
                                         split_k,
-                                        min_ctas: mc,
+                                        mc,
                                         walk,
-                                        family,
-                                        a_type,
-                                        warp_ring,
-                                        tiled: false,
-                                        warps_m: 1,
-                                        wgmma: false,
-                                        k_tail: false,
-                                        a_smem,
-                                        flow,
-                                    };
+                                    );
+                                    let c = GroupedConfig::streamed(family, row);
                                     // a ring whose depth divides the tile's chunks runs the
                                     // same without flow
                                     let twin = GroupedConfig { flow: false, ..c };

@@ -276,7 +276,7 @@ impl Dispatcher {
             compiled,
             from_disk_cache,
             from_memory_cache,
-            cache_dir: Some(cache_dir.clone()),
+            cache_dir: Some(cache_dir),
             compile_s,
             load_s,
             total_s: t0.elapsed().as_secs_f64(),

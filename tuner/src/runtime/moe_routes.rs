@@ -257,12 +257,12 @@ impl MoeRuntime {
         }
         let mut built = Vec::new();
         let mut why = None;
+        let sms = gpu.info().sm_count;
         for a_type in [AType::Bf16, AType::Nvfp4] {
             if let Err(e) = crate::moe::space::check_layer(self.family, a_type, &shape) {
                 why.get_or_insert(e);
                 continue;
             }
-            let sms = gpu.info().sm_count;
             let choices = crate::moe::defaults::default_routes(
                 self.family,
                 a_type,
