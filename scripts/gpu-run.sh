@@ -2,10 +2,11 @@
 # Reproduces the GPU evidence in results/ on a machine with an NVIDIA GPU, in phases whose step
 # limits add up to at most 590 s, so each fits one 10-minute call (results/README.md says which
 # file each command writes):
-#   tests        the self-test, the library's GPU tests (grouped suites W4A16 and W4A4, routing
-#                forms, order kernels, routes, two-stream workspaces, the committed grouped
-#                entries, the CI gate's slowed-kernel test), a foreign table refused, the Python
-#                layer example (results/h200/gpu-tests.md, example-moe-layer.txt)
+#   tests        the self-test, the grouped suites (W4A16 and W4A4), a foreign table refused, the
+#                Python layer example (results/h200/gpu-tests.md, example-moe-layer.txt)
+#   tests-lib    the library's other GPU tests (routing forms, order kernels, routes, two-stream
+#                workspaces, the committed grouped entries, the CI gate's slowed-kernel test, the
+#                self-test of the committed table)
 #   retune-w4a4  on an H200: the W4A4 grouped entries of both committed tables re-tuned (B =
 #                1..512) into copies at $OUT/retune-tp8/ and $OUT/retune-ep8/ (with their logs:
 #                results/h200/*-moe-w4a4-retune.jsonl.gz), each new table self-tested
@@ -73,16 +74,10 @@ merge_moe() { # <tp8 dir> <ep8 dir> <peers csv> <out dir> <a_type> <command of b
   step 20 "$B/fp4tune" bench --moe --render "$4/bench-moe.csv" --out "$4"
 }
 
-phase_tests() { # 590 s (on an H200 the first four steps take about 18, 76, 101 and 150 s)
+phase_tests() { # 310 s (on an H200 the three grouped steps take about 18, 76 and 101 s)
   step 40 "$B/fp4tune" selftest
   step 100 "$B/fp4tune_lib" --test-threads 1 grouped_moe_matches_the_cpu_reference
   step 125 "$B/fp4tune_lib" --test-threads 1 grouped_moe_w4a4_matches
-  step 170 "$B/fp4tune_lib" --test-threads 1 the_order_kernels_match both_routing_forms \
-    grouped_routes_name mma_probe_is_bit_exact split_k_launches_on_two \
-    dequantize_then_cublas_on_two gemm_through_the_table untuned_dispatcher_runs \
-    dequantize_then_cublas_entries dequant_then_cublas_matches committed_grouped_entries \
-    the_per_expert_loop_is slowed_kernel_is_correct grouped_moe_takes_a_down_k
-  step 110 "$B/fp4tune_lib" --test-threads 1 selftest_passes_on
   # a table of another GPU: one line each, no panic
   sed 's/name: "NVIDIA H200", compute_capability: (9, 0), sm_count: 132/name: "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", compute_capability: (12, 0), sm_count: 188/' \
     results/nvidia-h200.ron > "$OUT/foreign-sm120.ron"
@@ -90,6 +85,15 @@ phase_tests() { # 590 s (on an H200 the first four steps take about 18, 76, 101 
   step 10 "$B/fp4tune" selftest --table "$OUT/foreign-sm120.ron"
   step 25 python3 examples/python/glm5_moe_layer.py --table results/nvidia-h200.ron \
     --lib "$B/libfp4tune.so" --tokens 1 8 64
+}
+
+phase_tests-lib() { # 500 s (on an H100 the first step took about 200 s, the second 100 s)
+  step 300 "$B/fp4tune_lib" --test-threads 1 the_order_kernels_match both_routing_forms \
+    grouped_routes_name mma_probe_is_bit_exact split_k_launches_on_two \
+    dequantize_then_cublas_on_two gemm_through_the_table untuned_dispatcher_runs \
+    dequantize_then_cublas_entries dequant_then_cublas_matches committed_grouped_entries \
+    the_per_expert_loop_is slowed_kernel_is_correct grouped_moe_takes_a_down_k
+  step 200 "$B/fp4tune_lib" --test-threads 1 selftest_passes_on
 }
 
 phase_moe-w4a16() { # 580 s
@@ -183,7 +187,7 @@ phase_probe-bulk() { # 300 s
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv >> "$LOG" 2>&1
-PHASES="tests retune-w4a4 moe-w4a16 moe-w4a4 tune gemm suite-w4a16 suite-w4a4 probe-bulk"
+PHASES="tests tests-lib retune-w4a4 moe-w4a16 moe-w4a4 tune gemm suite-w4a16 suite-w4a4 probe-bulk"
 # shellcheck disable=SC2086 # the list splits into its names
 [ $# -eq 0 ] && set -- $PHASES
 for phase in "$@"; do # every name checked before anything runs
