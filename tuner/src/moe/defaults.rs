@@ -9,7 +9,9 @@
 //! picks of the H200 tune of the GLM-5 TP8 layer (`results/nvidia-h200.ron`, W4A16 and W4A4),
 //! whose B = 1..4096 are 1/32..128 rows per expert. Family sm120 has no measurement: its template
 //! follows the space's rules (the smallest tile list that holds most experts' rows, K split over
-//! CTAs while the step has fewer tiles than SMs). Where a template is not legal for the
+//! CTAs while the step has fewer tiles than SMs). An sm90 down template of a step that touches
+//! few experts, or of a K longer than one pass, is adapted to it ([`fit_down_template`]: narrower
+//! tiles, a deeper register ring). Where a template is not legal for the
 //! shape (its K passes, ring depth or tiles do not fit), the default is the configuration of the
 //! shape's search space nearest to it ([`distance`]), so a default is always a member of the
 //! space a tune would measure.
@@ -93,9 +95,48 @@ fn template(
     sm_count: u32,
 ) -> GroupedConfig {
     match family {
-        Family::Sm90 => sm90_template(a_type, op, routed.per_expert),
+        Family::Sm90 => {
+            fit_down_template(sm90_template(a_type, op, routed.per_expert), shape, routed, sm_count)
+        }
         Family::Sm120 => sm120_template(op, shape, routed, sm_count),
     }
+}
+
+/// A streamed down template of a decode step (8-row tiles) adapted to a layer whose step touches
+/// few experts or has a long K. The sm90 rows come from a layer whose step touches many experts
+/// with a K of one pass (GLM-5 TP8 down: 8 experts at B = 1, 48 tiles of 128 rows each, K = 256);
+/// a layer of few experts per step (Mixtral over 8 GPUs: 2 of 8 at B = 1; GLM-5 EP8: about 2 of
+/// its 32 at B = 2) would run 50-200 CTAs of 128 rows over a K of 1792 or 2048. So:
+/// - half the rows per CTA at 16 rows per warp, until the CTAs of the expected active experts
+///   are at least twice the SMs or the tile has 32 rows;
+/// - a register ring of two stages where a tile's K takes more than one pass (one stage leaves a
+///   warp without a load in flight while it computes).
+///
+/// Measured on an H100 without a table (`results/h100/grouped-defaults.md`), and in the tunes
+/// under `results/`: the fastest Mixtral TP8 down kernels at B = 1 have 32-row tiles, the H200
+/// EP8 table's down picks up to B = 16 32- and 64-row tiles of 16 rows per warp.
+fn fit_down_template(
+    t: GroupedConfig,
+    shape: &MoeShape,
+    routed: &Routed,
+    sm_count: u32,
+) -> GroupedConfig {
+    if t.op != MoeOp::Down || t.tiled || t.block_m != 8 {
+        return t;
+    }
+    let (n, k) = shape.nk(t.op);
+    // expected experts with at least one routed row (Poisson: 1 - e^-rows)
+    let active = f64::from(shape.experts) * -(-routed.per_expert).exp_m1();
+    let ctas = |block_n: u32| active * f64::from(n.div_ceil(block_n));
+    let mut c = t;
+    while c.block_n > 32 && ctas(c.block_n) < 2.0 * f64::from(sm_count) {
+        c.block_n /= 2;
+        c.warps_n = c.block_n / 16;
+    }
+    if !c.warp_ring && c.depth == 1 && k > c.block_k {
+        c.depth = 2;
+    }
+    c
 }
 
 /// The kernel form of a template row: weights in the register ring (`R`), the warp ring (`P`),
@@ -216,7 +257,7 @@ fn sm120_template(op: MoeOp, shape: &MoeShape, routed: &Routed, sm_count: u32) -
 
 /// How far `c` is from `t`: the kernel form first (a different pipeline or kernel outweighs
 /// every size), then the routed rows per tile, the weight rows and warps per CTA, the K pass,
-/// split-K, the ring's depth, the CTAs per SM and the walk.
+/// split-K, the ring's depth, the CTAs per SM, the ring stages in flight per SM and the walk.
 pub fn distance(t: &GroupedConfig, c: &GroupedConfig) -> f64 {
     let log = |a: u32, b: u32| (f64::from(a.max(1)) / f64::from(b.max(1))).log2().abs();
     let flags = [
@@ -228,12 +269,21 @@ pub fn distance(t: &GroupedConfig, c: &GroupedConfig) -> f64 {
         (t.k_tail, c.k_tail),
     ];
     let form = flags.iter().filter(|(a, b)| a != b).count() as f64;
+    // streamed kernels: the ring stages in flight per SM (depth x CTAs per SM), so that a depth
+    // the layer's K does not take is replaced by another at the same bytes in flight (3 stages
+    // at 4 CTAs -> 4 at 3, not 2 at 4)
+    let in_flight = if t.tiled || c.tiled {
+        0.0
+    } else {
+        10.0 * log(t.depth * t.min_ctas, c.depth * c.min_ctas)
+    };
     1000.0 * form
         + 100.0 * log(t.block_m, c.block_m)
         + 20.0 * (log(t.block_n, c.block_n) + log(t.warps_n, c.warps_n) + log(t.warps_m, c.warps_m))
         + 10.0 * (log(t.warps_k, c.warps_k) + log(t.block_k, c.block_k) + log(t.split_k, c.split_k))
         + 3.0 * f64::from(t.depth.abs_diff(c.depth))
         + 2.0 * f64::from(t.min_ctas.abs_diff(c.min_ctas))
+        + in_flight
         + 0.5 * f64::from(t.walk.abs_diff(c.walk))
 }
 

@@ -147,13 +147,15 @@ fn an_expert_parallel_layer_takes_the_rows_per_expert_of_the_whole_model() {
     }
     let local = at(32, AType::Bf16, MoeOp::GateUp, 64);
     assert!(local.tiled && local.block_m >= 16, "{local}");
-    // every bucket: the TP8 template, nearest in the EP8 layer's space
+    // every bucket: the TP8 template (for the down projection's long K and few active experts
+    // adapted by `fit_down_template`), nearest in the EP8 layer's space
     for a_type in [AType::Bf16, AType::Nvfp4] {
         for op in MoeOp::ALL {
             let space = search_space_for(Family::Sm90, a_type, op, &ep8);
             for b in DEFAULT_BUCKETS {
-                let routed = Routed::new(&MoeShape::GLM5_TP8, 256, b);
-                let t = sm90_template(a_type, op, routed.per_expert);
+                let tp8 = Routed::new(&MoeShape::GLM5_TP8, 256, b);
+                let t = sm90_template(a_type, op, tp8.per_expert);
+                let t = fit_down_template(t, &ep8, &Routed::new(&ep8, 256, b), SM90_SMS);
                 assert_eq!(at(256, a_type, op, b), nearest(&t, &space), "{a_type} {op} B = {b}");
             }
         }
@@ -166,6 +168,45 @@ fn an_expert_parallel_layer_takes_the_rows_per_expert_of_the_whole_model() {
     assert_eq!((sm120(256), sm120(32)), (8, 32));
     let e = default_routes(Family::Sm90, AType::Bf16, &ep8, 31, SM90_SMS).unwrap_err();
     assert!(e.contains("(31) are fewer than the layer's 32 local experts"), "{e}");
+}
+
+/// A decode step that touches few experts gets narrower down tiles: Mixtral over 8 GPUs (2 of 8
+/// experts at B = 1, N = 4096, K = 1792) 32-row CTAs instead of the GLM-5 TP8 row's 128 (about 57
+/// CTAs on 132 SMs), GLM-5 EP8 at B = 4 64-row ones, each at 16 rows per warp; a tile's K of
+/// more than one pass gets a register ring of two stages. Enough CTAs (GLM-5 TP8 at every B, EP8
+/// from B = 8) or 16-row tiles (Mixtral at B = 64) keep the row as it is.
+#[test]
+fn a_step_of_few_experts_gets_narrower_down_tiles() {
+    let down = |shape: &MoeShape, total, b| {
+        let r = default_routes(Family::Sm90, AType::Bf16, shape, total, SM90_SMS).unwrap();
+        r.into_iter().find(|x| x.0 == MoeOp::Down && x.1 == b).unwrap().2
+    };
+    let mixtral = MoeShape { hidden: 4096, inter: 1792, experts: 8, top_k: 2 };
+    let c = down(&mixtral, 8, 1);
+    assert_eq!((c.block_n, c.warps_n, c.depth, c.tiled), (32, 2, 2, false), "{c}");
+    assert_eq!(down(&mixtral, 8, 64).block_n, 128);
+    let ep8 = MoeShape::GLM5_EP8;
+    let c = down(&ep8, 256, 4);
+    assert_eq!((c.block_n, c.warps_n, c.depth), (64, 4, 2), "{c}");
+    // EP8 B = 1: one K pass of 256 of 2048 per tile at the TP8 row's depth 1 -> two stages
+    assert_eq!(down(&ep8, 256, 1).depth, 2);
+    assert_eq!(down(&ep8, 256, 8).block_n, 128);
+    for b in DEFAULT_BUCKETS {
+        let tp8 = Routed::new(&MoeShape::GLM5_TP8, 256, b);
+        let t = sm90_template(AType::Bf16, MoeOp::Down, tp8.per_expert);
+        assert_eq!(fit_down_template(t, &MoeShape::GLM5_TP8, &tp8, SM90_SMS), t, "B = {b}");
+    }
+}
+
+/// A ring depth the layer's K does not take is replaced at the same stages in flight per SM: the
+/// GLM-5 gate_up row of 3 stages at 4 CTAs per SM (K = 6144: 12 chunks of 128 per warp) becomes
+/// 4 stages at 3 CTAs on a K of 4096 (8 chunks), not 2 at 4.
+#[test]
+fn a_replaced_depth_keeps_the_stages_in_flight() {
+    let shape = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
+    let r = default_routes(Family::Sm90, AType::Bf16, &shape, 128, SM90_SMS).unwrap();
+    let c = r.into_iter().find(|x| x.0 == MoeOp::GateUp && x.1 == 8).unwrap().2;
+    assert_eq!((c.a_smem, c.depth, c.min_ctas), (true, 4, 3), "{c}");
 }
 
 /// The nearest member of a space is the template itself when present, and a form change costs
