@@ -110,11 +110,14 @@ fn compile_pools_take_the_grouped_phase_first_screens() {
         dir.path(),
     );
     assert!(ok, "{err}");
+    // the SMs of the sm120 data-sheet GPU, as `compile` takes them without a GPU
+    let sms = fp4tune::search::DeviceModel::rtx_pro_6000_ws().sm_count;
     let spec = fp4tune::tune::moe::MoeTuneSpec::for_layer(
         fp4tune::moe::MoeShape::GLM5_TP8,
         fp4tune::problem::AType::Nvfp4,
         256,
         &[],
+        sms,
     );
     let kernels: std::collections::HashSet<String> =
         fp4tune::tune::moe::first_pools(fp4tune::template::Family::Sm120, &spec)

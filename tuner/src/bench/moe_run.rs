@@ -132,7 +132,7 @@ pub const DEFAULT_IMPL: &str = "fp4tune_default";
 /// The family default of `op` at `tokens` on `shape` in a model of `experts_total` routed
 /// experts: the route of a dispatcher whose table has no entries for the layer
 /// (`MoeRouteTable::with_defaults`), `None` where the family has no kernel for the layer.
-pub(super) fn family_default(
+pub fn family_default(
     family: crate::template::Family,
     a_type: AType,
     op: MoeOp,

@@ -370,7 +370,13 @@ fn grouped_configs(
             per_op(&|op| fp4tune::moe::space::representative(family, t, op, &shape))
         }
         CompileSet::Pools => {
-            let spec = fp4tune::tune::moe::MoeTuneSpec::for_layer(shape, t, total, &[]);
+            // no GPU here: the SMs of the family's data-sheet GPU, on which the screens' family
+            // defaults depend (a GPU of other SMs may screen another default of a few buckets)
+            let sms = match family {
+                Family::Sm90 => fp4tune::search::DeviceModel::h200().sm_count,
+                Family::Sm120 => fp4tune::search::DeviceModel::rtx_pro_6000_ws().sm_count,
+            };
+            let spec = fp4tune::tune::moe::MoeTuneSpec::for_layer(shape, t, total, &[], sms);
             fp4tune::tune::moe::first_pools(family, &spec)
         }
     };

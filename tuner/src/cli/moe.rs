@@ -278,7 +278,7 @@ pub fn tune_phase(
     let info = gpu.info().clone();
     let a_type = phase_a_type(&shape, a_type, &info, origin)?;
     let compiler = crate::default_compiler()?;
-    let spec = MoeTuneSpec::for_layer(shape, a_type, experts_total, buckets);
+    let spec = MoeTuneSpec::for_layer(shape, a_type, experts_total, buckets, info.sm_count);
     let started = std::time::Instant::now();
     let read_gbps = Floors::new(&gpu, &compiler)?.read_bandwidth(&spec.policy, 2 << 30)?;
     let kernels = MoeKernels::load(&gpu, &compiler)?;

@@ -205,8 +205,13 @@ pub fn run(args: TuneArgs) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("{e} (--no-moe tunes the GEMM keys alone)"))?;
         if racing {
             let family = fp4tune::runtime::family_for(&info)?;
-            let phase =
-                fp4tune::tune::moe::MoeTuneSpec::for_layer(shape, moe_a_type, total, &moe_buckets);
+            let phase = fp4tune::tune::moe::MoeTuneSpec::for_layer(
+                shape,
+                moe_a_type,
+                total,
+                &moe_buckets,
+                info.sm_count,
+            );
             ahead = fp4tune::tune::moe::first_pools(family, &phase)
                 .iter()
                 .map(|c| c.source())

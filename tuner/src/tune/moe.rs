@@ -1,13 +1,15 @@
 //! The grouped phase of a tuning campaign: per projection and token bucket B, screen the grouped
-//! search space (an even spread of it, the measured seeds `moe::seeds` legal for the shape, and
-//! the previous bucket's pick: the space holds thousands of configurations, a screen tens) on a
+//! search space (an even spread of it, the measured seeds `moe::seeds` legal for the shape, the
+//! family default that the runtime runs for the layer without a table, so a tuned entry is never
+//! slower than it on the tune's draw, and the previous bucket's pick: the space holds thousands of
+//! configurations, a screen tens) on a
 //! uniform routing drawn from a recorded seed, give the finalists the full timing policy on that routing and on a skewed draw, and keep
 //! the fastest finalist unless it collapses under skew (slower than `SKEW_GUARD` x the best
 //! skewed time, then the next one).
 
 use crate::bench::moe::{
-    measure_op, roofline_bytes_for, screen_candidates, Measured, MoeBenchError, MoeStep, Outcome,
-    StepData,
+    family_default, measure_op, roofline_bytes_for, screen_candidates, Measured, MoeBenchError,
+    MoeStep, Outcome, StepData,
 };
 use crate::bench::moe_weights::LayerWeights;
 use crate::bench::TimingPolicy;
@@ -40,21 +42,31 @@ pub struct MoeTuneSpec {
     pub experts_total: u32,
     pub expert_begin: i32,
     pub buckets: Vec<u32>,
+    /// SMs of the GPU the tune runs on (the family defaults screened depend on them).
+    pub sm_count: u32,
     pub screen: usize,
     pub screen_policy: TimingPolicy,
     pub policy: TimingPolicy,
 }
 
 impl MoeTuneSpec {
-    /// What `fp4tune tune` tunes for a layer: every bucket of `buckets` (the default ones when
-    /// empty), the default screen, the screen and quick timing policies.
-    pub fn for_layer(shape: MoeShape, a_type: AType, experts_total: u32, buckets: &[u32]) -> Self {
+    /// What `fp4tune tune` tunes for a layer on a GPU of `sm_count` SMs: every bucket of
+    /// `buckets` (the default ones when empty), the default screen, the screen and quick timing
+    /// policies.
+    pub fn for_layer(
+        shape: MoeShape,
+        a_type: AType,
+        experts_total: u32,
+        buckets: &[u32],
+        sm_count: u32,
+    ) -> Self {
         MoeTuneSpec {
             shape,
             a_type,
             experts_total,
             expert_begin: 0,
             buckets: if buckets.is_empty() { DEFAULT_BUCKETS.to_vec() } else { buckets.to_vec() },
+            sm_count,
             screen: DEFAULT_SCREEN,
             screen_policy: TimingPolicy::screen(),
             policy: TimingPolicy::quick(),
@@ -76,21 +88,25 @@ impl MoeTuneSpec {
         [step(Routing::Uniform, seed), step(Routing::Skewed, seed + 1)]
     }
 
-    /// What a bucket screens for `op`: the screen of its uniform draw's `schedule`
-    /// (`bench::moe::screen_candidates`), then `extra` (the previous bucket's pick).
+    /// What a bucket screens for `op` at `tokens`: the screen of its uniform draw's `schedule`
+    /// (`bench::moe::screen_candidates`), then the family default of the layer at `tokens` (what
+    /// the runtime runs without a table) and `extra` (the previous bucket's pick).
     fn screen_of(
         &self,
         family: Family,
-        schedule: &RouteSchedule,
+        (schedule, tokens): (&RouteSchedule, u32),
         op: MoeOp,
         extra: &[GroupedConfig],
     ) -> Vec<GroupedConfig> {
+        let layer = (&self.shape, self.experts_total);
+        let default = family_default(family, self.a_type, op, layer, tokens, self.sm_count);
+        let extra: Vec<GroupedConfig> = default.into_iter().chain(extra.iter().copied()).collect();
         screen_candidates(
             (family, self.a_type, op),
             schedule,
             &self.shape,
             self.screen,
-            extra,
+            &extra,
             |_| true,
         )
     }
@@ -113,7 +129,7 @@ pub fn first_pools(family: Family, spec: &MoeTuneSpec) -> Vec<GroupedConfig> {
             continue;
         }
         for op in MoeOp::ALL {
-            let screen = spec.screen_of(family, &uniform, op, &[]);
+            let screen = spec.screen_of(family, (&uniform, tokens), op, &[]);
             out.extend(screen.into_iter().filter(|c| seen.insert(*c)));
         }
     }
@@ -248,7 +264,7 @@ pub fn tune_moe(
             };
             progress(MoeTuneEvent::Key { index: bi * 2 + oi, total, key });
             let extra: Vec<_> = carried[oi].into_iter().collect();
-            let space = spec.screen_of(family, &uniform.schedule, op, &extra);
+            let space = spec.screen_of(family, (&uniform.schedule, tokens), op, &extra);
             let screened = measure_op(
                 gpu,
                 compiler,
@@ -411,11 +427,11 @@ mod tests {
 
     /// The first pools are each bucket's screen of its uniform draw without a carried pick, each
     /// configuration once and legal for the layer: on the GLM-5 TP8 layer the streamed spread and
-    /// seeds of both ops, the tiled and wgmma configurations from the sizes that screen them;
-    /// sm120 W4A4 its own kernels.
+    /// seeds of both ops, the family default of every bucket, the tiled and wgmma configurations
+    /// from the sizes that screen them; sm120 W4A4 its own kernels.
     #[test]
     fn first_pools_hold_every_screen_of_the_uniform_draws() {
-        let spec = MoeTuneSpec::for_layer(MoeShape::GLM5_TP8, AType::Bf16, 256, &[]);
+        let spec = MoeTuneSpec::for_layer(MoeShape::GLM5_TP8, AType::Bf16, 256, &[], 132);
         let pools = first_pools(Family::Sm90, &spec);
         let distinct: std::collections::HashSet<_> = pools.iter().collect();
         assert_eq!(distinct.len(), pools.len(), "each configuration once");
@@ -438,6 +454,10 @@ mod tests {
                 for c in screen {
                     assert!(distinct.contains(&c), "B = {tokens}: {c} missing");
                 }
+                // and the family default the runtime runs for the layer without a table
+                let layer = (&spec.shape, 256);
+                let d = family_default(Family::Sm90, AType::Bf16, op, layer, tokens, 132).unwrap();
+                assert!(distinct.contains(&d), "B = {tokens}: default {d} missing");
             }
         }
         assert!(pools.iter().all(|c| c.check(&spec.shape).is_ok()));
@@ -446,10 +466,30 @@ mod tests {
             assert!(pools.iter().any(|c| c.op == op && c.tiled && !c.wgmma));
             assert!(pools.iter().any(|c| c.op == op && c.wgmma));
         }
+        // a layer unlike GLM-5 TP8 (Mixtral over 8 GPUs): its defaults, fitted to its few
+        // experts per step, are not all in the plain screens; the pools hold every one
+        let mixtral = MoeShape { hidden: 4096, inter: 1792, experts: 8, top_k: 2 };
+        let spec = MoeTuneSpec::for_layer(mixtral, AType::Bf16, 8, &[1, 2, 4, 8, 16, 64], 132);
+        let pools = first_pools(Family::Sm90, &spec);
+        let mut added = 0;
+        for &tokens in &spec.buckets {
+            let [uniform, _] = spec.draws(tokens);
+            let schedule = RouteSchedule::build(&uniform.ids(), 0, mixtral.experts);
+            for op in MoeOp::ALL {
+                let d = family_default(Family::Sm90, AType::Bf16, op, (&mixtral, 8), tokens, 132)
+                    .unwrap();
+                assert!(pools.contains(&d), "Mixtral B = {tokens}: default {d} missing");
+                let plain = (Family::Sm90, AType::Bf16, op);
+                let screen =
+                    screen_candidates(plain, &schedule, &mixtral, DEFAULT_SCREEN, &[], |_| true);
+                added += usize::from(!screen.contains(&d));
+            }
+        }
+        assert!(added > 0);
         // decode buckets only: no tiled kernels
-        let decode = MoeTuneSpec::for_layer(MoeShape::GLM5_TP8, AType::Bf16, 256, &[1, 8]);
+        let decode = MoeTuneSpec::for_layer(MoeShape::GLM5_TP8, AType::Bf16, 256, &[1, 8], 132);
         assert!(first_pools(Family::Sm90, &decode).iter().all(|c| !c.tiled));
-        let w4a4 = MoeTuneSpec::for_layer(MoeShape::GLM5_TP8, AType::Nvfp4, 256, &[1, 64]);
+        let w4a4 = MoeTuneSpec::for_layer(MoeShape::GLM5_TP8, AType::Nvfp4, 256, &[1, 64], 188);
         let sm120 = first_pools(Family::Sm120, &w4a4);
         assert!(!sm120.is_empty());
         assert!(sm120.iter().all(|c| c.family == Family::Sm120 && c.a_type == AType::Nvfp4));
