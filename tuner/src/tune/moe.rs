@@ -1,7 +1,7 @@
 //! The grouped phase of a tuning campaign: per projection and token bucket B, screen the grouped
 //! search space (an even spread of it, the measured seeds `moe::seeds` legal for the shape, the
-//! family default that the runtime runs for the layer without a table, so a tuned entry is never
-//! slower than it on the tune's draw, and the previous bucket's pick: the space holds thousands of
+//! family default that the runtime runs for the layer without a table, a finalist whenever it
+//! screens fastest, and the previous bucket's pick: the space holds thousands of
 //! configurations, a screen tens) on a
 //! uniform routing drawn from a recorded seed, give the finalists the full timing policy on that routing and on a skewed draw, and keep
 //! the fastest finalist unless it collapses under skew (slower than `SKEW_GUARD` x the best
