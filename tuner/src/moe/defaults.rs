@@ -112,9 +112,12 @@ fn template(
 /// - a register ring of two stages where a tile's K takes more than one pass (one stage leaves a
 ///   warp without a load in flight while it computes).
 ///
+/// A layer whose K no streamed kernel takes gets the tiled configuration nearest to the narrowed
+/// template (Qwen3-235B TP8 down at B = 1: 64-row instead of 128-row tiles, 1.01x faster).
 /// Measured on an H100 without a table (`results/h100/grouped-defaults.md`), and in the tunes
 /// under `results/`: the fastest Mixtral TP8 down kernels at B = 1 have 32-row tiles, the H200
-/// EP8 table's down picks up to B = 16 32- and 64-row tiles of 16 rows per warp.
+/// EP8 table's W4A16 down picks up to B = 16 32- and 64-row tiles of 16 rows per warp (in warp
+/// rings).
 fn fit_down_template(
     t: GroupedConfig,
     shape: &MoeShape,
@@ -269,10 +272,11 @@ pub fn distance(t: &GroupedConfig, c: &GroupedConfig) -> f64 {
         (t.k_tail, c.k_tail),
     ];
     let form = flags.iter().filter(|(a, b)| a != b).count() as f64;
-    // streamed kernels: the ring stages in flight per SM (depth x CTAs per SM), so that a depth
-    // the layer's K does not take is replaced by another at the same bytes in flight (3 stages
-    // at 4 CTAs -> 4 at 3, not 2 at 4)
-    let in_flight = if t.tiled || c.tiled {
+    // sm90 streamed kernels: the ring stages in flight per SM (depth x CTAs per SM), so that a
+    // depth the layer's K does not take is replaced by another at the same bytes in flight (3
+    // stages at 4 CTAs -> 4 at 3, not 2 at 4); sm120's template depth is the space's largest,
+    // which its rule for split-K outweighs
+    let in_flight = if t.tiled || c.tiled || t.family != Family::Sm90 {
         0.0
     } else {
         10.0 * log(t.depth * t.min_ctas, c.depth * c.min_ctas)

@@ -122,6 +122,12 @@ fn sm120_gate_up_splits_k_for_the_few_tiles_of_a_small_step() {
     let split = |b| r.iter().find(|x| x.0 == MoeOp::GateUp && x.1 == b).unwrap().2.split_k;
     assert_eq!((split(1), split(2), split(4), split(32), split(256)), (4, 2, 1, 1, 1));
     assert!(r.iter().filter(|x| x.0 == MoeOp::Down).all(|x| x.2.split_k == 1));
+    // Qwen3-Next (K = 2048: 4 k-tiles of 128 per slice of 4, fewer than the template's 6 stages)
+    // keeps its 4 slices at B = 1, in a ring as deep as a slice's k-tiles
+    let (_, next, total) = layers()[5];
+    let r = default_routes(Family::Sm120, AType::Nvfp4, &next, total, SM120_SMS).unwrap();
+    let c = r.iter().find(|x| x.0 == MoeOp::GateUp && x.1 == 1).unwrap().2;
+    assert_eq!((c.split_k, c.depth), (4, 4), "{c}");
 }
 
 /// An expert-parallel layer's defaults follow the rows per expert of the whole model's routing:

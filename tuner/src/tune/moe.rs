@@ -89,8 +89,10 @@ impl MoeTuneSpec {
     }
 
     /// What a bucket screens for `op` at `tokens`: the screen of its uniform draw's `schedule`
-    /// (`bench::moe::screen_candidates`), then the family default of the layer at `tokens` (what
-    /// the runtime runs without a table) and `extra` (the previous bucket's pick).
+    /// (`bench::moe::screen_candidates`) with `extra` (the previous bucket's pick), then the
+    /// family default of the layer at `tokens` (what the runtime runs without a table) where the
+    /// screen lacks it, whatever the screen's size rules (the benchmark measures it the same way;
+    /// an sm120 default split along K only where this step's tiles split).
     fn screen_of(
         &self,
         family: Family,
@@ -98,17 +100,25 @@ impl MoeTuneSpec {
         op: MoeOp,
         extra: &[GroupedConfig],
     ) -> Vec<GroupedConfig> {
-        let layer = (&self.shape, self.experts_total);
-        let default = family_default(family, self.a_type, op, layer, tokens, self.sm_count);
-        let extra: Vec<GroupedConfig> = default.into_iter().chain(extra.iter().copied()).collect();
-        screen_candidates(
+        let mut space = screen_candidates(
             (family, self.a_type, op),
             schedule,
             &self.shape,
             self.screen,
-            &extra,
+            extra,
             |_| true,
-        )
+        );
+        let layer = (&self.shape, self.experts_total);
+        let default = family_default(family, self.a_type, op, layer, tokens, self.sm_count);
+        let splits = |c: &GroupedConfig| {
+            c.split_k == 1
+                || c.family != Family::Sm120
+                || crate::moe::sm120::splits_on(c, &self.shape, schedule)
+        };
+        if let Some(c) = default.filter(|c| splits(c) && !space.contains(c)) {
+            space.push(c);
+        }
+        space
     }
 }
 
