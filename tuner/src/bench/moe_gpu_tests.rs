@@ -75,15 +75,9 @@ fn run_step(
         }
         // and the family default the runtime launches for this layer and token count when the
         // table has no entry for the layer
-        let sms = gpu.info().sm_count;
-        let default = super::run::family_default(
-            family,
-            a_type,
-            op,
-            (&step.shape, step.experts_total),
-            step.tokens,
-            sms,
-        );
+        let layer = (&step.shape, step.experts_total);
+        let defaults = super::FamilyDefaults::new(family, a_type, layer, gpu.info().sm_count);
+        let default = defaults.at(op, step.tokens);
         if let Some(c) = default.filter(|c| !space.contains(c)) {
             space.push(c);
         }

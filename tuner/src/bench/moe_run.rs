@@ -72,6 +72,14 @@ pub fn spread(space: Vec<GroupedConfig>, max: usize) -> Vec<GroupedConfig> {
     (0..max).map(|i| space[i * space.len() / max]).collect()
 }
 
+/// Whether `c` runs as itself on `step`: an sm120 kernel split along K whose tiles overflow the
+/// workspace's partials runs as its split_k 1 form.
+pub fn runs_as_itself(c: &GroupedConfig, shape: &MoeShape, step: &RouteSchedule) -> bool {
+    c.split_k == 1
+        || c.family != crate::template::Family::Sm120
+        || crate::moe::sm120::splits_on(c, shape, step)
+}
+
 /// The candidates of one grouped screen of (family, a_type, op) on `step`'s shape: an even
 /// spread of at most `max` streamed configurations of the space (0: all); every tiled one when
 /// the step has at least `TILED_MIN_ROWS_PER_EXPERT` routed rows per active expert (the wgmma
@@ -90,13 +98,8 @@ pub fn screen_candidates(
     keep: impl Fn(&GroupedConfig) -> bool,
 ) -> Vec<GroupedConfig> {
     let mut space = crate::moe::space::search_space_for(family, a_type, op, shape);
-    // an sm120 kernel split along K whose tiles overflow the workspace's partials runs as its
-    // split_k 1 form: not screened twice (nor recorded for a step where it does not split)
-    let splits_here = |c: &GroupedConfig| {
-        c.split_k == 1
-            || c.family != crate::template::Family::Sm120
-            || crate::moe::sm120::splits_on(c, shape, step)
-    };
+    // not screened twice (nor recorded for a step where it does not split)
+    let splits_here = |c: &GroupedConfig| runs_as_itself(c, shape, step);
     space.retain(|c| keep(c) && splits_here(c));
     let (tiled, streamed): (Vec<_>, Vec<_>) = space.into_iter().partition(|c| c.tiled);
     let rows_per_expert = step.rows() / step.active_experts().max(1);
@@ -129,20 +132,43 @@ pub fn screen_candidates(
 /// layer the table has no entries for runs), W4A4's with the `_w4a4` suffix.
 pub const DEFAULT_IMPL: &str = "fp4tune_default";
 
-/// The family default of `op` at `tokens` on `shape` in a model of `experts_total` routed
-/// experts: the route of a dispatcher whose table has no entries for the layer
-/// (`MoeRouteTable::with_defaults`), `None` where the family has no kernel for the layer.
-pub fn family_default(
-    family: crate::template::Family,
+/// The family defaults of one layer (`moe::defaults`): what a dispatcher whose table has no
+/// entries for the layer launches, built once and picked per token count by the runtime's route.
+#[derive(Debug, Clone)]
+pub struct FamilyDefaults {
+    /// `None` where the family has no kernel for the layer.
+    routes: Option<crate::runtime::MoeRouteTable>,
+    shape: MoeShape,
+    experts_total: u32,
     a_type: AType,
-    op: MoeOp,
-    (shape, experts_total): (&MoeShape, u32),
-    tokens: u32,
-    sm_count: u32,
-) -> Option<GroupedConfig> {
-    let routes = crate::runtime::MoeRouteTable::with_defaults(None, family, sm_count);
-    let r = routes.route(shape, experts_total, a_type, tokens).ok()?;
-    [r.gate_up, r.down].into_iter().find(|x| x.op == op).map(|x| x.config)
+}
+
+impl FamilyDefaults {
+    /// The defaults of `shape` in a model of `experts_total` routed experts with activations
+    /// `a_type`, on a GPU of `family` with `sm_count` SMs.
+    pub fn new(
+        family: crate::template::Family,
+        a_type: AType,
+        (shape, experts_total): (&MoeShape, u32),
+        sm_count: u32,
+    ) -> Self {
+        let routes = crate::runtime::MoeRouteTable::of_defaults(
+            family,
+            a_type,
+            shape,
+            experts_total,
+            sm_count,
+        )
+        .ok();
+        FamilyDefaults { routes, shape: *shape, experts_total, a_type }
+    }
+
+    /// The default of `op` at `tokens`, `None` where the family has no kernel for the layer.
+    pub fn at(&self, op: MoeOp, tokens: u32) -> Option<GroupedConfig> {
+        let routes = self.routes.as_ref()?;
+        let r = routes.route(&self.shape, self.experts_total, self.a_type, tokens).ok()?;
+        [r.gate_up, r.down].into_iter().find(|x| x.op == op).map(|x| x.config)
+    }
 }
 
 /// Every candidate measured for one (set, tokens, op).
@@ -202,6 +228,8 @@ pub fn run_moe_bench_for(
             routing: Routing::Uniform,
             seed: 1000 + tokens as u64,
         };
+        let layer = (shape, plan.experts_total);
+        let defaults = FamilyDefaults::new(family, a_type, layer, gpu.info().sm_count);
         // One upload of the set's weights, with the copies its sparsest step needs.
         let steps = plan.tokens.iter().map(|&t| step(t));
         let weights = Arc::new(LayerWeights::for_steps(gpu, *shape, steps, &plan.policy)?);
@@ -228,10 +256,7 @@ pub fn run_moe_bench_for(
                     |c| plan.keeps(c),
                 );
                 // the family default the runtime launches for a layer outside the table
-                let layer = (shape, plan.experts_total);
-                let default =
-                    family_default(family, a_type, op, layer, tokens, gpu.info().sm_count)
-                        .filter(|c| plan.keeps(c));
+                let default = defaults.at(op, tokens).filter(|c| plan.keeps(c));
                 if let Some(c) = default.filter(|c| !space.contains(c)) {
                     space.push(c);
                 }

@@ -295,6 +295,22 @@ impl MoeRouteTable {
         routes
     }
 
+    /// The routes of one layer's family defaults alone, built once (`moe::defaults`): the
+    /// configurations a dispatcher whose table has no entries for the layer launches, picked per
+    /// token count as [`Self::route`] picks (routes of it name the defaults as a table's
+    /// entries); the error of `moe::defaults::default_routes` where the family has no kernel for
+    /// the layer.
+    pub fn of_defaults(
+        family: Family,
+        a_type: AType,
+        shape: &MoeShape,
+        experts_total: u32,
+        sm_count: u32,
+    ) -> Result<Self, String> {
+        let layer = Layer::family_default(family, a_type, shape, experts_total, sm_count)?;
+        Ok(MoeRouteTable { layers: vec![layer], stale_templates: false, defaults: None })
+    }
+
     /// (layer shape, activation type) of every layer with grouped entries.
     pub fn layers(&self) -> Vec<(MoeShape, AType)> {
         self.layers.iter().map(|l| (l.shape, l.a_type)).collect()

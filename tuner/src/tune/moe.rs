@@ -8,8 +8,8 @@
 //! skewed time, then the next one).
 
 use crate::bench::moe::{
-    family_default, measure_op, roofline_bytes_for, screen_candidates, Measured, MoeBenchError,
-    MoeStep, Outcome, StepData,
+    measure_op, roofline_bytes_for, runs_as_itself, screen_candidates, FamilyDefaults, Measured,
+    MoeBenchError, MoeStep, Outcome, StepData,
 };
 use crate::bench::moe_weights::LayerWeights;
 use crate::bench::TimingPolicy;
@@ -88,6 +88,11 @@ impl MoeTuneSpec {
         [step(Routing::Uniform, seed), step(Routing::Skewed, seed + 1)]
     }
 
+    /// The layer's family defaults on the tune's GPU (built once per tune).
+    fn defaults(&self, family: Family) -> FamilyDefaults {
+        FamilyDefaults::new(family, self.a_type, (&self.shape, self.experts_total), self.sm_count)
+    }
+
     /// What a bucket screens for `op` at `tokens`: the screen of its uniform draw's `schedule`
     /// (`bench::moe::screen_candidates`) with `extra` (the previous bucket's pick), then the
     /// family default of the layer at `tokens` (what the runtime runs without a table) where the
@@ -95,7 +100,7 @@ impl MoeTuneSpec {
     /// an sm120 default split along K only where this step's tiles split).
     fn screen_of(
         &self,
-        family: Family,
+        (family, defaults): (Family, &FamilyDefaults),
         (schedule, tokens): (&RouteSchedule, u32),
         op: MoeOp,
         extra: &[GroupedConfig],
@@ -108,14 +113,9 @@ impl MoeTuneSpec {
             extra,
             |_| true,
         );
-        let layer = (&self.shape, self.experts_total);
-        let default = family_default(family, self.a_type, op, layer, tokens, self.sm_count);
-        let splits = |c: &GroupedConfig| {
-            c.split_k == 1
-                || c.family != Family::Sm120
-                || crate::moe::sm120::splits_on(c, &self.shape, schedule)
-        };
-        if let Some(c) = default.filter(|c| splits(c) && !space.contains(c)) {
+        let default = defaults.at(op, tokens);
+        let runs = |c: &GroupedConfig| runs_as_itself(c, &self.shape, schedule);
+        if let Some(c) = default.filter(|c| runs(c) && !space.contains(c)) {
             space.push(c);
         }
         space
@@ -130,6 +130,7 @@ impl MoeTuneSpec {
 pub fn first_pools(family: Family, spec: &MoeTuneSpec) -> Vec<GroupedConfig> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
+    let defaults = spec.defaults(family);
     for &tokens in &spec.buckets {
         // the tune's schedules of the bucket's two draws; it skips a bucket where one is empty
         let [uniform, skewed] = spec
@@ -139,7 +140,7 @@ pub fn first_pools(family: Family, spec: &MoeTuneSpec) -> Vec<GroupedConfig> {
             continue;
         }
         for op in MoeOp::ALL {
-            let screen = spec.screen_of(family, (&uniform, tokens), op, &[]);
+            let screen = spec.screen_of((family, &defaults), (&uniform, tokens), op, &[]);
             out.extend(screen.into_iter().filter(|c| seen.insert(*c)));
         }
     }
@@ -244,6 +245,7 @@ pub fn tune_moe(
     let mut logs = Vec::new();
     // The previous bucket's pick per op, screened again at the next bucket.
     let mut carried: [Option<GroupedConfig>; 2] = [None, None];
+    let defaults = spec.defaults(family);
     let total = spec.buckets.len() * 2;
     // One upload of the layer's weights for every step, with the rotation copies the step that
     // touches the fewest experts needs.
@@ -274,7 +276,8 @@ pub fn tune_moe(
             };
             progress(MoeTuneEvent::Key { index: bi * 2 + oi, total, key });
             let extra: Vec<_> = carried[oi].into_iter().collect();
-            let space = spec.screen_of(family, (&uniform.schedule, tokens), op, &extra);
+            let space =
+                spec.screen_of((family, &defaults), (&uniform.schedule, tokens), op, &extra);
             let screened = measure_op(
                 gpu,
                 compiler,
@@ -445,6 +448,7 @@ mod tests {
         let pools = first_pools(Family::Sm90, &spec);
         let distinct: std::collections::HashSet<_> = pools.iter().collect();
         assert_eq!(distinct.len(), pools.len(), "each configuration once");
+        let defaults = spec.defaults(Family::Sm90);
         for &tokens in &spec.buckets {
             let [uniform, _] = spec.draws(tokens);
             let schedule =
@@ -465,8 +469,7 @@ mod tests {
                     assert!(distinct.contains(&c), "B = {tokens}: {c} missing");
                 }
                 // and the family default the runtime runs for the layer without a table
-                let layer = (&spec.shape, 256);
-                let d = family_default(Family::Sm90, AType::Bf16, op, layer, tokens, 132).unwrap();
+                let d = defaults.at(op, tokens).unwrap();
                 assert!(distinct.contains(&d), "B = {tokens}: default {d} missing");
             }
         }
@@ -481,13 +484,13 @@ mod tests {
         let mixtral = MoeShape { hidden: 4096, inter: 1792, experts: 8, top_k: 2 };
         let spec = MoeTuneSpec::for_layer(mixtral, AType::Bf16, 8, &[1, 2, 4, 8, 16, 64], 132);
         let pools = first_pools(Family::Sm90, &spec);
+        let defaults = spec.defaults(Family::Sm90);
         let mut added = 0;
         for &tokens in &spec.buckets {
             let [uniform, _] = spec.draws(tokens);
             let schedule = RouteSchedule::build(&uniform.ids(), 0, mixtral.experts);
             for op in MoeOp::ALL {
-                let d = family_default(Family::Sm90, AType::Bf16, op, (&mixtral, 8), tokens, 132)
-                    .unwrap();
+                let d = defaults.at(op, tokens).unwrap();
                 assert!(pools.contains(&d), "Mixtral B = {tokens}: default {d} missing");
                 let plain = (Family::Sm90, AType::Bf16, op);
                 let screen =
