@@ -11,7 +11,9 @@
 //! follows the space's rules (the smallest tile list that holds most experts' rows, K split over
 //! CTAs while the step has fewer tiles than SMs). An sm90 down template of a step that touches
 //! few experts, or of a K longer than one pass, is adapted to it ([`fit_down_template`]: narrower
-//! tiles, a deeper register ring). Where a template is not legal for the
+//! tiles, the K in one pass over more warps, a deeper ring), and so is a W4A16 gate_up template
+//! of a step with fewer CTAs than SMs ([`fit_gate_up_template`]: 16-row tiles, a deeper warp
+//! ring at more CTAs per SM). Where a template is not legal for the
 //! shape (its K passes, ring depth or tiles do not fit), the default is the configuration of the
 //! shape's search space nearest to it ([`distance`]), so a default is always a member of the
 //! space a tune would measure.
@@ -72,15 +74,19 @@ struct Routed {
     per_expert: f64,
     /// Routed rows of all local experts, rounded up (`tokens x top_k` when all are local).
     local: u64,
+    /// Local experts expected to get at least one row (Poisson: `experts x (1 - e^-per_expert)`).
+    active: f64,
 }
 
 impl Routed {
     fn new(shape: &MoeShape, experts_total: u32, tokens: u32) -> Self {
         let total = u64::from(experts_total.max(1));
         let rows = u64::from(tokens) * u64::from(shape.top_k);
+        let per_expert = rows as f64 / total as f64;
         Routed {
-            per_expert: rows as f64 / total as f64,
+            per_expert,
             local: (rows * u64::from(shape.experts)).div_ceil(total),
+            active: f64::from(shape.experts) * -(-per_expert).exp_m1(),
         }
     }
 }
@@ -96,7 +102,13 @@ fn template(
 ) -> GroupedConfig {
     match family {
         Family::Sm90 => {
-            fit_down_template(sm90_template(a_type, op, routed.per_expert), shape, routed, sm_count)
+            let t = sm90_template(a_type, op, routed.per_expert);
+            fit_gate_up_template(
+                fit_down_template(t, shape, routed, sm_count),
+                shape,
+                routed,
+                sm_count,
+            )
         }
         Family::Sm120 => sm120_template(op, shape, routed, sm_count),
     }
@@ -109,15 +121,18 @@ fn template(
 /// its 32 at B = 2) would run 50-200 CTAs of 128 rows over a K of 1792 or 2048. So:
 /// - half the rows per CTA at 16 rows per warp, until the CTAs of the expected active experts
 ///   are at least twice the SMs or the tile has 32 rows;
-/// - a register ring of two stages where a tile's K takes more than one pass (one stage leaves a
-///   warp without a load in flight while it computes).
+/// - where even 64-row tiles would give fewer CTAs than twice the SMs and the K takes more than
+///   one pass: the whole K in one pass, split over 2 or 4 warps until an SM holds about 6 warps
+///   (each keeping at least 4 chunks of 128 k), and for W4A16 the warp ring that runs on across
+///   tiles with the activations in it (4 stages at 2 CTAs per SM, the persistent walk): the form
+///   of the fastest Mixtral TP8 down kernel at B = 1 (`m8n32k1792_w2x2_pf4_s1_o2_walk4`) and of
+///   the H200 EP8 table's W4A16 down picks at B = 1 and 2;
+/// - otherwise a register ring of two stages where a tile's K takes more than one pass (one
+///   stage leaves a warp without a load in flight while it computes).
 ///
 /// A layer whose K no streamed kernel takes gets the tiled configuration nearest to the narrowed
 /// template (Qwen3-235B TP8 down at B = 1: 64-row instead of 128-row tiles, 1.01x faster).
-/// Measured on an H100 without a table (`results/h100/grouped-defaults.md`), and in the tunes
-/// under `results/`: the fastest Mixtral TP8 down kernels at B = 1 have 32-row tiles, the H200
-/// EP8 table's W4A16 down picks up to B = 16 32- and 64-row tiles of 16 rows per warp (in warp
-/// rings).
+/// Measured on an H100 without a table (`results/h100/grouped-defaults.md`).
 fn fit_down_template(
     t: GroupedConfig,
     shape: &MoeShape,
@@ -128,18 +143,69 @@ fn fit_down_template(
         return t;
     }
     let (n, k) = shape.nk(t.op);
-    // expected experts with at least one routed row (Poisson: 1 - e^-rows)
-    let active = f64::from(shape.experts) * -(-routed.per_expert).exp_m1();
-    let ctas = |block_n: u32| active * f64::from(n.div_ceil(block_n));
+    let sms = f64::from(sm_count);
+    let ctas = |block_n: u32| routed.active * f64::from(n.div_ceil(block_n));
     let mut c = t;
-    while c.block_n > 32 && ctas(c.block_n) < 2.0 * f64::from(sm_count) {
+    while c.block_n > 32 && ctas(c.block_n) < 2.0 * sms {
         c.block_n /= 2;
         c.warps_n = c.block_n / 16;
     }
-    if !c.warp_ring && c.depth == 1 && k > c.block_k {
+    let passes = k > c.block_k;
+    if passes && c.block_n == 32 && ctas(64) < 2.0 * sms {
+        c.block_k = k;
+        let warps_per_sm =
+            |c: &GroupedConfig| ctas(c.block_n) * f64::from(c.warps_n * c.warps_k) / sms;
+        while warps_per_sm(&c) < 6.0 && c.warps_k < 4 && k / (2 * c.warps_k) >= 4 * 128 {
+            c.warps_k *= 2;
+        }
+        if c.a_type == AType::Bf16 {
+            (c.warp_ring, c.a_smem, c.flow) = super::seeds::PF;
+            (c.depth, c.min_ctas, c.walk) = (4, 2, 4);
+        }
+    }
+    if !c.warp_ring && c.depth == 1 && passes {
         c.depth = 2;
     }
     c
+}
+
+/// A W4A16 streamed gate_up template of a decode step (8-row tiles of 32 weight rows) adapted to
+/// a layer whose step gives fewer CTAs than SMs: where the expected active experts' n-tiles of 32
+/// rows would leave a fifth of the SMs without one, 16 weight rows per CTA, 4 warps along K of one
+/// chunk per pass each, a warp ring of 4 stages with the activations in it at 4 CTAs per SM
+/// (`m8n16k512_w1x4_pa4_s1_o4_walk2`). The sm90 rows come from GLM-5 TP8 (N = 512: about 126
+/// CTAs at B = 1 on 132 SMs); Qwen3-235B over 8 GPUs (N = 384, 8 of 128 experts) would run about
+/// 93, Qwen3-Next (N = 128, 10 of 512) about 40. That kernel was the fastest measured at B = 1
+/// on Qwen3-235B, Qwen3-30B-A3B and GLM-4.5-Air TP8 (`results/h100/grouped-defaults.md`); the
+/// H100 tunes of Qwen3-Next and DeepSeek-V3 TP8 (`results/h100/heldout-*`) pick 16-row tiles
+/// there too.
+fn fit_gate_up_template(
+    t: GroupedConfig,
+    shape: &MoeShape,
+    routed: &Routed,
+    sm_count: u32,
+) -> GroupedConfig {
+    let streamed_32 = !t.tiled && t.block_m == 8 && t.block_n == 32 && t.warps_n == 1;
+    if t.op != MoeOp::GateUp || t.a_type != AType::Bf16 || !streamed_32 {
+        return t;
+    }
+    let (n, _) = shape.nk(t.op);
+    if routed.active * f64::from(n.div_ceil(32)) >= 0.8 * f64::from(sm_count) {
+        return t;
+    }
+    let (warp_ring, a_smem, flow) = super::seeds::PA;
+    GroupedConfig {
+        block_n: 16,
+        block_k: 512,
+        warps_k: 4,
+        depth: 4,
+        min_ctas: 4,
+        walk: 2,
+        warp_ring,
+        a_smem,
+        flow,
+        ..t
+    }
 }
 
 /// The kernel form of a template row: weights in the register ring (`R`), the warp ring (`P`),

@@ -183,25 +183,75 @@ fn an_expert_parallel_layer_takes_the_rows_per_expert_of_the_whole_model() {
 /// from B = 8) or 16-row tiles (Mixtral at B = 64) keep the row as it is.
 #[test]
 fn a_step_of_few_experts_gets_narrower_down_tiles() {
-    let down = |shape: &MoeShape, total, b| {
-        let r = default_routes(Family::Sm90, AType::Bf16, shape, total, SM90_SMS).unwrap();
+    let down = |a_type, shape: &MoeShape, total, b| {
+        let r = default_routes(Family::Sm90, a_type, shape, total, SM90_SMS).unwrap();
         r.into_iter().find(|x| x.0 == MoeOp::Down && x.1 == b).unwrap().2
     };
+    let w4a16 = |shape: &MoeShape, total, b| down(AType::Bf16, shape, total, b);
     let mixtral = MoeShape { hidden: 4096, inter: 1792, experts: 8, top_k: 2 };
-    let c = down(&mixtral, 8, 1);
-    assert_eq!((c.block_n, c.warps_n, c.depth, c.tiled), (32, 2, 2, false), "{c}");
-    assert_eq!(down(&mixtral, 8, 64).block_n, 128);
+    // B = 1: 2 of 8 experts, 32-row tiles, the K of 1792 in one pass over 2 x 2 warps, the
+    // flowing warp ring (the fastest measured Mixtral TP8 down kernel at B = 1)
+    let c = w4a16(&mixtral, 8, 1);
+    assert_eq!(c.name(), "moe_down_m8n32k1792_w2x2_pf4_s1_o2_walk4");
+    // W4A4 keeps the register ring (the activations' codes do not ride in the warp ring)
+    let c = down(AType::Nvfp4, &mixtral, 8, 1);
+    assert_eq!((c.block_n, c.block_k, c.warps_k, c.warp_ring), (32, 1792, 2, false), "{c}");
+    assert_eq!(w4a16(&mixtral, 8, 64).block_n, 128);
     let ep8 = MoeShape::GLM5_EP8;
-    let c = down(&ep8, 256, 4);
-    assert_eq!((c.block_n, c.warps_n, c.depth), (64, 4, 2), "{c}");
-    // EP8 B = 1: one K pass of 256 of 2048 per tile at the TP8 row's depth 1 -> two stages
-    assert_eq!(down(&ep8, 256, 1).depth, 2);
-    assert_eq!(down(&ep8, 256, 8).block_n, 128);
+    // B = 4: about 4 of 32 local experts, 64-row tiles in passes of 256 k, two register stages
+    let c = w4a16(&ep8, 256, 4);
+    assert_eq!(
+        (c.block_n, c.warps_n, c.block_k, c.depth, c.warp_ring),
+        (64, 4, 256, 2, false),
+        "{c}"
+    );
+    // B = 1 and 2: about 1 and 2 experts, the whole K of 2048 per tile over split warps
+    for b in [1, 2] {
+        let c = w4a16(&ep8, 256, b);
+        assert_eq!((c.block_n, c.block_k, c.warps_k, c.flow), (32, 2048, 2, true), "B = {b}: {c}");
+    }
+    assert_eq!(w4a16(&ep8, 256, 8).block_n, 128);
+    // one expert per GPU (Mixtral over 8 GPUs by experts): K = 14336 split over the warps
+    let one = MoeShape { hidden: 4096, inter: 14336, experts: 1, top_k: 2 };
+    let c = w4a16(&one, 8, 8);
+    assert_eq!((c.block_n, c.block_k, c.warps_k, c.flow), (32, 14336, 2, true), "{c}");
     for b in DEFAULT_BUCKETS {
         let tp8 = Routed::new(&MoeShape::GLM5_TP8, 256, b);
-        let t = sm90_template(AType::Bf16, MoeOp::Down, tp8.per_expert);
-        assert_eq!(fit_down_template(t, &MoeShape::GLM5_TP8, &tp8, SM90_SMS), t, "B = {b}");
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            let t = sm90_template(a_type, MoeOp::Down, tp8.per_expert);
+            let fitted = fit_down_template(t, &MoeShape::GLM5_TP8, &tp8, SM90_SMS);
+            assert_eq!(fitted, t, "{a_type} B = {b}");
+        }
     }
+}
+
+/// A W4A16 gate_up step with fewer CTAs than SMs gets 16-row tiles and a 4-stage warp ring at 4
+/// CTAs per SM; GLM-5 TP8 (126 CTAs at B = 1), W4A4 and steps of more CTAs keep their template.
+#[test]
+fn a_gate_up_step_of_few_ctas_gets_16_row_tiles() {
+    let gate_up = |a_type, shape: &MoeShape, b| {
+        let r = default_routes(Family::Sm90, a_type, shape, shape.experts, SM90_SMS).unwrap();
+        r.into_iter().find(|x| x.0 == MoeOp::GateUp && x.1 == b).unwrap().2
+    };
+    let qwen3_235b = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
+    let c = gate_up(AType::Bf16, &qwen3_235b, 1);
+    assert_eq!(c.name(), "moe_gate_up_m8n16k512_w1x4_pa4_s1_o4_walk2");
+    // B = 2: 14 of 128 experts x 12 n-tiles of 32 rows, more CTAs than SMs
+    assert_eq!(gate_up(AType::Bf16, &qwen3_235b, 2).block_n, 32);
+    let qwen3_next = MoeShape { hidden: 2048, inter: 64, experts: 512, top_k: 10 };
+    assert_eq!(gate_up(AType::Bf16, &qwen3_next, 2).block_n, 16);
+    for b in DEFAULT_BUCKETS {
+        let tp8 = Routed::new(&MoeShape::GLM5_TP8, 256, b);
+        for a_type in [AType::Bf16, AType::Nvfp4] {
+            let t = sm90_template(a_type, MoeOp::GateUp, tp8.per_expert);
+            let fitted = fit_gate_up_template(t, &MoeShape::GLM5_TP8, &tp8, SM90_SMS);
+            assert_eq!(fitted, t, "{a_type} B = {b}");
+        }
+    }
+    // W4A4: no rule (unmeasured); a fitted W4A4 template would keep its 32 rows
+    let routed = Routed::new(&qwen3_235b, 128, 1);
+    let t = sm90_template(AType::Nvfp4, MoeOp::GateUp, routed.per_expert);
+    assert_eq!(fit_gate_up_template(t, &qwen3_235b, &routed, SM90_SMS), t);
 }
 
 /// A ring depth the layer's K does not take is replaced at the same stages in flight per SM: the
@@ -237,8 +287,15 @@ fn default_kernels_compile_without_local_memory() {
     let mut configs: Vec<GroupedConfig> = Vec::new();
     for (family, a_type, sms) in families() {
         for (_, shape, total) in layers().into_iter().filter(|(n, _, _)| {
-            ["glm5-tp8", "glm5-ep8", "deepseek-v3-tp8", "qwen3-30b-a3b-tp8", "mixtral-tp8"]
-                .contains(n)
+            [
+                "glm5-tp8",
+                "glm5-ep8",
+                "deepseek-v3-tp8",
+                "qwen3-30b-a3b-tp8",
+                "mixtral-tp8",
+                "mixtral-ep8",
+            ]
+            .contains(n)
         }) {
             let Ok(r) = default_routes(family, a_type, &shape, total, sms) else { continue };
             for (_, _, c) in r {
