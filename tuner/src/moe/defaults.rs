@@ -132,7 +132,8 @@ fn template(
 ///
 /// A layer whose K no streamed kernel takes gets the tiled configuration nearest to the narrowed
 /// template (Qwen3-235B TP8 down at B = 1: 64-row instead of 128-row tiles, 1.01x faster).
-/// Measured on an H100 without a table (`results/h100/grouped-defaults.md`).
+/// Measured on an H100 without a table (`results/h100/grouped-defaults.md`) and on an H200
+/// (`results/h200/bench-moe-recheck.md`).
 fn fit_down_template(
     t: GroupedConfig,
     shape: &MoeShape,
