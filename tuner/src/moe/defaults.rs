@@ -46,9 +46,10 @@ pub fn default_routes(
     let mut out = Vec::with_capacity(2 * DEFAULT_BUCKETS.len());
     for op in MoeOp::ALL {
         let space = search_space_for(family, a_type, op, shape);
+        let streamed = space.iter().any(|c| !c.tiled);
         for tokens in DEFAULT_BUCKETS {
             let routed = Routed::new(shape, experts_total, tokens);
-            let t = template(family, a_type, op, shape, &routed, sm_count);
+            let t = template(family, a_type, op, shape, &routed, sm_count, streamed);
             out.push((op, tokens, nearest(&t, &space)));
         }
     }
@@ -91,7 +92,8 @@ impl Routed {
     }
 }
 
-/// The configuration a bucket starts from (not necessarily legal for `shape`).
+/// The configuration a bucket starts from (not necessarily legal for `shape`); `streamed`: the
+/// layer's space for `op` has streamed kernels (its K is one they take).
 fn template(
     family: Family,
     a_type: AType,
@@ -99,16 +101,17 @@ fn template(
     shape: &MoeShape,
     routed: &Routed,
     sm_count: u32,
+    streamed: bool,
 ) -> GroupedConfig {
     match family {
         Family::Sm90 => {
             let t = sm90_template(a_type, op, routed.per_expert);
-            fit_gate_up_template(
-                fit_down_template(t, shape, routed, sm_count),
-                shape,
-                routed,
-                sm_count,
-            )
+            let t = fit_down_template(t, shape, routed, sm_count, streamed);
+            if streamed {
+                fit_gate_up_template(t, shape, routed, sm_count)
+            } else {
+                t
+            }
         }
         Family::Sm120 => sm120_template(op, shape, routed, sm_count),
     }
@@ -121,14 +124,18 @@ fn template(
 /// its 32 at B = 2) would run 50-200 CTAs of 128 rows over a K of 1792 or 2048. So:
 /// - half the rows per CTA at 16 rows per warp, until the CTAs of the expected active experts
 ///   are at least twice the SMs or the tile has 32 rows;
-/// - where even 64-row tiles would give fewer CTAs than twice the SMs and the K takes more than
-///   one pass: the whole K in one pass, split over 2 or 4 warps until an SM holds about 6 warps
-///   (each keeping at least 4 chunks of 128 k), and for W4A16 the warp ring that runs on across
-///   tiles with the activations in it (4 stages at 2 CTAs per SM, the persistent walk): the form
-///   of the fastest Mixtral TP8 down kernel at B = 1 (`m8n32k1792_w2x2_pf4_s1_o2_walk4`) and of
-///   the H200 EP8 table's W4A16 down picks at B = 1 and 2;
-/// - otherwise a register ring of two stages where a tile's K takes more than one pass (one
-///   stage leaves a warp without a load in flight while it computes).
+/// - where the layer has streamed kernels (`streamed`), even 64-row tiles would give fewer CTAs
+///   than twice the SMs and the K takes more than one pass of the template: the whole K in one
+///   pass, over 2 warps along K where an SM would hold fewer than about 6 warps (the down
+///   spaces' most; each warp keeps whole chunks of 128 k, at least 4), and for W4A16 the warp
+///   ring that runs on across tiles with the activations in it (`pf`, 4 stages at 2 CTAs per SM,
+///   the persistent walk; where 4 stages divide a warp's chunks the space has the `pa` form
+///   instead and the nearest is `pf5`): the form of the fastest Mixtral TP8 down kernel at B = 1
+///   (`m8n32k1792_w2x2_pf4_s1_o2_walk4`) and of the H200 EP8 table's W4A16 down picks at B = 1
+///   and 2;
+/// - a register ring of two stages where the K takes more than one pass of the template (W4A4
+///   also where it is then taken whole: one stage leaves a warp without a load in flight while
+///   it computes).
 ///
 /// A layer whose K no streamed kernel takes gets the tiled configuration nearest to the narrowed
 /// template (Qwen3-235B TP8 down at B = 1: 64-row instead of 128-row tiles, 1.01x faster).
@@ -139,6 +146,7 @@ fn fit_down_template(
     shape: &MoeShape,
     routed: &Routed,
     sm_count: u32,
+    streamed: bool,
 ) -> GroupedConfig {
     if t.op != MoeOp::Down || t.tiled || t.block_m != 8 {
         return t;
@@ -152,12 +160,11 @@ fn fit_down_template(
         c.warps_n = c.block_n / 16;
     }
     let passes = k > c.block_k;
-    if passes && c.block_n == 32 && ctas(64) < 2.0 * sms {
+    if streamed && passes && c.block_n == 32 && ctas(64) < 2.0 * sms {
         c.block_k = k;
-        let warps_per_sm =
-            |c: &GroupedConfig| ctas(c.block_n) * f64::from(c.warps_n * c.warps_k) / sms;
-        while warps_per_sm(&c) < 6.0 && c.warps_k < 4 && k / (2 * c.warps_k) >= 4 * 128 {
-            c.warps_k *= 2;
+        let warps_per_sm = ctas(c.block_n) * f64::from(c.warps_n * c.warps_k) / sms;
+        if warps_per_sm < 6.0 && c.warps_k == 1 && k % 256 == 0 && k / 2 >= 4 * 128 {
+            c.warps_k = 2;
         }
         if c.a_type == AType::Bf16 {
             (c.warp_ring, c.a_smem, c.flow) = super::seeds::PF;
@@ -171,7 +178,7 @@ fn fit_down_template(
 }
 
 /// A W4A16 streamed gate_up template of a decode step (8-row tiles of 32 weight rows) adapted to
-/// a layer whose step gives fewer CTAs than SMs: where the expected active experts' n-tiles of 32
+/// a layer with streamed kernels whose step gives fewer CTAs than SMs: where the expected active experts' n-tiles of 32
 /// rows would leave a fifth of the SMs without one, 16 weight rows per CTA, 4 warps along K of one
 /// chunk per pass each, a warp ring of 4 stages with the activations in it at 4 CTAs per SM
 /// (`m8n16k512_w1x4_pa4_s1_o4_walk2`). The sm90 rows come from GLM-5 TP8 (N = 512: about 126
@@ -179,7 +186,8 @@ fn fit_down_template(
 /// 93, Qwen3-Next (N = 128, 10 of 512) about 40. That kernel was the fastest measured at B = 1
 /// on Qwen3-235B, Qwen3-30B-A3B and GLM-4.5-Air TP8 (`results/h100/grouped-defaults.md`); the
 /// H100 tunes of Qwen3-Next and DeepSeek-V3 TP8 (`results/h100/heldout-*`) pick 16-row tiles
-/// there too.
+/// there too. On a K whose passes of 512 do not come in multiples of 4 per warp (a hidden size
+/// of 5120 or 1536), the nearest member of the space has fewer stages (unmeasured).
 fn fit_gate_up_template(
     t: GroupedConfig,
     shape: &MoeShape,

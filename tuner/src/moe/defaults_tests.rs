@@ -161,7 +161,7 @@ fn an_expert_parallel_layer_takes_the_rows_per_expert_of_the_whole_model() {
             for b in DEFAULT_BUCKETS {
                 let tp8 = Routed::new(&MoeShape::GLM5_TP8, 256, b);
                 let t = sm90_template(a_type, op, tp8.per_expert);
-                let t = fit_down_template(t, &ep8, &Routed::new(&ep8, 256, b), SM90_SMS);
+                let t = fit_down_template(t, &ep8, &Routed::new(&ep8, 256, b), SM90_SMS, true);
                 assert_eq!(at(256, a_type, op, b), nearest(&t, &space), "{a_type} {op} B = {b}");
             }
         }
@@ -219,9 +219,38 @@ fn a_step_of_few_experts_gets_narrower_down_tiles() {
         let tp8 = Routed::new(&MoeShape::GLM5_TP8, 256, b);
         for a_type in [AType::Bf16, AType::Nvfp4] {
             let t = sm90_template(a_type, MoeOp::Down, tp8.per_expert);
-            let fitted = fit_down_template(t, &MoeShape::GLM5_TP8, &tp8, SM90_SMS);
+            let fitted = fit_down_template(t, &MoeShape::GLM5_TP8, &tp8, SM90_SMS, true);
             assert_eq!(fitted, t, "{a_type} B = {b}");
         }
+    }
+}
+
+/// The whole-K form splits the K over 2 warps only where each keeps whole chunks (K = 1408 is 11
+/// chunks: one warp), and a layer without streamed kernels for the op (K = 2880, not a multiple
+/// of 128) keeps the narrowed template's ring: its tiled default is the one nearest to it.
+#[test]
+fn the_whole_k_form_keeps_to_whole_chunks_and_streamed_layers() {
+    let fit = |shape: &MoeShape, total, b, streamed| {
+        let routed = Routed::new(shape, total, b);
+        let t = sm90_template(AType::Bf16, MoeOp::Down, routed.per_expert);
+        fit_down_template(t, shape, &routed, SM90_SMS, streamed)
+    };
+    let ep8 = MoeShape::GLM5_EP8;
+    let c = fit(&ep8, 256, 1, true);
+    assert_eq!((c.block_k, c.warps_k, c.flow), (2048, 2, true), "{c}");
+    // 16 local of 128 experts, K = 1408 (GLM-4.5-Air's experts over 8 GPUs by experts)
+    let k1408 = MoeShape { hidden: 4096, inter: 1408, experts: 16, top_k: 8 };
+    let c = fit(&k1408, 128, 1, true);
+    assert_eq!((c.block_k, c.warps_k, c.flow), (1408, 1, true), "{c}");
+    // 16 local of 128 experts of 2880 x 2880 (gpt-oss's over 8 GPUs by experts): tiled only
+    let k2880 = MoeShape { hidden: 2880, inter: 2880, experts: 16, top_k: 4 };
+    let c = fit(&k2880, 128, 1, false);
+    assert_eq!((c.block_k, c.warps_k, c.flow, c.depth), (256, 1, false, 2), "{c}");
+    let space = search_space_for(Family::Sm90, AType::Bf16, MoeOp::Down, &k2880);
+    assert!(space.iter().all(|c| c.tiled));
+    let r = default_routes(Family::Sm90, AType::Bf16, &k2880, 128, SM90_SMS).unwrap();
+    for (op, b, d) in r.into_iter().filter(|x| x.1 <= 8) {
+        assert_eq!(d.depth, 3, "{op} B = {b}: {d}");
     }
 }
 
@@ -236,7 +265,7 @@ fn a_gate_up_step_of_few_ctas_gets_16_row_tiles() {
     let qwen3_235b = MoeShape { hidden: 4096, inter: 192, experts: 128, top_k: 8 };
     let c = gate_up(AType::Bf16, &qwen3_235b, 1);
     assert_eq!(c.name(), "moe_gate_up_m8n16k512_w1x4_pa4_s1_o4_walk2");
-    // B = 2: 14 of 128 experts x 12 n-tiles of 32 rows, more CTAs than SMs
+    // B = 2: about 15 of 128 experts x 12 n-tiles of 32 rows, more CTAs than SMs
     assert_eq!(gate_up(AType::Bf16, &qwen3_235b, 2).block_n, 32);
     let qwen3_next = MoeShape { hidden: 2048, inter: 64, experts: 512, top_k: 10 };
     assert_eq!(gate_up(AType::Bf16, &qwen3_next, 2).block_n, 16);
