@@ -309,9 +309,10 @@ pub fn tune_phase(
     );
     let (entries, logs) = tune_moe(&gpu, &compiler, &launcher, &spec, read_gbps, &|e| match e {
         MoeTuneEvent::Key { .. } => {}
-        MoeTuneEvent::Chosen { entry, screened, failed } => {
+        MoeTuneEvent::Chosen { entry, screened, failed, spilled } => {
+            let failed = failed_phrase(failed, spilled);
             let _ = outln!(
-            "[{:>6.1}s] {}: {screened} screened ({failed} failed), {} {:.2} us (skewed {:.2} us), {:.0}% of roofline",
+            "[{:>6.1}s] {}: {screened} screened ({failed}), {} {:.2} us (skewed {:.2} us), {:.0}% of roofline",
             started.elapsed().as_secs_f64(),
             entry.key,
             entry.config,
@@ -394,4 +395,25 @@ pub fn tune_phase(
         path.display(),
         log_path.display()
     )
+}
+
+/// "2 failed", "2 failed: spilling kernels", "3 failed, 2 of them spilling kernels": how many
+/// of a key's screened candidates failed, and how many of those because their kernel spills.
+fn failed_phrase(failed: usize, spilled: usize) -> String {
+    match spilled {
+        0 => format!("{failed} failed"),
+        s if s == failed => format!("{failed} failed: spilling kernels"),
+        s => format!("{failed} failed, {s} of them spilling kernels"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn failed_phrase_says_how_many_failures_spill() {
+        assert_eq!(super::failed_phrase(0, 0), "0 failed");
+        assert_eq!(super::failed_phrase(2, 0), "2 failed");
+        assert_eq!(super::failed_phrase(2, 2), "2 failed: spilling kernels");
+        assert_eq!(super::failed_phrase(3, 2), "3 failed, 2 of them spilling kernels");
+    }
 }

@@ -150,8 +150,19 @@ pub fn first_pools(family: Family, spec: &MoeTuneSpec) -> Vec<GroupedConfig> {
 /// Progress for the caller to show.
 #[derive(Debug, Clone)]
 pub enum MoeTuneEvent {
-    Key { index: usize, total: usize, key: MoeKey },
-    Chosen { entry: MoeEntry, screened: usize, failed: usize },
+    Key {
+        index: usize,
+        total: usize,
+        key: MoeKey,
+    },
+    /// A key's entry; `failed` of its `screened` candidates failed, `spilled` of them because
+    /// their kernel spills registers to local memory (ptxas's report on this machine).
+    Chosen {
+        entry: MoeEntry,
+        screened: usize,
+        failed: usize,
+        spilled: usize,
+    },
 }
 
 /// The routing seed of bucket B (recorded in the entry).
@@ -342,11 +353,13 @@ pub fn tune_moe(
                 roofline_fraction: bytes as f64 / (read_gbps * 1e3) / t.median,
                 experts_total: Some(spec.experts_total),
             };
-            let failed = screened.iter().filter(|m| m.median().is_none()).count();
+            let failed: Vec<_> = screened.iter().filter(|m| m.median().is_none()).collect();
+            let spilled = failed.iter().filter(|m| m.ptxas.is_some_and(|p| p.spills())).count();
             progress(MoeTuneEvent::Chosen {
                 entry: entry.clone(),
                 screened: screened.len(),
-                failed,
+                failed: failed.len(),
+                spilled,
             });
             carried[oi] = Some(entry.config);
             chosen.push(GroupedKernel::load(gpu, compiler, entry.config)?);
