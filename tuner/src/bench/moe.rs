@@ -757,8 +757,8 @@ pub use layer::{measure_layer, LayerTimes};
 #[path = "moe_run.rs"]
 mod run;
 pub use run::{
-    run_moe_bench, run_moe_bench_for, runs_as_itself, screen_candidates, spread, FamilyDefaults,
-    MoeBenchPlan, MoeProgress, MoeRow, OpLog, DEFAULT_IMPL,
+    run_moe_bench, run_moe_bench_for, runs_as_itself, screen_candidates, spread, with_default,
+    FamilyDefaults, MoeBenchPlan, MoeProgress, MoeRow, OpLog, DEFAULT_IMPL,
 };
 
 #[path = "moe_loop.rs"]

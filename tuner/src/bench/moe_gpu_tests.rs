@@ -77,10 +77,7 @@ fn run_step(
         // table has no entry for the layer
         let layer = (&step.shape, step.experts_total);
         let defaults = super::FamilyDefaults::new(family, a_type, layer, gpu.info().sm_count);
-        let default = defaults.at(op, step.tokens);
-        if let Some(c) = default.filter(|c| !space.contains(c)) {
-            space.push(c);
-        }
+        let space = super::with_default(space, defaults.at(op, step.tokens));
         assert!(!space.is_empty(), "{step:?} {op}: empty {a_type} space");
         let measured =
             measure_op(gpu, compiler, &policy, launcher, &d, op, &space, chosen.first()).unwrap();

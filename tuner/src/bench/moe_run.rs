@@ -171,6 +171,18 @@ impl FamilyDefaults {
     }
 }
 
+/// `screen` with a layer's family default (`FamilyDefaults::at`, filtered by the caller) added
+/// where it lacks it, whatever the screen's size rules: a screen measures what the runtime runs.
+pub fn with_default(
+    mut screen: Vec<GroupedConfig>,
+    default: Option<GroupedConfig>,
+) -> Vec<GroupedConfig> {
+    if let Some(c) = default.filter(|c| !screen.contains(c)) {
+        screen.push(c);
+    }
+    screen
+}
+
 /// Every candidate measured for one (set, tokens, op).
 pub type OpLog = (String, u32, MoeOp, Vec<Measured>);
 
@@ -247,7 +259,7 @@ pub fn run_moe_bench_for(
             d.check_schedule(gpu, &launcher)?;
             let mut chosen: Vec<GroupedKernel> = Vec::new();
             for op in MoeOp::ALL {
-                let mut space = screen_candidates(
+                let screen = screen_candidates(
                     (family, a_type, op),
                     &d.schedule,
                     shape,
@@ -257,9 +269,7 @@ pub fn run_moe_bench_for(
                 );
                 // the family default the runtime launches for a layer outside the table
                 let default = defaults.at(op, tokens).filter(|c| plan.keeps(c));
-                if let Some(c) = default.filter(|c| !space.contains(c)) {
-                    space.push(c);
-                }
+                let space = with_default(screen, default);
                 let measured = measure_op(
                     gpu,
                     compiler,

@@ -8,8 +8,8 @@
 //! skewed time, then the next one).
 
 use crate::bench::moe::{
-    measure_op, roofline_bytes_for, runs_as_itself, screen_candidates, FamilyDefaults, Measured,
-    MoeBenchError, MoeStep, Outcome, StepData,
+    measure_op, roofline_bytes_for, runs_as_itself, screen_candidates, with_default,
+    FamilyDefaults, Measured, MoeBenchError, MoeStep, Outcome, StepData,
 };
 use crate::bench::moe_weights::LayerWeights;
 use crate::bench::TimingPolicy;
@@ -105,7 +105,7 @@ impl MoeTuneSpec {
         op: MoeOp,
         extra: &[GroupedConfig],
     ) -> Vec<GroupedConfig> {
-        let mut space = screen_candidates(
+        let screen = screen_candidates(
             (family, self.a_type, op),
             schedule,
             &self.shape,
@@ -113,12 +113,8 @@ impl MoeTuneSpec {
             extra,
             |_| true,
         );
-        let default = defaults.at(op, tokens);
-        let runs = |c: &GroupedConfig| runs_as_itself(c, &self.shape, schedule);
-        if let Some(c) = default.filter(|c| runs(c) && !space.contains(c)) {
-            space.push(c);
-        }
-        space
+        let default = defaults.at(op, tokens).filter(|c| runs_as_itself(c, &self.shape, schedule));
+        with_default(screen, default)
     }
 }
 
