@@ -30,6 +30,7 @@
 pub mod config;
 pub mod defaults;
 pub mod epilogue;
+pub mod layer;
 pub mod order;
 pub mod reference;
 pub mod schedule;
