@@ -18,28 +18,6 @@ namespace moe {
 
 constexpr int FINALIZE_THREADS = 256;
 
-// One slot of the weighted sum over 8 consecutive columns: acc[j] = fma(w, column j of v, acc[j])
-// (v: 8 bf16). Every form of the sum (this kernel's, the fused decode layer's in moe/layer.cuh)
-// adds the slots in slot order through it, so all give the same bits.
-__device__ __forceinline__ void accumulate_slot(float (&acc)[8], float w, const uint4& v) {
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        acc[2 * j] = __fmaf_rn(w, __uint_as_float(words[j] << 16), acc[2 * j]);
-        acc[2 * j + 1] = __fmaf_rn(w, __uint_as_float(words[j] & 0xffff0000u), acc[2 * j + 1]);
-    }
-}
-
-// The 8 sums as bf16, in column order.
-__device__ __forceinline__ uint4 pack_sum(const float (&acc)[8]) {
-    uint32_t out[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        out[j] = static_cast<uint32_t>(float_to_bf16_bits(acc[2 * j])) |
-                 (static_cast<uint32_t>(float_to_bf16_bits(acc[2 * j + 1])) << 16);
-    return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
 template <int SLOT_GROUP>
 __device__ __forceinline__ void moe_finalize(const FinalizeParams& p) {
     static_assert(SLOT_GROUP >= 1 && SLOT_GROUP <= 8, "slot groups of 1 to 8");
@@ -64,10 +42,20 @@ __device__ __forceinline__ void moe_finalize(const FinalizeParams& p) {
 #pragma unroll
         for (int s = 0; s < SLOT_GROUP; ++s) {
             if (pos[s] < 0) continue;
-            accumulate_slot(acc, w[s], v[s]);
+            const uint32_t words[4] = {v[s].x, v[s].y, v[s].z, v[s].w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                acc[2 * j] = __fmaf_rn(w[s], __uint_as_float(words[j] << 16), acc[2 * j]);
+                acc[2 * j + 1] = __fmaf_rn(w[s], __uint_as_float(words[j] & 0xffff0000u), acc[2 * j + 1]);
+            }
         }
     }
-    *reinterpret_cast<uint4*>(p.y + static_cast<size_t>(t) * p.n + c) = pack_sum(acc);
+    uint32_t out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        out[j] = static_cast<uint32_t>(float_to_bf16_bits(acc[2 * j])) |
+                 (static_cast<uint32_t>(float_to_bf16_bits(acc[2 * j + 1])) << 16);
+    *reinterpret_cast<uint4*>(p.y + static_cast<size_t>(t) * p.n + c) = make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 }  // namespace moe

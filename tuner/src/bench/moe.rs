@@ -46,8 +46,6 @@ pub enum MoeBenchError {
     Finalize(usize),
     #[error("the layer's quantized X differs from the CPU quantizer: {0}")]
     QuantizedX(String),
-    #[error("the fused decode layer {0}")]
-    Fused(String),
     #[error("preparing the W4A4 step: {0}")]
     Format(#[from] crate::format::FormatError),
     #[error("no verified {0} candidate: {1}")]
@@ -754,13 +752,13 @@ enum RoutingLaunch {
 #[path = "moe_layer.rs"]
 mod layer;
 use layer::check_quantized_x;
-pub use layer::{measure_layer, FusedPair, LayerTimes};
+pub use layer::{measure_layer, LayerTimes};
 
 #[path = "moe_run.rs"]
 mod run;
 pub use run::{
     run_moe_bench, run_moe_bench_for, runs_as_itself, screen_candidates, spread, with_default,
-    FamilyDefaults, MoeBenchPlan, MoeProgress, MoeRow, OpLog, DEFAULT_IMPL, FUSED_LAYER_IMPL,
+    FamilyDefaults, MoeBenchPlan, MoeProgress, MoeRow, OpLog, DEFAULT_IMPL,
 };
 
 #[path = "moe_loop.rs"]

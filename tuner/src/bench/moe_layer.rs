@@ -2,7 +2,6 @@
 //! and (W4A4) the X it quantized, are checked against the CPU.
 
 use super::*;
-use crate::runtime::moe::FusedLayerKernel;
 
 /// The workspace's X (`host`, downloaded) is the CPU quantizer's, codes and every scale byte
 /// (padding included).
@@ -22,61 +21,12 @@ pub(super) fn check_quantized_x(
     Ok(())
 }
 
-/// A layer's fused decode kernel and the two grouped kernels of its own configurations, whose
-/// four-launch layer gives the bits the fused launch must give.
-#[derive(Debug, Clone, Copy)]
-pub struct FusedPair<'a> {
-    pub fused: &'a FusedLayerKernel,
-    pub gate_up: &'a GroupedKernel,
-    pub down: &'a GroupedKernel,
-}
-
-/// Y of the fused launch against the four-launch layer of the fused kernel's own pair, bit for
-/// bit, over three launches in a row (Y poisoned before each: every element written, the
-/// counters left zero for the next launch, the same bits each time).
-fn check_fused(
-    gpu: &Gpu,
-    launcher: &MoeLauncher<'_>,
-    d: &StepData,
-    args: &MoeArgs,
-    pair: FusedPair<'_>,
-) -> Result<(), MoeBenchError> {
-    let stream = gpu.own_stream();
-    gpu.fill_range(&d.y, 0..d.y.bytes(), 0xff)?;
-    // SAFETY: as in measure_op.
-    unsafe { launcher.layer(pair.gate_up, pair.down, args, &d.ws, stream) }?;
-    gpu.synchronize()?;
-    let want = gpu.download(&d.y)?;
-    for launch in 0..3 {
-        gpu.fill_range(&d.y, 0..d.y.bytes(), 0xff)?;
-        // SAFETY: as in measure_op.
-        unsafe { launcher.fused_layer(pair.fused, args, &d.ws, stream) }?;
-        gpu.synchronize()?;
-        let got = gpu.download(&d.y)?;
-        let bad = want.iter().zip(&got).filter(|(a, b)| a != b).count();
-        if bad > 0 {
-            let first = want.iter().zip(&got).position(|(a, b)| a != b).expect("bad > 0");
-            return Err(MoeBenchError::Fused(format!(
-                "{}: launch {} differs from the four-launch layer of its pair in {bad} of {} \
-                 output elements (first at {first}: {:#06x} instead of {:#06x})",
-                pair.fused.config,
-                launch + 1,
-                got.len(),
-                got[first],
-                want[first]
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Time the whole layer (align + gate_up + down + finalize; W4A4 with bf16 X also the
 /// quantization of X) with the given kernels, and the align (both forms) and finalize kernels
 /// alone (W4A4 with bf16 X: also the quantization of X alone and launched with the routing);
 /// checks finalize's output exactly against the CPU mirror and, for W4A4, the X the layer
 /// quantized byte for byte against the CPU quantizer (codes, and every scale byte padding
-/// included). With `fused`, also each fused decode layer, after its output matched the
-/// four-launch layer of its own pair bit for bit.
+/// included).
 pub fn measure_layer(
     gpu: &Gpu,
     policy: &TimingPolicy,
@@ -84,7 +34,6 @@ pub fn measure_layer(
     d: &StepData,
     gate_up: &GroupedKernel,
     down: &GroupedKernel,
-    fused: &[FusedPair<'_>],
 ) -> Result<LayerTimes, MoeBenchError> {
     let a_type = gate_up.config.a_type;
     let layer_args = |c: usize| {
@@ -117,9 +66,6 @@ pub fn measure_layer(
     if bad > 0 {
         return Err(MoeBenchError::Finalize(bad));
     }
-    for pair in fused {
-        check_fused(gpu, launcher, d, &args, *pair)?;
-    }
     let copies = d.copies13.max(d.copies2);
     let to_gpu = |e: RuntimeError| match e {
         RuntimeError::Gpu(g) => g,
@@ -148,26 +94,17 @@ pub fn measure_layer(
     // W4A4 with bf16 X: the quantization of X alone, and with the routing in one launch where
     // the layer takes that
     let quantizes = args.quantizes_x();
-    let quantize_fused = launcher.fused_quantize_ctas(&args, &d.ws).is_some();
+    let fused = launcher.fused_quantize_ctas(&args, &d.ws).is_some();
     if quantizes {
         launches.push(Box::new(move |_| {
             // SAFETY: as in measure_op; X is the step's bf16 X.
             unsafe { launcher.quantize_x(&args, &d.ws, stream) }.map_err(to_gpu)
         }));
     }
-    if quantize_fused {
+    if fused {
         launches.push(Box::new(move |_| {
             // SAFETY: as in measure_op; ids and X are the step's.
             unsafe { launcher.align_quantize_x(&args, &d.ws, stream) }.map_err(to_gpu)
-        }));
-    }
-    for &pair in fused {
-        let all_copies: Vec<MoeArgs> =
-            (0..copies).map(layer_args).collect::<Result<Vec<_>, MoeBenchError>>()?;
-        launches.push(Box::new(move |i| {
-            // SAFETY: as in measure_op; weight copy i % copies lies inside the weight buffers.
-            unsafe { launcher.fused_layer(pair.fused, &all_copies[i % copies], &d.ws, stream) }
-                .map_err(to_gpu)
         }));
     }
     let mut t = measure(gpu, policy, copies, launches)
@@ -179,16 +116,12 @@ pub fn measure_layer(
         align_chunked: t.next().unwrap()?,
         finalize: t.next().unwrap()?,
         quantize_x: if quantizes { Some(t.next().unwrap()?) } else { None },
-        align_quantize_x: if quantize_fused { Some(t.next().unwrap()?) } else { None },
-        fused: fused
-            .iter()
-            .map(|p| Ok((p.fused.config.name(), t.next().unwrap()?)))
-            .collect::<Result<_, MoeBenchError>>()?,
+        align_quantize_x: if fused { Some(t.next().unwrap()?) } else { None },
     })
 }
 
 /// Times of the whole layer and of its fixed kernels.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LayerTimes {
     pub layer: Summary,
     /// moe_align in both forms (`AlignForm`); the layer takes `AlignForm::for_ids`'s.
@@ -199,7 +132,4 @@ pub struct LayerTimes {
     /// launch where the layer takes that (`MoeLauncher::fused_quantize_ctas`).
     pub quantize_x: Option<Summary>,
     pub align_quantize_x: Option<Summary>,
-    /// Each fused decode layer timed (`moe::layer`; its name), where the step takes it.
-    #[serde(default)]
-    pub fused: Vec<(String, Summary)>,
 }

@@ -188,7 +188,6 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
     let is_own_peer = |r: &&MoeRow| {
         r.implementation == super::moe::moe_loop::IMPL
             || r.implementation == super::moe::DEFAULT_IMPL
-            || r.implementation == super::moe::FUSED_LAYER_IMPL
             || r.implementation == default_w4a4
     };
     let peers: Vec<MoeRow> = peers.iter().chain(rows.iter().filter(is_own_peer)).cloned().collect();

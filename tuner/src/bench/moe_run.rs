@@ -3,8 +3,6 @@
 //! best of each, align and finalize alone, and the per-expert loop peer (a child of `moe.rs`).
 
 use super::*;
-use crate::moe::layer::LayerConfig;
-use crate::runtime::moe::FusedLayerKernel;
 
 /// What `fp4tune bench --moe` measures.
 #[derive(Debug, Clone)]
@@ -133,9 +131,6 @@ pub fn screen_candidates(
 /// The implementation name of the benchmark's rows of the family default (`moe::defaults`: what a
 /// layer the table has no entries for runs), W4A4's with the `_w4a4` suffix.
 pub const DEFAULT_IMPL: &str = "fp4tune_default";
-/// The implementation name of the fused decode layer's rows (`moe::layer`; W4A16, the steps
-/// the runtime launches it for).
-pub const FUSED_LAYER_IMPL: &str = "fp4tune_layer_fused";
 
 /// The family defaults of one layer (`moe::defaults`): what a dispatcher whose table has no
 /// entries for the layer launches, built once and picked per token count by the runtime's route.
@@ -339,33 +334,7 @@ pub fn run_moe_bench_for(
                 chosen.push(GroupedKernel::load(gpu, compiler, top.config)?);
                 logs.push((label.clone(), tokens, op, measured));
             }
-            // the fused decode layers the runtime picks from, where it launches one for this
-            // step: each checked against the four launches of its own pair of grouped kernels
-            let fused_configs = match (family, a_type) {
-                (crate::template::Family::Sm90, AType::Bf16)
-                    if LayerConfig::takes(shape, tokens) =>
-                {
-                    LayerConfig::candidates(shape)
-                }
-                _ => Vec::new(),
-            };
-            let fused_kernels = fused_configs
-                .iter()
-                .map(|&c| {
-                    let (gate_up, down) = c.four_launch_pair();
-                    Ok((
-                        FusedLayerKernel::load(gpu, compiler, c)?,
-                        GroupedKernel::load(gpu, compiler, gate_up)?,
-                        GroupedKernel::load(gpu, compiler, down)?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, RuntimeError>>()?;
-            let fused: Vec<FusedPair<'_>> = fused_kernels
-                .iter()
-                .map(|(fused, gate_up, down)| FusedPair { fused, gate_up, down })
-                .collect();
-            let layer =
-                measure_layer(gpu, &plan.policy, &launcher, &d, &chosen[0], &chosen[1], &fused)?;
+            let layer = measure_layer(gpu, &plan.policy, &launcher, &d, &chosen[0], &chosen[1])?;
             let both: u64 = MoeOp::ALL
                 .iter()
                 .map(|&op| roofline_bytes_for(shape, op, a_type, &d.schedule, tokens))
@@ -382,18 +351,7 @@ pub fn run_moe_bench_for(
                 (quantize, layer.quantize_x, 0.0),
                 (fused, layer.align_quantize_x, 0.0),
             ];
-            // the fused layers fastest first (the report's column takes the first)
-            let fused_name = format!("{FUSED_LAYER_IMPL}{suffix}");
-            let mut fused_times = layer.fused.clone();
-            fused_times.sort_by(|a, b| a.1.median.total_cmp(&b.1.median));
-            let fixed = fixed.into_iter().map(|(n, t, r)| (n, t, r, String::new())).chain(
-                fused_times.into_iter().map(|(config, t)| {
-                    (fused_name.as_str(), Some(t), both as f64 / (read_gbps * 1e3), config)
-                }),
-            );
-            for (name, t, roof, fused_config) in
-                fixed.filter_map(|(n, t, r, c)| Some((n, t?, r, c)))
-            {
+            for (name, t, roof) in fixed.into_iter().filter_map(|(n, t, r)| Some((n, t?, r))) {
                 rows.push(MoeRow {
                     set: label.clone(),
                     op: "moe_layer".into(),
@@ -406,8 +364,6 @@ pub fn run_moe_bench_for(
                     implementation: name.into(),
                     config: if name == layer_name {
                         format!("{} + {}", chosen[0].config, chosen[1].config)
-                    } else if name == fused_name {
-                        fused_config
                     } else {
                         String::new()
                     },

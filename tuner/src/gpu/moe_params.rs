@@ -95,36 +95,6 @@ pub struct MoeGroupedSm120Params {
 // SAFETY: as MoeAlignParams.
 unsafe impl DeviceRepr for MoeGroupedSm120Params {}
 
-/// `fp4tune::moe::LayerParams` (templates/moe/layer.cuh): the fused decode layer's routing,
-/// activations, both projections' weights, the workspace's H, per-row outputs and counters, the
-/// output, and six ints (13 pointers, 6 ints: 128 bytes; the instantiation asserts the size).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct MoeLayerParams {
-    pub topk_ids: u64,
-    pub topk_weights: u64,
-    pub x: u64,
-    pub w13: u64,
-    pub w13_sf: u64,
-    pub alpha13: u64,
-    pub w2: u64,
-    pub w2_sf: u64,
-    pub alpha2: u64,
-    pub h: u64,
-    pub y_rows: u64,
-    pub y: u64,
-    pub counters: u64,
-    pub tokens: i32,
-    pub top_k: i32,
-    pub expert_begin: i32,
-    pub experts: i32,
-    pub hidden: i32,
-    pub inter: i32,
-}
-
-// SAFETY: as MoeAlignParams.
-unsafe impl DeviceRepr for MoeLayerParams {}
-
 /// `fp4tune::moe::FinalizeParams`: 4 pointers, 3 ints (44 bytes, padded to 48).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

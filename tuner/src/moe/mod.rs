@@ -30,7 +30,6 @@
 pub mod config;
 pub mod defaults;
 pub mod epilogue;
-pub mod layer;
 pub mod order;
 pub mod reference;
 pub mod schedule;

@@ -128,9 +128,6 @@ pub const SM120_TEMPLATES: &[&str] =
 /// table entry times them and no projection kernel includes them; a change of them needs the GPU
 /// suite and a new benchmark, not a re-tune.
 pub const FIXED_KERNEL_TEMPLATES: &[&str] = &["moe/align.cuh", "moe/finalize.cuh", "moe/order.cuh"];
-/// The fused decode layer (`moe::layer`): built on the sm90 grouped pieces and finalize's sum,
-/// outside the grouped hashes (no table entry times it; the runtime picks it by rule).
-pub const LAYER_TEMPLATES: &[&str] = &["moe/layer.cuh"];
 
 /// Hex SHA-256 of the templates the sm90 grouped kernels are built from (what the `moe` entries
 /// of a table measured on SM90 record as `moe_template_hash`; `Table::current_moe_template_hash`
@@ -201,9 +198,8 @@ mod tests {
             assert!(
                 covered(SM90_TEMPLATES, path)
                     || covered(SM120_TEMPLATES, path)
-                    || FIXED_KERNEL_TEMPLATES.contains(path)
-                    || LAYER_TEMPLATES.contains(path),
-                "{path} is in no grouped hash and not a fixed kernel's or the fused layer's"
+                    || FIXED_KERNEL_TEMPLATES.contains(path),
+                "{path} is in no grouped hash and not a fixed kernel's"
             );
         }
         assert!(

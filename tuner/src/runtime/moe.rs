@@ -229,11 +229,8 @@ fn finalize_ctas_per_sm(registers: u32, (sm_threads, sm_registers): (u32, u32)) 
 #[path = "moe_args.rs"]
 mod args;
 pub use args::{max_tokens_of, MoeArgs, MoeWorkspace, WorkspaceLayout};
-#[path = "moe_fused.rs"]
-mod fused;
 #[path = "moe_routes.rs"]
 mod routes;
-pub use fused::FusedLayerKernel;
 pub use routes::{nearest_bucket, MoeOps, MoeRoutes, MoeRuntime};
 
 /// The routing kernels' parameters for `args` over `ws` (tile lists from list 0).

@@ -31,8 +31,6 @@ pub struct WorkspaceLayout {
     pub split_partial_floats: usize,
     pub split_counters: usize,
     pub split_counter_words: usize,
-    /// The fused decode layer's counters (`moe::layer::counter_words`, zero between launches).
-    pub layer_counters: usize,
     pub bytes: usize,
 }
 
@@ -71,7 +69,6 @@ impl WorkspaceLayout {
         };
         let split_partials = region(split_partial_floats * 4);
         let split_counters = region(split_counter_words * 4);
-        let layer_counters = region(crate::moe::layer::counter_words(shape.hidden) as usize * 4);
         WorkspaceLayout {
             max_tokens,
             max_tiles,
@@ -91,7 +88,6 @@ impl WorkspaceLayout {
             split_partial_floats,
             split_counters,
             split_counter_words,
-            layer_counters,
             bytes: at,
         }
     }
@@ -234,11 +230,6 @@ impl MoeWorkspace {
             l.split_partial_floats,
             l.split_counter_words,
         )
-    }
-
-    /// Device address of the fused layer's counters (`moe::layer::counter_words(hidden)` i32).
-    pub fn layer_counters(&self) -> u64 {
-        self.at(self.layout.layer_counters)
     }
 
     /// Device address of tile list `list` and of its count.

@@ -4,7 +4,6 @@
 //! layer's first workspace is created), and the operations an open dispatcher exposes.
 
 use super::*;
-use crate::moe::layer::LayerConfig;
 
 /// The kernels of one layer shape and activation type, chosen per token count: (bucket, index
 /// into `kernels`) per op, buckets ascending; a token count takes the nearest bucket in log scale
@@ -19,9 +18,6 @@ pub struct MoeRoutes {
     kernels: Vec<GroupedKernel>,
     gate_up: Vec<(u32, usize)>,
     down: Vec<(u32, usize)>,
-    /// The fused decode layer (`moe::layer`) of an sm90 W4A16 layer whose shape takes one;
-    /// steps of at most `LAYER_MAX_IDS` routed ids launch it instead of the four kernels.
-    pub fused: Option<FusedLayerKernel>,
 }
 
 impl MoeRoutes {
@@ -60,34 +56,9 @@ impl MoeRoutes {
                 configs.push(*c);
             }
         }
-        let fused_config = match (family, a_type) {
-            (Family::Sm90, AType::Bf16) => LayerConfig::default_for(&shape),
-            _ => None,
-        };
-        let mut sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
-        sources.extend(fused_config.map(|c| c.source()));
-        let mut compiled = compiler.compile_many(&sources);
-        let fused = match (fused_config, compiled.len() > configs.len()) {
-            (Some(c), true) => {
-                let r = compiled.pop().expect("the fused kernel's compile");
-                let loaded = r
-                    .map_err(|error| RuntimeError::Compile { config: c.name(), error })
-                    .and_then(|k| FusedLayerKernel::from_compiled(gpu, c, &k));
-                match loaded {
-                    Ok(k) => Some(k),
-                    Err(e) => {
-                        warnings.push(format!(
-                            "the fused decode layer of {shape} ({a_type}) did not load ({e}): its \
-                             small steps run the four launches"
-                        ));
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
+        let sources: Vec<_> = configs.iter().map(|c| c.source()).collect();
         let mut kernels = Vec::with_capacity(configs.len());
-        for ((c, src), r) in configs.iter().zip(&sources).zip(compiled) {
+        for ((c, src), r) in configs.iter().zip(&sources).zip(compiler.compile_many(&sources)) {
             let compiled = r.map_err(|error| RuntimeError::Compile {
                 config: src.kernel_name.clone(),
                 error,
@@ -105,15 +76,8 @@ impl MoeRoutes {
         }
         let index =
             |c: &GroupedConfig| configs.iter().position(|x| x == c).expect("collected above");
-        let mut routes = MoeRoutes {
-            shape,
-            a_type,
-            defaults_for: None,
-            kernels,
-            gate_up: vec![],
-            down: vec![],
-            fused,
-        };
+        let mut routes =
+            MoeRoutes { shape, a_type, defaults_for: None, kernels, gate_up: vec![], down: vec![] };
         for (op, bucket, config) in choices {
             let k = index(config);
             match op {
@@ -608,14 +572,6 @@ impl MoeOps<'_> {
         // a refused call leaves the workspace's record as it was; one that enqueues clears it
         // until every launch is in
         let launcher = self.launcher();
-        if let Some(fused) = r.fused.as_ref().filter(|_| LayerConfig::takes(&ws.shape, args.tokens))
-        {
-            launcher.check_fused(fused, args, ws)?;
-            // the fused layer writes no schedule into the workspace
-            ws.set_aligned(None);
-            // SAFETY: forwarded to the caller (see the function's contract).
-            return unsafe { launcher.fused_layer(fused, args, ws, stream) };
-        }
         launcher.check_layer(gate_up, down, args, ws)?;
         ws.set_aligned(None);
         // SAFETY: forwarded to the caller (see the function's contract).
