@@ -80,3 +80,20 @@ fn nvrtc_compiles_the_k_tail_form_without_spills() {
         }
     }
 }
+
+/// The GEMM units assert the size of the parameter block Rust passes (`gpu::GemmParams`): a unit
+/// whose expected size is off does not compile, and says which structs disagree.
+#[test]
+fn a_gemm_unit_refuses_a_parameter_block_of_another_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let compiler = Compiler::new(Some(dir.path().to_path_buf())).unwrap_or_else(|e| panic!("{e}"));
+    let c = measured_winners(AType::Bf16)[0];
+    let mut src = c.render().unwrap();
+    let size = std::mem::size_of::<crate::gpu::params::GemmParams>();
+    let assert = format!("sizeof(fp4tune::GemmParams) == {size}");
+    assert!(src.code.contains(&assert), "{}", src.code);
+    compiler.compile(&src).unwrap_or_else(|e| panic!("{c}: {e}"));
+    src.code = src.code.replace(&assert, &format!("sizeof(fp4tune::GemmParams) == {}", size + 8));
+    let e = compiler.compile(&src).unwrap_err().to_string();
+    assert!(e.contains("gpu::GemmParams (Rust) and templates/common/params.cuh disagree"), "{e}");
+}
