@@ -107,11 +107,7 @@ fn template(
         Family::Sm90 => {
             let t = sm90_template(a_type, op, routed.per_expert);
             let t = fit_down_template(t, shape, routed, sm_count, streamed);
-            if streamed {
-                fit_gate_up_template(t, shape, routed, sm_count)
-            } else {
-                t
-            }
+            fit_gate_up_template(t, shape, routed, sm_count, streamed)
         }
         Family::Sm120 => sm120_template(op, shape, routed, sm_count),
     }
@@ -178,7 +174,7 @@ fn fit_down_template(
 }
 
 /// A W4A16 streamed gate_up template of a decode step (8-row tiles of 32 weight rows) adapted to
-/// a layer with streamed kernels whose step gives fewer CTAs than SMs: where the expected active experts' n-tiles of 32
+/// a layer with streamed kernels (`streamed`) whose step gives fewer CTAs than SMs: where the expected active experts' n-tiles of 32
 /// rows would leave a fifth of the SMs without one, 16 weight rows per CTA, 4 warps along K of one
 /// chunk per pass each, a warp ring of 4 stages with the activations in it at 4 CTAs per SM
 /// (`m8n16k512_w1x4_pa4_s1_o4_walk2`). The sm90 rows come from GLM-5 TP8 (N = 512: about 126
@@ -193,9 +189,10 @@ fn fit_gate_up_template(
     shape: &MoeShape,
     routed: &Routed,
     sm_count: u32,
+    streamed: bool,
 ) -> GroupedConfig {
     let streamed_32 = !t.tiled && t.block_m == 8 && t.block_n == 32 && t.warps_n == 1;
-    if t.op != MoeOp::GateUp || t.a_type != AType::Bf16 || !streamed_32 {
+    if !streamed || t.op != MoeOp::GateUp || t.a_type != AType::Bf16 || !streamed_32 {
         return t;
     }
     let (n, _) = shape.nk(t.op);

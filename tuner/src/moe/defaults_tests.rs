@@ -273,14 +273,14 @@ fn a_gate_up_step_of_few_ctas_gets_16_row_tiles() {
         let tp8 = Routed::new(&MoeShape::GLM5_TP8, 256, b);
         for a_type in [AType::Bf16, AType::Nvfp4] {
             let t = sm90_template(a_type, MoeOp::GateUp, tp8.per_expert);
-            let fitted = fit_gate_up_template(t, &MoeShape::GLM5_TP8, &tp8, SM90_SMS);
+            let fitted = fit_gate_up_template(t, &MoeShape::GLM5_TP8, &tp8, SM90_SMS, true);
             assert_eq!(fitted, t, "{a_type} B = {b}");
         }
     }
     // W4A4: no rule (unmeasured); a fitted W4A4 template would keep its 32 rows
     let routed = Routed::new(&qwen3_235b, 128, 1);
     let t = sm90_template(AType::Nvfp4, MoeOp::GateUp, routed.per_expert);
-    assert_eq!(fit_gate_up_template(t, &qwen3_235b, &routed, SM90_SMS), t);
+    assert_eq!(fit_gate_up_template(t, &qwen3_235b, &routed, SM90_SMS, true), t);
 }
 
 /// A ring depth the layer's K does not take is replaced at the same stages in flight per SM: the

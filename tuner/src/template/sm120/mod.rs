@@ -256,7 +256,7 @@ pub fn instantiation(c: &GemmConfig) -> String {
          using Cfg = {cfg};\n\
          static_assert(Cfg::SMEM_BYTES == {smem}, \"shared-memory size of the template differs from sm120.rs::smem_bytes\");\n\
          static_assert(Cfg::THREADS == {threads}, \"thread count of the template differs from GemmConfig::threads\");\n\
-         static_assert(sizeof(fp4tune::GemmParams) == {params}, \"gpu::GemmParams (Rust) and templates/common/params.cuh disagree\");\n\
+         {params}\n\
          \n\
          extern \"C\" __global__ void __launch_bounds__({threads}) {name}(const fp4tune::GemmParams p) {{\n\
          \x20   fp4tune::sm120::gemm<Cfg{tail}>(p);\n\
@@ -266,7 +266,7 @@ pub fn instantiation(c: &GemmConfig) -> String {
         threads = c.threads(),
         name = c.kernel_name(),
         tail = if c.pipeline == Pipeline::KTail { ", true" } else { "" },
-        params = std::mem::size_of::<crate::gpu::params::GemmParams>(),
+        params = crate::template::gemm_params_assert(),
     )
 }
 

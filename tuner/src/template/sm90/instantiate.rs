@@ -53,14 +53,14 @@ pub fn instantiation(c: &GemmConfig) -> String {
          using Cfg = fp4tune::sm90::{cfg};\n\
          static_assert(Cfg::SMEM_BYTES == {smem}, \"Rust (template/sm90.rs smem_bytes) and {cfg_file} disagree on shared memory\");\n\
          static_assert(Cfg::THREADS == {threads}, \"Rust and {cfg_file} disagree on threads\");\n\
-         static_assert(sizeof(fp4tune::GemmParams) == {params}, \"gpu::GemmParams (Rust) and templates/common/params.cuh disagree\");\n\
+         {params}\n\
          extern \"C\" __global__ void __launch_bounds__({threads}, {min_ctas}){cluster} {kernel}(const fp4tune::GemmParams p) {{\n\
          \x20   fp4tune::sm90::{entry}<Cfg>(p);\n\
          }}\n",
         name = c.name(),
         kernel = c.kernel_name(),
         min_ctas = c.min_ctas,
-        params = std::mem::size_of::<crate::gpu::params::GemmParams>(),
+        params = crate::template::gemm_params_assert(),
     )
 }
 
