@@ -31,6 +31,7 @@ pub mod config;
 pub mod defaults;
 pub mod epilogue;
 pub mod order;
+pub mod prefetch;
 pub mod reference;
 pub mod schedule;
 pub mod seeds;
