@@ -291,11 +291,6 @@ impl StepData {
         gpu.download(&self.y)
     }
 
-    /// Poison Y (every bf16 a NaN) before a run whose output is compared.
-    pub fn poison_y(&self, gpu: &Gpu) -> Result<(), GpuError> {
-        gpu.fill_range(&self.y, 0..self.y.bytes(), 0xFF)
-    }
-
     fn ws_host(&self, gpu: &Gpu) -> Result<Vec<u8>, GpuError> {
         gpu.download(self.ws.buffer())
     }
@@ -757,7 +752,7 @@ enum RoutingLaunch {
 #[path = "moe_layer.rs"]
 mod layer;
 use layer::check_quantized_x;
-pub use layer::{measure_layer, LayerTimes, LAYER_PREFETCH_ROWS};
+pub use layer::{measure_layer, LayerTimes};
 
 #[path = "moe_run.rs"]
 mod run;

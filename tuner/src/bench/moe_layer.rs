@@ -2,7 +2,6 @@
 //! and (W4A4) the X it quantized, are checked against the CPU.
 
 use super::*;
-use crate::moe::prefetch::{Prefetch, DOWN, GATE_UP};
 
 /// The workspace's X (`host`, downloaded) is the CPU quantizer's, codes and every scale byte
 /// (padding included).
@@ -74,10 +73,9 @@ pub fn measure_layer(
     };
     let all_copies: Vec<MoeArgs> =
         (0..copies).map(layer_args).collect::<Result<Vec<_>, MoeBenchError>>()?;
-    let layer_copies = all_copies.clone();
     let layer = move |i: usize| {
         // SAFETY: as in measure_op; weight copy i % copies lies inside the weight buffers.
-        unsafe { launcher.layer(gate_up, down, &layer_copies[i % copies], &d.ws, stream) }
+        unsafe { launcher.layer(gate_up, down, &all_copies[i % copies], &d.ws, stream) }
     };
     let align = move |form| {
         // SAFETY: as in measure_op.
@@ -109,16 +107,6 @@ pub fn measure_layer(
             unsafe { launcher.align_quantize_x(&args, &d.ws, stream) }.map_err(to_gpu)
         }));
     }
-    // the layer under each other prefetch setting, the same copies
-    for &(_, prefetch) in LAYER_PREFETCH_ROWS {
-        let all_copies = all_copies.clone();
-        launches.push(Box::new(move |i| {
-            let a = &all_copies[i % copies];
-            // SAFETY: as the layer above.
-            unsafe { launcher.layer_with(prefetch, gate_up, down, a, &d.ws, stream) }
-                .map_err(to_gpu)
-        }));
-    }
     let mut t = measure(gpu, policy, copies, launches)
         .into_iter()
         .map(|r| r.map(|s| Summary::of(&s.us).expect("samples")).map_err(MoeBenchError::Gpu));
@@ -129,28 +117,11 @@ pub fn measure_layer(
         finalize: t.next().unwrap()?,
         quantize_x: if quantizes { Some(t.next().unwrap()?) } else { None },
         align_quantize_x: if fused { Some(t.next().unwrap()?) } else { None },
-        prefetch: LAYER_PREFETCH_ROWS
-            .iter()
-            .map(|&(name, _)| Ok((name.to_string(), t.next().unwrap()?)))
-            .collect::<Result<_, MoeBenchError>>()?,
     })
 }
 
-/// The layer's other prefetch settings (`moe::prefetch`), each timed beside the layer as the
-/// runtime launches it (row names without the W4A4 suffix).
-pub const LAYER_PREFETCH_ROWS: &[(&str, Prefetch)] = &[
-    ("fp4tune_layer_no_prefetch", Prefetch::Off),
-    ("fp4tune_layer_prefetch_down_lines", Prefetch::Regions { regions: DOWN, bulk: false }),
-    ("fp4tune_layer_prefetch_down_bulk", Prefetch::Regions { regions: DOWN, bulk: true }),
-    (
-        "fp4tune_layer_prefetch_all_lines",
-        Prefetch::Regions { regions: GATE_UP | DOWN, bulk: false },
-    ),
-    ("fp4tune_layer_prefetch_all_bulk", Prefetch::Regions { regions: GATE_UP | DOWN, bulk: true }),
-];
-
 /// Times of the whole layer and of its fixed kernels.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LayerTimes {
     pub layer: Summary,
     /// moe_align in both forms (`AlignForm`); the layer takes `AlignForm::for_ids`'s.
@@ -161,6 +132,4 @@ pub struct LayerTimes {
     /// launch where the layer takes that (`MoeLauncher::fused_quantize_ctas`).
     pub quantize_x: Option<Summary>,
     pub align_quantize_x: Option<Summary>,
-    /// The layer under each of `LAYER_PREFETCH_ROWS`' settings.
-    pub prefetch: Vec<(String, Summary)>,
 }

@@ -351,16 +351,7 @@ pub fn run_moe_bench_for(
                 (quantize, layer.quantize_x, 0.0),
                 (fused, layer.align_quantize_x, 0.0),
             ];
-            let layer_roof = both as f64 / (read_gbps * 1e3);
-            let prefetch_names: Vec<String> =
-                layer.prefetch.iter().map(|(n, _)| format!("{n}{suffix}")).collect();
-            let prefetch_rows = prefetch_names
-                .iter()
-                .zip(&layer.prefetch)
-                .map(|(n, (_, t))| (n.as_str(), Some(*t), layer_roof));
-            for (name, t, roof) in
-                fixed.into_iter().chain(prefetch_rows).filter_map(|(n, t, r)| Some((n, t?, r)))
-            {
+            for (name, t, roof) in fixed.into_iter().filter_map(|(n, t, r)| Some((n, t?, r))) {
                 rows.push(MoeRow {
                     set: label.clone(),
                     op: "moe_layer".into(),
@@ -371,7 +362,7 @@ pub fn run_moe_bench_for(
                     tokens,
                     active_experts: d.schedule.active_experts(),
                     implementation: name.into(),
-                    config: if name == layer_name || prefetch_names.iter().any(|p| p == name) {
+                    config: if name == layer_name {
                         format!("{} + {}", chosen[0].config, chosen[1].config)
                     } else {
                         String::new()

@@ -167,7 +167,7 @@ impl Gpu {
         &self.stream
     }
 
-    /// The device's primary context (for `gpu::raw` and `gpu::side`).
+    /// The device's primary context (for `gpu::raw`).
     pub(super) fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

@@ -10,7 +10,6 @@ pub mod moe_params;
 pub mod nvrtc;
 pub mod params;
 pub mod raw;
-pub mod side;
 
 pub use device::{DeviceBuf, DeviceInfo, Gpu, GpuError, Graph, Kernel, KernelImage, LaunchDims};
 pub use params::GemmParams;

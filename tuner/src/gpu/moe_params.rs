@@ -126,25 +126,6 @@ pub struct MoeOrderParams {
 // SAFETY: as MoeAlignParams.
 unsafe impl DeviceRepr for MoeOrderParams {}
 
-/// templates/moe/prefetch.cuh `PrefetchParams`: the routing's ids and, per region (gate_up codes
-/// and scales, down codes and scales), expert 0's address and one expert's bytes (88 bytes; the
-/// instantiation's static_assert checks the size and where `routed` starts).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct MoePrefetchParams {
-    pub topk_ids: u64,
-    pub base: [u64; 4],
-    pub per_expert: [i64; 4],
-    pub routed: i32,
-    pub expert_begin: i32,
-    pub experts: i32,
-    /// Bit r: region r is asked for.
-    pub regions: i32,
-}
-
-// SAFETY: as MoeAlignParams.
-unsafe impl DeviceRepr for MoePrefetchParams {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,7 +159,5 @@ mod tests {
         assert_eq!(offset_of!(MoeFinalizeParams, tokens), 32);
         assert_eq!((size_of::<MoeOrderParams>(), align_of::<MoeOrderParams>()), (32, 8));
         assert_eq!(offset_of!(MoeOrderParams, op), 24);
-        assert_eq!((size_of::<MoePrefetchParams>(), align_of::<MoePrefetchParams>()), (88, 8));
-        assert_eq!(offset_of!(MoePrefetchParams, routed), 72);
     }
 }

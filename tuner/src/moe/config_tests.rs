@@ -4,8 +4,7 @@
 use super::*;
 use crate::moe::space::{distinct_kernels, search_space, search_space_for};
 use crate::moe::templates::{
-    align_source, finalize_source, prefetch_source, AlignKernel, FINALIZE_GROUPED_SLOTS,
-    FINALIZE_SINGLE_SLOT,
+    align_source, finalize_source, AlignKernel, FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT,
 };
 use crate::template::Arch;
 
@@ -345,7 +344,6 @@ fn nvrtc_compiles_grouped_kernels_without_spills() {
         sources.extend(
             [FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT].map(|g| finalize_source(arch, g)),
         );
-        sources.extend([false, true].map(|bulk| prefetch_source(arch, bulk)));
     }
     let mut warp_rings = std::collections::HashSet::new();
     for op in MoeOp::ALL {

@@ -31,7 +31,6 @@ pub mod config;
 pub mod defaults;
 pub mod epilogue;
 pub mod order;
-pub mod prefetch;
 pub mod reference;
 pub mod schedule;
 pub mod seeds;

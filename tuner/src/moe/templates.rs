@@ -106,24 +106,6 @@ pub fn finalize_source(arch: Arch, slot_group: u32) -> KernelSource {
     .expect("moe/finalize.cuh is embedded")
 }
 
-/// The prefetch kernel (templates/moe/prefetch.cuh): line prefetches from every thread, or one
-/// bulk prefetch per CTA (`bulk`).
-pub fn prefetch_source(arch: Arch, bulk: bool) -> KernelSource {
-    use super::prefetch::{PREFETCH_REGIONS, PREFETCH_SEGMENT, PREFETCH_THREADS};
-    let name = if bulk { "fp4tune_moe_prefetch_bulk" } else { "fp4tune_moe_prefetch_lines" };
-    let unit = format!(
-        "#include \"moe/prefetch.cuh\"\n\
-         static_assert(fp4tune::moe::PREFETCH_THREADS == {PREFETCH_THREADS} && fp4tune::moe::PREFETCH_REGIONS == {PREFETCH_REGIONS} && fp4tune::moe::PREFETCH_SEGMENT == {PREFETCH_SEGMENT}, \"Rust (moe::prefetch) and templates/moe/prefetch.cuh disagree on the prefetch kernel's threads, regions or segment\");\n\
-         static_assert(sizeof(fp4tune::moe::PrefetchParams) == {size}, \"gpu::MoePrefetchParams (Rust) and the C struct disagree\");\n\
-         extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::PREFETCH_THREADS) {name}(const fp4tune::moe::PrefetchParams p) {{\n\
-         \x20   fp4tune::moe::moe_prefetch<{bulk}>(p);\n\
-         }}\n",
-        size = std::mem::size_of::<crate::gpu::moe_params::MoePrefetchParams>(),
-        bulk = bulk as u32,
-    );
-    KernelSource::from_unit(name.to_string(), arch, &unit).expect("moe/prefetch.cuh is embedded")
-}
-
 /// The templates the grouped projection kernels of each family are built from (path prefixes
 /// under `templates/`): the family's GEMM folder for its pieces, `common/`, and the grouped files
 /// they include. A change of `moe/sm120.cuh` leaves the sm90 grouped hash alone, and the other
@@ -142,11 +124,10 @@ pub const SM90_TEMPLATES: &[&str] = &[
 ];
 pub const SM120_TEMPLATES: &[&str] =
     &["common/", "sm120/", "moe/epilogue.cuh", "moe/params.cuh", "moe/sm120.cuh"];
-/// The layer's fixed kernels (routing, the weighted sum, the weight layout, the L2 prefetch): outside the grouped hashes, since no
+/// The layer's fixed kernels (routing, the weighted sum, the weight layout): outside the grouped hashes, since no
 /// table entry times them and no projection kernel includes them; a change of them needs the GPU
 /// suite and a new benchmark, not a re-tune.
-pub const FIXED_KERNEL_TEMPLATES: &[&str] =
-    &["moe/align.cuh", "moe/finalize.cuh", "moe/order.cuh", "moe/prefetch.cuh"];
+pub const FIXED_KERNEL_TEMPLATES: &[&str] = &["moe/align.cuh", "moe/finalize.cuh", "moe/order.cuh"];
 
 /// Hex SHA-256 of the templates the sm90 grouped kernels are built from (what the `moe` entries
 /// of a table measured on SM90 record as `moe_template_hash`; `Table::current_moe_template_hash`

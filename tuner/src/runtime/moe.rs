@@ -15,16 +15,15 @@ use super::error::RuntimeError;
 use crate::compile::Compiler;
 use crate::gpu::moe_params::{
     MoeAlignChunkParams, MoeAlignParams, MoeAlignQuantizeParams, MoeFinalizeParams,
-    MoeGroupedParams, MoeGroupedSm120Params, MoeOrderParams, MoePrefetchParams,
+    MoeGroupedParams, MoeGroupedSm120Params, MoeOrderParams,
 };
 use crate::gpu::params::QuantizeParams;
 use crate::gpu::raw::RawStream;
 use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
 use crate::moe::order::{op_code, order_source, CodeStack, WeightOrder, ORDER_THREADS};
-use crate::moe::prefetch::{Prefetch, PrefetchPlan, PREFETCH_THREADS};
 use crate::moe::templates::{
-    align_chunks, align_source, finalize_source, prefetch_source, AlignForm, AlignKernel,
-    ALIGN_THREADS, FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT, FINALIZE_THREADS,
+    align_chunks, align_source, finalize_source, AlignForm, AlignKernel, ALIGN_THREADS,
+    FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT, FINALIZE_THREADS,
 };
 use crate::moe::{list_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
@@ -121,9 +120,6 @@ pub struct MoeKernels {
     /// The largest grid of `finalize_grouped` that runs in one wave (its CTAs per SM at its
     /// register count, times the SMs); larger grids take `finalize_single`.
     finalize_grouped_wave: u32,
-    /// The L2 prefetch of the routed experts' weights: line prefetches, and bulk prefetches.
-    prefetch_lines: Kernel,
-    prefetch_bulk: Kernel,
 }
 
 impl MoeKernels {
@@ -134,7 +130,7 @@ impl MoeKernels {
             config: quantize::QUANTIZE_KERNEL.into(),
             reason: e.to_string(),
         })?;
-        // The twelve fixed kernels compile (or come from the cache) on all cores at once.
+        // The ten fixed kernels compile (or come from the cache) on all cores at once.
         let sources = [
             align_source(arch, AlignKernel::OneCta),
             align_source(arch, AlignKernel::Count),
@@ -146,8 +142,6 @@ impl MoeKernels {
             order_source(arch, false),
             order_source(arch, true),
             align_source(arch, AlignKernel::OneCtaQuantize),
-            prefetch_source(arch, false),
-            prefetch_source(arch, true),
         ];
         let mut compiled = Vec::with_capacity(sources.len());
         for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
@@ -171,8 +165,6 @@ impl MoeKernels {
             order: load(7)?,
             order_back: load(8)?,
             align_quantize: load(9)?,
-            prefetch_lines: load(10)?,
-            prefetch_bulk: load(11)?,
             finalize_grouped_wave: finalize_ctas_per_sm(registers, gpu.sm_limits()?)
                 * gpu.info().sm_count,
         })
@@ -632,55 +624,6 @@ impl MoeLauncher<'_> {
         Ok(())
     }
 
-    /// What the layer of `args` over `ws` asks into L2 under `prefetch` (`moe::prefetch::plan`
-    /// with this device's L2), or `None`.
-    pub fn prefetch_plan(
-        &self,
-        prefetch: Prefetch,
-        args: &MoeArgs,
-        ws: &MoeWorkspace,
-    ) -> Option<PrefetchPlan> {
-        crate::moe::prefetch::plan(prefetch, &ws.shape, args.tokens, self.gpu.info().l2_bytes)
-    }
-
-    /// The prefetch kernel of `plan` for `args`' routing and weights, on `stream` (the layer's
-    /// side stream).
-    ///
-    /// # Safety
-    /// As `align`; the weight stacks `args` names must hold every local expert's bytes of the
-    /// regions the plan asks for (MoeArgs::validate checks their alignment, the caller their size).
-    pub unsafe fn prefetch(
-        &self,
-        plan: &PrefetchPlan,
-        args: &MoeArgs,
-        ws: &MoeWorkspace,
-        stream: RawStream,
-    ) -> Result<(), RuntimeError> {
-        let shape = &ws.shape;
-        let routed = args.tokens * shape.top_k;
-        let per = crate::moe::prefetch::region_bytes(shape);
-        let p = MoePrefetchParams {
-            topk_ids: args.topk_ids,
-            base: [args.w13, args.w13_sf, args.w2, args.w2_sf],
-            per_expert: per.map(|b| b as i64),
-            routed: routed as i32,
-            expert_begin: args.expert_begin,
-            experts: shape.experts as i32,
-            regions: plan.regions as i32,
-        };
-        let dims = LaunchDims {
-            grid: crate::moe::prefetch::grid(shape, routed, plan),
-            block: (PREFETCH_THREADS, 1, 1),
-            smem_bytes: 0,
-        };
-        let kernel =
-            if plan.bulk { &self.kernels.prefetch_bulk } else { &self.kernels.prefetch_lines };
-        // SAFETY: the kernel takes one MoePrefetchParams and only reads: topk_ids (tokens * top_k
-        // ids) and the local experts' bytes of the asked regions (the contract above).
-        unsafe { self.gpu.launch_params_on_stream(kernel, dims, &p, stream) }?;
-        Ok(())
-    }
-
     /// What `layer` refuses before it enqueues anything: the arguments against `ws`, and either
     /// projection's grid.
     pub fn check_layer(
@@ -699,8 +642,7 @@ impl MoeLauncher<'_> {
 
     /// The whole layer: align, (W4A4 with bf16 X) the quantization of X, gate_up, down,
     /// finalize, in order on `stream`; align and the quantization of X in one launch where
-    /// `fused_launch` allows it; beside them, on the workspace's side stream, the L2 prefetch of
-    /// the routed experts' weights where `moe::prefetch`'s rule asks for it.
+    /// `fused_launch` allows it.
     ///
     /// # Safety
     /// As `grouped` and `finalize`.
@@ -712,26 +654,9 @@ impl MoeLauncher<'_> {
         ws: &MoeWorkspace,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        // SAFETY: forwarded (see the function's contract).
-        unsafe { self.layer_with(Prefetch::Auto, gate_up, down, args, ws, stream) }
-    }
-
-    /// `layer` with the prefetch given (`bench` times the layer with and without it).
-    ///
-    /// # Safety
-    /// As `layer`.
-    pub unsafe fn layer_with(
-        &self,
-        prefetch: Prefetch,
-        gate_up: &GroupedKernel,
-        down: &GroupedKernel,
-        args: &MoeArgs,
-        ws: &MoeWorkspace,
-        stream: RawStream,
-    ) -> Result<(), RuntimeError> {
         self.check_layer(gate_up, down, args, ws)?;
         // SAFETY: forwarded (see the function's contract).
-        unsafe { self.enqueue_layer(prefetch, gate_up, down, args, ws, stream) }
+        unsafe { self.enqueue_layer(gate_up, down, args, ws, stream) }
     }
 
     /// [`MoeLauncher::layer`] for arguments that passed [`MoeLauncher::check_layer`] (a caller
@@ -741,47 +666,26 @@ impl MoeLauncher<'_> {
     /// As `layer`.
     pub(in crate::runtime) unsafe fn enqueue_layer(
         &self,
-        prefetch: Prefetch,
         gate_up: &GroupedKernel,
         down: &GroupedKernel,
         args: &MoeArgs,
         ws: &MoeWorkspace,
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
-        let plan = self.prefetch_plan(prefetch, args, ws);
-        if let Some(plan) = &plan {
-            // SAFETY: the side stream is the workspace's; forked from `stream` before the layer's
-            // first launch, joined into it after its last (below, also when a launch fails, so a
-            // capture of `stream` never ends with the side stream outside it).
-            unsafe {
-                ws.side().fork_from(stream)?;
-                if let Err(e) = self.prefetch(plan, args, ws, ws.side().raw()) {
-                    ws.side().join_into(stream)?;
-                    return Err(e);
+        // SAFETY: forwarded (see the function's contract).
+        unsafe {
+            if let Some(launch) = self.fused_launch(args, ws) {
+                self.launch_fused(launch, stream)?;
+            } else {
+                self.align(args, ws, stream)?;
+                if args.quantizes_x() {
+                    self.quantize_x(args, ws, stream)?;
                 }
             }
+            self.grouped(gate_up, args, ws, stream)?;
+            self.grouped(down, args, ws, stream)?;
+            self.finalize(args, ws, stream)
         }
-        // SAFETY: forwarded (see the function's contract).
-        let launched = unsafe {
-            (|| {
-                if let Some(launch) = self.fused_launch(args, ws) {
-                    self.launch_fused(launch, stream)?;
-                } else {
-                    self.align(args, ws, stream)?;
-                    if args.quantizes_x() {
-                        self.quantize_x(args, ws, stream)?;
-                    }
-                }
-                self.grouped(gate_up, args, ws, stream)?;
-                self.grouped(down, args, ws, stream)?;
-                self.finalize(args, ws, stream)
-            })()
-        };
-        if plan.is_some() {
-            // SAFETY: as the fork above.
-            unsafe { ws.side().join_into(stream) }?;
-        }
-        launched
     }
 }
 

@@ -2,7 +2,6 @@
 //! at creation for a maximum token count) and the caller's buffers with their checks.
 
 use super::*;
-use crate::gpu::side::SideStream;
 use crate::moe::max_tiles;
 use crate::moe::templates::align_chunks;
 
@@ -105,9 +104,6 @@ pub struct MoeWorkspace {
     /// The routing whose schedule the last align enqueued into it wrote (host side, in the
     /// order of the calls), so gate_up and down alone refuse another routing's tokens.
     aligned: std::sync::Mutex<Option<Routed>>,
-    /// The stream the layer forks its L2 prefetch onto (`moe::prefetch`), joined back before the
-    /// layer returns: one per workspace, so two streams' layers never share it.
-    side: SideStream,
 }
 
 /// What a schedule in a workspace was built from: the routing's ids buffer, tokens and expert
@@ -146,8 +142,7 @@ impl MoeWorkspace {
         // The zeroing runs on the dispatcher's own stream: finish it before the caller's stream
         // can launch into the workspace.
         gpu.synchronize()?;
-        let side = gpu.side_stream()?;
-        Ok(Self { shape, layout, buf, owner: 0, aligned: std::sync::Mutex::new(None), side })
+        Ok(Self { shape, layout, buf, owner: 0, aligned: std::sync::Mutex::new(None) })
     }
 
     /// Record that an align of `args`' routing was enqueued into this workspace (`Some`), or
@@ -175,11 +170,6 @@ impl MoeWorkspace {
                     .into(),
             )),
         }
-    }
-
-    /// The side stream of the layer's prefetch.
-    pub(in crate::runtime) fn side(&self) -> &SideStream {
-        &self.side
     }
 
     /// The whole scratch buffer (for verification downloads).

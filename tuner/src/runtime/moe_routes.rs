@@ -575,7 +575,7 @@ impl MoeOps<'_> {
         launcher.check_layer(gate_up, down, args, ws)?;
         ws.set_aligned(None);
         // SAFETY: forwarded to the caller (see the function's contract).
-        unsafe { launcher.enqueue_layer(Prefetch::Auto, gate_up, down, args, ws, stream) }?;
+        unsafe { launcher.enqueue_layer(gate_up, down, args, ws, stream) }?;
         ws.set_aligned(Some(args));
         Ok(())
     }
