@@ -174,9 +174,9 @@ fn fit_down_template(
 }
 
 /// A W4A16 streamed gate_up template of a decode step (8-row tiles of 32 weight rows) adapted to
-/// a layer with streamed kernels (`streamed`) whose step gives fewer CTAs than SMs: where the expected active experts' n-tiles of 32
-/// rows would leave a fifth of the SMs without one, 16 weight rows per CTA, 4 warps along K of one
-/// chunk per pass each, a warp ring of 4 stages with the activations in it at 4 CTAs per SM
+/// a layer with streamed kernels (`streamed`) whose step gives fewer CTAs than SMs: where the
+/// expected active experts' n-tiles of 32 rows would leave a fifth of the SMs without one, 16
+/// weight rows per CTA, 4 warps along K of one chunk per pass each, a warp ring of 4 stages with the activations in it at 4 CTAs per SM
 /// (`m8n16k512_w1x4_pa4_s1_o4_walk2`). The sm90 rows come from GLM-5 TP8 (N = 512: about 126
 /// CTAs at B = 1 on 132 SMs); Qwen3-235B over 8 GPUs (N = 384, 8 of 128 experts) would run about
 /// 93, Qwen3-Next (N = 128, 10 of 512) about 40. That kernel was the fastest measured at B = 1

@@ -462,7 +462,6 @@ impl GemmConfig {
     }
 }
 
-/// Every configuration of a family's search space for one activation type.
 /// The line of every GEMM instantiation unit (both families) that ties the parameter block Rust
 /// passes (`gpu::GemmParams`) to the C struct it is read as (templates/common/params.cuh).
 pub(crate) fn gemm_params_assert() -> String {
@@ -472,6 +471,7 @@ pub(crate) fn gemm_params_assert() -> String {
     )
 }
 
+/// Every configuration of a family's search space for one activation type.
 pub fn search_space(family: Family, a_type: AType) -> Vec<GemmConfig> {
     match family {
         Family::Sm90 => sm90::search_space(a_type),
