@@ -211,6 +211,114 @@ __device__ __forceinline__ void moe_align(const AlignParams& p) {
     }
 }
 
+// ---- the one-warp form: decode steps of at most ALIGN_WARP_MAX_IDS ids, one warp, no CTA barrier
+// (warp syncs only). Every lane loads its ids (i = 32 j + lane) at once; rows per expert from one
+// shared add per (round, expert group); lane l scans the experts [l * per, l * per + per) serially
+// and the 32 lanes' totals with shuffles; then rounds place their ids in flat id order (rank in
+// the round's group, the expert's cursor moved by the group's leader). The same schedule as
+// moe_align, bit for bit.
+
+constexpr int ALIGN_WARP_MAX_IDS = 256;
+constexpr int ALIGN_WARP_IDS_PER_LANE = ALIGN_WARP_MAX_IDS / 32;
+
+// The six scanned values of an expert with c >= 0 rows: rows, then tiles of each list.
+__device__ __forceinline__ void align_values(int c, int (&v)[ALIGN_V]) {
+    v[0] = c;
+#pragma unroll
+    for (int l = 0; l < TILE_LISTS; ++l) v[1 + l] = (c + (8 << l) - 1) >> (3 + l);
+}
+
+__device__ __forceinline__ void moe_align_warp(const AlignParams& p) {
+    constexpr int V = ALIGN_V;
+    constexpr int J = ALIGN_WARP_IDS_PER_LANE;
+    __shared__ int32_t cursor[ALIGN_MAX_EXPERTS];  // rows per expert, then its next sorted position
+    const int lane = threadIdx.x & 31;
+    const int E = p.experts;
+    const int R = p.tokens * p.top_k;
+    if (E <= 0 || E > ALIGN_MAX_EXPERTS || R > ALIGN_WARP_MAX_IDS || threadIdx.x >= 32) return;
+
+    int e[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) e[j] = 32 * j + lane < R ? local_expert(p, 32 * j + lane) : -1;
+    for (int x = lane; x < E; x += 32) cursor[x] = 0;
+    __syncwarp();
+    unsigned peers[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        peers[j] = 32 * j < R ? __match_any_sync(0xffffffffu, e[j]) : 0u;
+        if (e[j] >= 0 && is_leader(peers[j], lane)) atomicAdd(&cursor[e[j]], __popc(peers[j]));
+    }
+    __syncwarp();
+
+    // the lane's experts, their totals, and the lanes' exclusive prefix of them
+    const int per = (E + 31) / 32;
+    const int first = min(E, lane * per);
+    const int end = min(E, first + per);
+    int total[V];
+    int excl[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) total[k] = 0;
+    for (int x = first; x < end; ++x) {
+        int v[V];
+        align_values(cursor[x], v);
+#pragma unroll
+        for (int k = 0; k < V; ++k) total[k] += v[k];
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) excl[k] = total[k];
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const int y = __shfl_up_sync(0xffffffffu, excl[k], d);
+            if (lane >= d) excl[k] += y;
+        }
+    }
+    if (lane == 31) {
+        p.offsets[E] = excl[0];
+#pragma unroll
+        for (int l = 0; l < TILE_LISTS; ++l) p.tile_count[l] = excl[1 + l];
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) excl[k] -= total[k];
+    for (int x = first; x < end; ++x) {
+        const int c = cursor[x];
+        p.offsets[x] = excl[0];
+        cursor[x] = excl[0];
+        if (c == 0) continue;  // no tiles, nothing to add (most experts of a decode step)
+        int v[V];
+        align_values(c, v);
+#pragma unroll
+        for (int l = 0; l < TILE_LISTS; ++l) {
+            const int bm = 8 << l;
+            int4* out = reinterpret_cast<int4*>(p.tiles) + static_cast<size_t>(l) * p.max_tiles + excl[1 + l];
+            for (int t = 0; t < v[1 + l]; ++t) out[t] = make_int4(x, excl[0] + t * bm, min(bm, c - t * bm), 0);
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) excl[k] += v[k];
+    }
+    __syncwarp();
+
+    // placement, round by round in flat id order
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        if (32 * j >= R) break;
+        const int i = 32 * j + lane;
+        if (e[j] >= 0) {
+            const int pos = cursor[e[j]] + __popc(peers[j] & ((1u << lane) - 1u));
+            p.sorted_ids[pos] = i;
+            p.inverse[i] = pos;
+        } else if (i < R) {
+            p.inverse[i] = -1;
+        }
+        if (32 * j + 32 < R) {
+            __syncwarp();
+            if (e[j] >= 0 && is_leader(peers[j], lane)) cursor[e[j]] += __popc(peers[j]);
+            __syncwarp();
+        }
+    }
+}
+
 // ---- the chunked form: chunk c is ids [c * ALIGN_THREADS, + ALIGN_THREADS), one per thread of
 // CTA c (moe_align's round c)
 
