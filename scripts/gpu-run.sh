@@ -88,7 +88,7 @@ phase_tests() { # 310 s (on an H200 the three grouped steps take about 18, 76 an
 }
 
 phase_tests-lib() { # 500 s (on an H100 the first step took about 200 s, the second 100 s)
-  step 300 "$B/fp4tune_lib" --test-threads 1 the_order_kernels_match every_routing_form \
+  step 300 "$B/fp4tune_lib" --test-threads 1 the_order_kernels_match both_routing_forms \
     grouped_routes_name mma_probe_is_bit_exact split_k_launches_on_two \
     dequantize_then_cublas_on_two gemm_through_the_table untuned_dispatcher_runs \
     dequantize_then_cublas_entries dequant_then_cublas_matches committed_grouped_entries \

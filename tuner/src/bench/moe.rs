@@ -296,25 +296,26 @@ impl StepData {
     }
 
     /// The GPU schedule equals the CPU one (offsets, sorted ids, inverse, every tile list), for
-    /// every routing form that takes the step's ids and (W4A4 steps where the layer takes it)
-    /// for the routing launched with the quantization of X, whose X must equal the CPU
-    /// quantizer's byte for byte; the form the layer takes runs last, so its schedule stays in
-    /// the workspace.
+    /// both routing forms and (W4A4 steps where the layer takes it) for the routing launched
+    /// with the quantization of X, whose X must equal the CPU quantizer's byte for byte; the form
+    /// the layer takes runs last, so its schedule stays in the workspace.
     pub fn check_schedule(
         &self,
         gpu: &Gpu,
         launcher: &MoeLauncher<'_>,
     ) -> Result<(), MoeBenchError> {
-        let ids = self.step.tokens * self.step.shape.top_k;
-        let layer = AlignForm::for_ids(ids);
-        let others = AlignForm::ALL.into_iter().filter(|f| *f != layer && f.takes(ids));
+        let layer = AlignForm::for_ids(self.step.tokens * self.step.shape.top_k);
+        let other = match layer {
+            AlignForm::OneCta => AlignForm::Chunked,
+            AlignForm::Chunked => AlignForm::OneCta,
+        };
         let fused = self
             .args_for(AType::Nvfp4, 0, 0, true)
             .filter(|a| launcher.fused_quantize_ctas(a, &self.ws).is_some());
         if let Some(args) = fused {
             self.check_schedule_as(gpu, launcher, RoutingLaunch::WithQuantize(args))?;
         }
-        for form in others.chain([layer]) {
+        for form in [other, layer] {
             self.check_schedule_as(gpu, launcher, RoutingLaunch::Form(form))?;
         }
         Ok(())

@@ -22,7 +22,7 @@ pub(super) fn check_quantized_x(
 }
 
 /// Time the whole layer (align + gate_up + down + finalize; W4A4 with bf16 X also the
-/// quantization of X) with the given kernels, and the align (every form that takes the step) and finalize kernels
+/// quantization of X) with the given kernels, and the align (both forms) and finalize kernels
 /// alone (W4A4 with bf16 X: also the quantization of X alone and launched with the routing);
 /// checks finalize's output exactly against the CPU mirror and, for W4A4, the X the layer
 /// quantized byte for byte against the CPU quantizer (codes, and every scale byte padding
@@ -91,11 +91,6 @@ pub fn measure_layer(
         Box::new(move |_| align(AlignForm::Chunked).map_err(to_gpu)),
         Box::new(move |i| finalize(i).map_err(to_gpu)),
     ];
-    // the one-warp routing where it takes the step's ids
-    let warp = AlignForm::Warp.takes(args.tokens * d.ws.shape.top_k);
-    if warp {
-        launches.push(Box::new(move |_| align(AlignForm::Warp).map_err(to_gpu)));
-    }
     // W4A4 with bf16 X: the quantization of X alone, and with the routing in one launch where
     // the layer takes that
     let quantizes = args.quantizes_x();
@@ -120,7 +115,6 @@ pub fn measure_layer(
         align_one_cta: t.next().unwrap()?,
         align_chunked: t.next().unwrap()?,
         finalize: t.next().unwrap()?,
-        align_warp: if warp { Some(t.next().unwrap()?) } else { None },
         quantize_x: if quantizes { Some(t.next().unwrap()?) } else { None },
         align_quantize_x: if fused { Some(t.next().unwrap()?) } else { None },
     })
@@ -130,12 +124,10 @@ pub fn measure_layer(
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LayerTimes {
     pub layer: Summary,
-    /// moe_align in its forms (`AlignForm`; the one-warp form where it takes the step's ids);
-    /// the layer takes `AlignForm::for_ids`'s.
+    /// moe_align in both forms (`AlignForm`); the layer takes `AlignForm::for_ids`'s.
     pub align_one_cta: Summary,
     pub align_chunked: Summary,
     pub finalize: Summary,
-    pub align_warp: Option<Summary>,
     /// W4A4 with bf16 X: the quantization of X alone, and the one-CTA routing with it in one
     /// launch where the layer takes that (`MoeLauncher::fused_quantize_ctas`).
     pub quantize_x: Option<Summary>,

@@ -3,24 +3,15 @@
 //! peers measured in the same run).
 
 use super::moe::{MoeRow, OpLog, Outcome};
-use crate::moe::templates::{
-    ALIGN_CHUNKED_MIN_IDS, ALIGN_THREADS, ALIGN_WARP_LAYER_IDS, ALIGN_WARP_MAX_IDS,
-};
+use crate::moe::templates::{ALIGN_CHUNKED_MIN_IDS, ALIGN_THREADS};
 
-/// The `impl` names of the fixed kernels' rows: moe_align in its one-warp (routings it takes),
-/// one-CTA and chunked forms, moe_finalize, and (W4A4 with bf16 X) the quantization of X alone
-/// and launched with the one-CTA routing (timed alone beside each layer; not peers).
-pub const FIXED_KERNEL_ROWS: [&str; 6] = [
-    "moe_align_warp",
-    "moe_align",
-    "moe_align_chunked",
-    "moe_finalize",
-    "moe_quantize_x",
-    "moe_align_quantize_x",
-];
+/// The `impl` names of the fixed kernels' rows: moe_align in its one-CTA and chunked forms,
+/// moe_finalize, and (W4A4 with bf16 X) the quantization of X alone and launched with the
+/// one-CTA routing (timed alone beside each layer; not peers).
+pub const FIXED_KERNEL_ROWS: [&str; 5] =
+    ["moe_align", "moe_align_chunked", "moe_finalize", "moe_quantize_x", "moe_align_quantize_x"];
 /// Column titles of those rows in the report.
-const FIXED_KERNEL_COLUMNS: [&str; 6] = [
-    "moe_align one warp us",
+const FIXED_KERNEL_COLUMNS: [&str; 5] = [
     "moe_align one CTA us",
     "moe_align chunked us",
     "moe_finalize us",
@@ -294,23 +285,20 @@ pub fn markdown(title: &str, provenance: &str, rows: &[MoeRow], peers: &[MoeRow]
             .filter(|&c| fixed.iter().any(|r| r.implementation == FIXED_KERNEL_ROWS[c]))
             .collect();
         // the sentence on the one launch where a size of this run took it
-        let quantizes = columns.contains(&5);
+        let quantizes = columns.contains(&4);
         let titles: String =
             columns.iter().map(|&c| format!(" {} |", FIXED_KERNEL_COLUMNS[c])).collect();
         let _ = writeln!(
             md,
-            "\n## Routing and finalize kernels alone\n\nmoe_align in its three forms (one warp for up \
-             to {warp_max} ids; one CTA in rounds of {threads} ids; chunked: three launches of one \
-             CTA per {threads} ids); the layer takes the one-warp form up to {warp} routed ids \
-             (tokens x top_k), the chunked form from {min}{fused}.\n\n\
+            "\n## Routing and finalize kernels alone\n\nmoe_align in both forms (one CTA in rounds of \
+             {threads} ids; chunked: three launches of one CTA per {threads} ids); the layer takes the \
+             chunked form from {min} routed ids (tokens x top_k){fused}.\n\n\
              | set | B |{titles}\n|---|---|{rules}",
-            warp_max = ALIGN_WARP_MAX_IDS,
-            warp = ALIGN_WARP_LAYER_IDS,
             threads = ALIGN_THREADS,
             min = ALIGN_CHUNKED_MIN_IDS,
             fused = if quantizes {
                 "; with bf16 X to quantize it launches the one-CTA form and the quantization of X \
-                 as one kernel where that kernel's CTAs fit in one wave (below the chunked form's ids)"
+                 as one kernel where that kernel's CTAs fit in one wave"
             } else {
                 ""
             },
@@ -537,13 +525,5 @@ mod tests {
         // a run of prefill sizes only: the quantizer's column, not the one launch's sentence
         let md = markdown("t", "p", &[row("moe_quantize_x", 2, 2.75)], &[]);
         assert!(md.contains("| quantize X us |") && !md.contains("as one kernel"), "{md}");
-        // the one-warp form's column comes first, a dash where it did not take the ids
-        let mut forms = w4a16.to_vec();
-        forms.extend([row("moe_align_warp", 1, 1.5), row("moe_align", 64, 4.0)]);
-        let md = markdown("t", "p", &forms, &[]);
-        assert!(md.contains("| set | B | moe_align one warp us | moe_align one CTA us |"), "{md}");
-        assert!(md.contains("| tp8 | 1 | 1.50 | 3.00 | 5.00 |"), "{md}");
-        assert!(md.contains("| tp8 | 64 | - | 4.00 | - |"), "{md}");
-        assert!(md.contains("the one-warp form up to 256 routed ids"), "{md}");
     }
 }

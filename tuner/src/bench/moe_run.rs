@@ -341,11 +341,10 @@ pub fn run_moe_bench_for(
                 .sum();
             let layer_name = format!("fp4tune_layer{suffix}");
             // the fixed kernels' rows under the names the report knows them by
-            let [warp, align, chunked, finalize, quantize, fused] =
+            let [align, chunked, finalize, quantize, fused] =
                 crate::bench::moe_report::FIXED_KERNEL_ROWS;
             let fixed = [
                 (layer_name.as_str(), Some(layer.layer), both as f64 / (read_gbps * 1e3)),
-                (warp, layer.align_warp, 0.0),
                 (align, Some(layer.align_one_cta), 0.0),
                 (chunked, Some(layer.align_chunked), 0.0),
                 (finalize, Some(layer.finalize), 0.0),

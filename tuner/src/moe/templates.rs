@@ -4,13 +4,11 @@
 
 use crate::template::{Arch, Family, KernelSource};
 
-/// The routing kernels (templates/moe/align.cuh): the one-warp form of decode steps, the one-CTA
-/// form, the three launches of the chunked form that long routings take (`AlignForm`), and the
-/// one-CTA form launched beside the quantization of X (a W4A4 layer given bf16 X: one launch for
-/// both).
+/// The routing kernels (templates/moe/align.cuh): the one-CTA form, the three launches of the
+/// chunked form that long routings take (`AlignForm`), and the one-CTA form launched beside the
+/// quantization of X (a W4A4 layer given bf16 X: one launch for both).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AlignKernel {
-    Warp,
     OneCta,
     Count,
     Scan,
@@ -19,8 +17,7 @@ pub enum AlignKernel {
 }
 
 impl AlignKernel {
-    pub const ALL: [AlignKernel; 6] = [
-        AlignKernel::Warp,
+    pub const ALL: [AlignKernel; 5] = [
         AlignKernel::OneCta,
         AlignKernel::Count,
         AlignKernel::Scan,
@@ -28,18 +25,9 @@ impl AlignKernel {
         AlignKernel::OneCtaQuantize,
     ];
 
-    /// Threads per CTA of the kernel's launches.
-    pub fn threads(self) -> u32 {
-        match self {
-            AlignKernel::Warp => 32,
-            _ => ALIGN_THREADS,
-        }
-    }
-
     /// (kernel name, device function, parameter type) of the instantiation.
     fn entry(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            AlignKernel::Warp => ("fp4tune_moe_align_warp", "moe_align_warp", "AlignParams"),
             AlignKernel::OneCta => ("fp4tune_moe_align", "moe_align", "AlignParams"),
             AlignKernel::Count => {
                 ("fp4tune_moe_align_count", "moe_align_count", "AlignChunkParams")
@@ -55,35 +43,23 @@ impl AlignKernel {
     }
 }
 
-/// The routing kernels' three forms: one warp takes up to `ALIGN_WARP_MAX_IDS` ids without a CTA
-/// barrier, one CTA walks the ids in rounds of `ALIGN_THREADS`, or three launches take one chunk
-/// of `ALIGN_THREADS` ids per CTA. All write the same schedule.
+/// The routing kernels' two forms: one CTA walks the ids in rounds of `ALIGN_THREADS`, or three
+/// launches take one chunk of `ALIGN_THREADS` ids per CTA. Both write the same schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AlignForm {
-    Warp,
     OneCta,
     Chunked,
 }
 
 impl AlignForm {
-    pub const ALL: [AlignForm; 3] = [AlignForm::Warp, AlignForm::OneCta, AlignForm::Chunked];
-
-    /// The form a layer of `ids` routed ids (tokens * top_k) launches: one warp up to
-    /// `ALIGN_WARP_LAYER_IDS`, chunked from `ALIGN_CHUNKED_MIN_IDS`, one CTA between.
+    /// The form a layer of `ids` routed ids (tokens * top_k) launches: chunked from
+    /// `ALIGN_CHUNKED_MIN_IDS`.
     pub fn for_ids(ids: u32) -> Self {
-        if ids <= ALIGN_WARP_LAYER_IDS {
-            AlignForm::Warp
-        } else if ids >= ALIGN_CHUNKED_MIN_IDS {
+        if ids >= ALIGN_CHUNKED_MIN_IDS {
             AlignForm::Chunked
         } else {
             AlignForm::OneCta
         }
-    }
-
-    /// Whether the form takes a routing of `ids` routed ids (the one-warp form at most
-    /// `ALIGN_WARP_MAX_IDS`).
-    pub fn takes(self, ids: u32) -> bool {
-        self != AlignForm::Warp || ids <= ALIGN_WARP_MAX_IDS
     }
 }
 
@@ -101,14 +77,11 @@ pub fn align_source(arch: Arch, kernel: AlignKernel) -> KernelSource {
          static_assert(fp4tune::moe::ALIGN_THREADS == {threads}, \"Rust (moe::templates::ALIGN_THREADS) and templates/moe/align.cuh disagree on the routing kernels' threads\");\n\
          static_assert(sizeof(fp4tune::moe::AlignParams) == {base} && sizeof(fp4tune::moe::AlignChunkParams) == {size}, \"gpu::MoeAlignParams / MoeAlignChunkParams (Rust) and the C structs disagree (the chunked form's base pointer follows the AlignParams)\");\n\
          static_assert(sizeof(fp4tune::QuantizeParams) == {quant} && sizeof(fp4tune::moe::AlignQuantizeParams) == {fused}, \"gpu::MoeAlignQuantizeParams (Rust) and the C struct disagree (the AlignParams, the quantizer's parameters, the count of quantizing CTAs)\");\n\
-         static_assert(fp4tune::moe::ALIGN_WARP_MAX_IDS == {warp_ids}, \"Rust (moe::templates::ALIGN_WARP_MAX_IDS) and templates/moe/align.cuh disagree on the one-warp routing's ids\");\n\
-         extern \"C\" __global__ void __launch_bounds__({threads_here}) {name}(const fp4tune::moe::{params} p) {{\n\
+         extern \"C\" __global__ void __launch_bounds__(fp4tune::moe::ALIGN_THREADS) {name}(const fp4tune::moe::{params} p) {{\n\
          \x20   fp4tune::moe::{function}(p);\n\
          }}\n",
         lists = super::TILE_BLOCK_M.len(),
         threads = ALIGN_THREADS,
-        warp_ids = ALIGN_WARP_MAX_IDS,
-        threads_here = kernel.threads(),
         size = std::mem::size_of::<crate::gpu::moe_params::MoeAlignChunkParams>(),
         base = std::mem::offset_of!(crate::gpu::moe_params::MoeAlignChunkParams, base),
         quant = std::mem::size_of::<crate::gpu::params::QuantizeParams>(),
@@ -173,11 +146,6 @@ pub fn family_template_hash(family: Family) -> String {
 
 /// Threads of the align and finalize kernels (templates/moe/align.cuh, finalize.cuh).
 pub const ALIGN_THREADS: u32 = 1024;
-/// Routed ids (tokens * top_k) the one-warp routing form takes at most (templates/moe/align.cuh).
-pub const ALIGN_WARP_MAX_IDS: u32 = 256;
-/// Routed ids up to which the layer routes with the one-warp form (`bench --moe` times the forms
-/// per B).
-pub const ALIGN_WARP_LAYER_IDS: u32 = ALIGN_WARP_MAX_IDS;
 /// Routed ids (tokens * top_k) from which the layer routes with the chunked form: below, the one
 /// CTA's rounds cost less than two more launches (`bench --moe` times both forms per B).
 pub const ALIGN_CHUNKED_MIN_IDS: u32 = 4 * ALIGN_THREADS;
@@ -243,47 +211,5 @@ mod tests {
         );
         assert_ne!(family_template_hash(Family::Sm90), family_template_hash(Family::Sm120));
         assert_eq!(template_hash(), family_template_hash(Family::Sm90));
-    }
-
-    /// The layer's routing form by routed ids: one warp up to `ALIGN_WARP_LAYER_IDS` (which the
-    /// one-warp kernel takes), one CTA up to the chunked form's threshold; the one-warp kernel is
-    /// refused above its ids and launched with one warp.
-    #[test]
-    fn routing_forms_by_ids() {
-        const { assert!(ALIGN_WARP_LAYER_IDS <= ALIGN_WARP_MAX_IDS) };
-        const { assert!(ALIGN_WARP_MAX_IDS % 32 == 0 && ALIGN_WARP_MAX_IDS < ALIGN_CHUNKED_MIN_IDS) };
-        assert_eq!(AlignForm::for_ids(1), AlignForm::Warp);
-        assert_eq!(AlignForm::for_ids(ALIGN_WARP_LAYER_IDS), AlignForm::Warp);
-        assert_eq!(AlignForm::for_ids(ALIGN_WARP_LAYER_IDS + 1), AlignForm::OneCta);
-        assert_eq!(AlignForm::for_ids(ALIGN_CHUNKED_MIN_IDS - 1), AlignForm::OneCta);
-        assert_eq!(AlignForm::for_ids(ALIGN_CHUNKED_MIN_IDS), AlignForm::Chunked);
-        assert!(AlignForm::Warp.takes(ALIGN_WARP_MAX_IDS));
-        assert!(!AlignForm::Warp.takes(ALIGN_WARP_MAX_IDS + 1));
-        assert!(AlignForm::OneCta.takes(1 << 20) && AlignForm::Chunked.takes(1));
-        for k in AlignKernel::ALL {
-            let code = align_source(crate::template::Arch::Sm90a, k).code;
-            let bounds = format!("__launch_bounds__({})", k.threads());
-            assert!(code.contains(&bounds), "{k:?}: {bounds}");
-        }
-        assert_eq!(AlignKernel::Warp.threads(), 32);
-    }
-
-    /// The one-warp routing's split of the experts over its lanes (templates/moe/align.cuh
-    /// `moe_align_warp`: lane l scans [min(E, l * per), min(E, l * per + per)), per = ceil(E /
-    /// 32)): the lanes' ranges are in order, disjoint and cover every expert, for every expert
-    /// count the kernel takes.
-    #[test]
-    fn the_one_warp_routing_covers_every_expert_once() {
-        for e in 1..=512u32 {
-            let per = e.div_ceil(32);
-            let mut next = 0;
-            for lane in 0..32 {
-                let first = e.min(lane * per);
-                let end = e.min(first + per);
-                assert_eq!(first, next.min(e), "E = {e}, lane {lane}");
-                next = end;
-            }
-            assert_eq!(next, e, "E = {e}");
-        }
     }
 }

@@ -23,7 +23,7 @@ use crate::gpu::{DeviceBuf, Gpu, Kernel, LaunchDims};
 use crate::moe::order::{op_code, order_source, CodeStack, WeightOrder, ORDER_THREADS};
 use crate::moe::templates::{
     align_chunks, align_source, finalize_source, AlignForm, AlignKernel, ALIGN_THREADS,
-    ALIGN_WARP_MAX_IDS, FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT, FINALIZE_THREADS,
+    FINALIZE_GROUPED_SLOTS, FINALIZE_SINGLE_SLOT, FINALIZE_THREADS,
 };
 use crate::moe::{list_tiles, GroupedConfig, MoeOp, MoeShape, TILE_BLOCK_M};
 use crate::problem::AType;
@@ -105,9 +105,7 @@ pub struct MoeKernels {
     /// The kernels that put weight codes into the grouped layout and back (moe::order).
     order: Kernel,
     order_back: Kernel,
-    /// The routing kernels: the one-warp form, the one-CTA form, then the chunked form's count,
-    /// scan and place.
-    align_warp: Kernel,
+    /// The routing kernels: the one-CTA form, then the chunked form's count, scan and place.
     align: Kernel,
     align_count: Kernel,
     align_scan: Kernel,
@@ -132,7 +130,7 @@ impl MoeKernels {
             config: quantize::QUANTIZE_KERNEL.into(),
             reason: e.to_string(),
         })?;
-        // The eleven fixed kernels compile (or come from the cache) on all cores at once.
+        // The ten fixed kernels compile (or come from the cache) on all cores at once.
         let sources = [
             align_source(arch, AlignKernel::OneCta),
             align_source(arch, AlignKernel::Count),
@@ -144,7 +142,6 @@ impl MoeKernels {
             order_source(arch, false),
             order_source(arch, true),
             align_source(arch, AlignKernel::OneCtaQuantize),
-            align_source(arch, AlignKernel::Warp),
         ];
         let mut compiled = Vec::with_capacity(sources.len());
         for (src, r) in sources.iter().zip(compiler.compile_many(&sources)) {
@@ -168,7 +165,6 @@ impl MoeKernels {
             order: load(7)?,
             order_back: load(8)?,
             align_quantize: load(9)?,
-            align_warp: load(10)?,
             finalize_grouped_wave: finalize_ctas_per_sm(registers, gpu.sm_limits()?)
                 * gpu.info().sm_count,
         })
@@ -312,42 +308,30 @@ impl MoeLauncher<'_> {
         stream: RawStream,
     ) -> Result<(), RuntimeError> {
         let p = align_params(args, ws);
-        let ids = args.tokens * ws.shape.top_k;
-        if !form.takes(ids) {
-            return Err(RuntimeError::InvalidArgument(format!(
-                "the one-warp routing takes at most {ALIGN_WARP_MAX_IDS} routed ids, not {ids}"
-            )));
-        }
-        let dims = |ctas, kernel: AlignKernel| LaunchDims {
-            grid: (ctas, 1, 1),
-            block: (kernel.threads(), 1, 1),
-            smem_bytes: 0,
-        };
+        let dims =
+            |ctas| LaunchDims { grid: (ctas, 1, 1), block: (ALIGN_THREADS, 1, 1), smem_bytes: 0 };
         // The workspace regions are sized for max_tokens >= tokens (MoeArgs::validate), max_tiles
         // and the chunks of max_tokens' ids; the chunked form's launches run in order on the one
         // stream.
         match form {
-            AlignForm::Warp | AlignForm::OneCta => {
-                let (kernel, dims) = match form {
-                    AlignForm::Warp => (&self.kernels.align_warp, dims(1, AlignKernel::Warp)),
-                    _ => (&self.kernels.align, dims(1, AlignKernel::OneCta)),
-                };
-                // SAFETY: the one-warp and one-CTA kernels take one MoeAlignParams (the one-warp
-                // form checked above for its ids); ids and workspace per the contract above.
-                unsafe { self.gpu.launch_params_on_stream(kernel, dims, &p, stream) }?
+            AlignForm::OneCta => {
+                // SAFETY: the one-CTA kernel takes one MoeAlignParams; ids and workspace per the
+                // contract above.
+                unsafe {
+                    self.gpu.launch_params_on_stream(&self.kernels.align, dims(1), &p, stream)
+                }?
             }
             AlignForm::Chunked => {
                 let q = MoeAlignChunkParams { align: p, base: ws.chunk_base() };
-                let chunks = align_chunks(ids);
+                let chunks = align_chunks(args.tokens * ws.shape.top_k);
                 for (kernel, ctas) in [
                     (&self.kernels.align_count, chunks),
                     (&self.kernels.align_scan, 1),
                     (&self.kernels.align_place, chunks),
                 ] {
-                    let dims = dims(ctas, AlignKernel::Count);
                     // SAFETY: the chunked kernels take one MoeAlignChunkParams, whose base region
                     // holds `chunks` rows of the experts; ids and workspace per the contract above.
-                    unsafe { self.gpu.launch_params_on_stream(kernel, dims, &q, stream) }?;
+                    unsafe { self.gpu.launch_params_on_stream(kernel, dims(ctas), &q, stream) }?;
                 }
             }
         }
@@ -373,8 +357,7 @@ impl MoeLauncher<'_> {
     }
 
     /// The one launch of `align` and `quantize_x` for `args` (`align_quantize_x`): W4A4 with bf16
-    /// X, a routing the one-CTA form takes (the one-warp form's routings too: the launch runs the
-    /// one-CTA kernel beside the quantizer's CTAs), and every CTA of the launch in one wave at one CTA per SM
+    /// X, a routing of the one-CTA form, and every CTA of the launch in one wave at one CTA per SM
     /// (1024 threads at 46-48 registers each take more than half of an SM's 64 Ki registers, so
     /// no CTA waits for another); `None` otherwise (prefill: two launches).
     fn fused_launch(
@@ -383,7 +366,7 @@ impl MoeLauncher<'_> {
         ws: &MoeWorkspace,
     ) -> Option<(MoeAlignQuantizeParams, LaunchDims)> {
         if !args.quantizes_x()
-            || AlignForm::for_ids(args.tokens * ws.shape.top_k) == AlignForm::Chunked
+            || AlignForm::for_ids(args.tokens * ws.shape.top_k) != AlignForm::OneCta
         {
             return None;
         }
