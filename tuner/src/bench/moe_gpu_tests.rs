@@ -208,8 +208,8 @@ fn whole_layer(shape: MoeShape, tokens: u32, routing: Routing, seed: u64) -> Moe
 
 /// Both routing forms (one CTA; chunked) write the CPU's schedule, on routings with a partial
 /// last chunk, uniform and skewed, top_k 8, 3 and 1, expert parallelism (ids of other GPUs
-/// skipped), and the 512 local experts moe_align takes at most; each form on a poisoned
-/// schedule (`StepData::check_schedule`).
+/// skipped, also all of them), decode steps of 1 to 256 routed ids, and the 512 local experts
+/// moe_align takes at most; each form on a poisoned schedule (`StepData::check_schedule`).
 #[test]
 #[cfg_attr(
     not(feature = "gpu"),
@@ -229,6 +229,14 @@ fn both_routing_forms_write_the_cpu_schedule() {
         step(ep8, 96, 700, Routing::Uniform, 35),
         step(ep8, 224, 2048, Routing::Skewed, 36),
         MoeStep { experts_total: 512, ..step(wide, 0, 640, Routing::Uniform, 37) },
+        // decode steps
+        step(tp8, 0, 1, Routing::Uniform, 38),
+        step(MoeShape { top_k: 1, ..tp8 }, 0, 1, Routing::Uniform, 39),
+        step(tp8, 0, 32, Routing::Skewed, 40),
+        step(MoeShape { top_k: 3, ..tp8 }, 0, 29, Routing::Uniform, 41),
+        step(ep8, 96, 8, Routing::Skewed, 42),
+        step(ep8, 64, 2, Routing::Skewed, 43),
+        MoeStep { experts_total: 512, ..step(wide, 0, 5, Routing::Uniform, 44) },
     ];
     for s in steps {
         let d = StepData::new_for(&gpu, s, AType::Bf16, &quick()).unwrap();
