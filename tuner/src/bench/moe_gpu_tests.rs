@@ -208,8 +208,9 @@ fn whole_layer(shape: MoeShape, tokens: u32, routing: Routing, seed: u64) -> Moe
 
 /// Both routing forms (one CTA; chunked) write the CPU's schedule, on routings with a partial
 /// last chunk, uniform and skewed, top_k 8, 3 and 1, expert parallelism (ids of other GPUs
-/// skipped, also all of them), decode steps of 1 to 256 routed ids, and the 512 local experts
-/// moe_align takes at most; each form on a poisoned schedule (`StepData::check_schedule`).
+/// skipped; decode steps with a few local ids), decode steps of 1 to 256 routed ids, and the 512
+/// local experts moe_align takes at most; each form on a poisoned schedule
+/// (`StepData::check_schedule`).
 #[test]
 #[cfg_attr(
     not(feature = "gpu"),
