@@ -311,25 +311,6 @@ fn tiled_space(op: MoeOp, shape: &MoeShape) -> Vec<GroupedConfig> {
             }
         }
     }
-    if std::env::var_os("FP4TUNE_EXP_TILED").is_some() && long {
-        // experiment: 16-row tiles with 64 weight rows per warp (1, 2 or 4 warps), at 1 to 3 CTAs per SM
-        for &(block_n, warps_n) in &[(64u32, 1u32), (128, 2), (256, 4)] {
-            for &(block_k, depth) in SMALL {
-                for min_ctas in [1u32, 2, 3] {
-                    let c = GroupedConfig::tiled(
-                        op,
-                        [16, block_n, block_k],
-                        [1, warps_n],
-                        depth,
-                        min_ctas,
-                    );
-                    if c.check(shape).is_ok() {
-                        out.push(c);
-                    }
-                }
-            }
-        }
-    }
     out
 }
 
